@@ -1,0 +1,98 @@
+// The typed configuration of a training run (`hap-train --config run.yaml --set key=value`).
+//
+// A run file has three sections, `model`, `data` and `train`; load_train_config() reads it with
+// yaml-cpp, applies the `--set` overrides to the YAML tree, and validates everything once, so the
+// rest of the app works with typed, in-range values and never looks a key up by name.
+//
+// Paths inside a run file (`data.path`, `train.log_file`) are used as written: a relative path is
+// resolved against the current working directory of the process, not against the directory of
+// the config file. Loading a config never touches the filesystem for them; the data loader and
+// the logger report a path that does not exist.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+
+namespace hap::app {
+
+// A config file that cannot be used. The message names the file, the key path, the offending value
+// and what was expected, e.g.
+//   configs/gpt.yaml: train.batch_size: expected an integer >= 1, got 0
+class ConfigError : public hap::Error {
+ public:
+  using hap::Error::Error;
+};
+
+// The models a training run can build (the YAML spelling is in to_string).
+enum class ModelName { kGpt };
+
+// The optimizers a training run can use (the YAML spelling is in to_string).
+enum class Optimizer { kAdamW, kSgd };
+
+std::string_view to_string(ModelName name);
+std::string_view to_string(Optimizer optimizer);
+
+// Keys without a default here are required in the YAML file.
+struct ModelConfig {
+  ModelName name = ModelName::kGpt;
+  std::int64_t vocab_size = 256;  // in [1, 2^31)
+  std::int64_t block_size = 0;    // maximum number of positions; required, >= 1
+  std::int64_t n_layer = 0;       // required, >= 1
+  std::int64_t n_head = 0;        // required, >= 1
+  std::int64_t n_embd = 0;        // required, >= 1, a multiple of n_head
+  double dropout = 0.0;           // in [0, 1)
+  bool bias = true;               // biases in linear layers and layer norms
+};
+
+struct DataConfig {
+  std::string path;           // a text file or a directory of text files; required, non-empty
+  double val_fraction = 0.1;  // share of the corpus held out for evaluation, in (0, 1)
+};
+
+struct TrainConfig {
+  std::int64_t batch_size = 0;  // sequences per step; required, >= 1
+  std::int64_t seq_len = 0;     // tokens per sequence; required, in [1, model.block_size]
+  std::int64_t steps = 0;       // optimizer steps; required, >= 1
+  Optimizer optimizer = Optimizer::kAdamW;  // required
+  double lr = 0.0;                          // peak learning rate; required, > 0
+  double min_lr = 0.0;                      // final learning rate, in [0, lr]; defaults to lr
+  std::int64_t warmup_steps = 0;            // in [0, steps]
+  double weight_decay = 0.0;                // >= 0
+  double beta1 = 0.9;                       // AdamW, in [0, 1)
+  double beta2 = 0.95;                      // AdamW, in [0, 1)
+  double eps = 1e-8;                        // AdamW, > 0
+  double momentum = 0.9;                    // SGD, in [0, 1)
+  double grad_clip = 1.0;  // maximum global gradient norm, >= 0; 0 turns clipping off
+  std::uint64_t seed = 1337;
+  std::int64_t log_every = 10;    // steps between training-loss log lines, >= 1
+  std::int64_t eval_every = 100;  // steps between evaluations, >= 1
+  std::int64_t eval_batches = 8;  // batches per evaluation, >= 1
+  std::string log_file;           // JSONL metrics log; empty means no log
+  int threads = 0;                // CPU threads, >= 0; 0 means all cores
+};
+
+struct TrainRunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  std::string source_file;  // the config path as passed to load_train_config
+};
+
+// Reads and validates the run file at `path`. Each override is "section.key=value" (from
+// `--set`); the value is parsed as a YAML scalar and replaces the file's value before validation,
+// so it is checked exactly like a value in the file. Throws ConfigError on the first problem.
+TrainRunConfig load_train_config(const std::string& path,
+                                 const std::vector<std::string>& overrides = {});
+
+// A short multi-line human summary, for the start of a run.
+std::string describe(const TrainRunConfig& config);
+
+// Every field, with the YAML spelling of enums, for the metrics log.
+nlohmann::json to_json(const TrainRunConfig& config);
+
+}  // namespace hap::app

@@ -1,0 +1,230 @@
+#include "autograd/engine.h"
+
+#include <atomic>
+#include <queue>
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "autograd/node.h"
+#include "ops/dispatch.h"
+
+namespace hap::autograd {
+
+namespace {
+
+thread_local bool t_grad_enabled = true;
+std::atomic<uint64_t> g_sequence{0};
+
+std::shared_ptr<Node> edge_for(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return nullptr;
+  if (t.grad_fn()) return t.grad_fn();
+  auto acc = std::make_shared<Node>();
+  acc->is_accumulate = true;
+  acc->leaf = t.impl_ptr();
+  acc->output_meta = {{t.shape(), t.dtype()}};
+  acc->sequence = g_sequence++;
+  return acc;
+}
+
+// Installed as ops' record hook: attaches a Node to the outputs of a call that needs a gradient.
+void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
+            const ops::Attrs& attrs) {
+  if (!t_grad_enabled) return;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return;
+  const ops::OpDef& def = ops::op_def(kind);
+  if (!def.backward) return;  // not differentiable: outputs carry no history
+  auto node = std::make_shared<Node>();
+  node->kind = kind;
+  node->attrs = attrs;
+  node->sequence = g_sequence++;
+  node->next.resize(inputs.size());
+  node->needs_input_grad.resize(inputs.size());
+  node->saved_inputs.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (def.saves_inputs) node->saved_inputs[i] = t.detach();
+    if (t.requires_grad()) {
+      node->next[i] = {edge_for(t), t.grad_fn() ? t.impl()->autograd->output_nr : 0u};
+      node->needs_input_grad[i] = true;
+    }
+  }
+  if (def.saves_outputs) {
+    node->saved_outputs.reserve(outputs.size());
+    for (const Tensor& t : outputs) node->saved_outputs.push_back(t.detach());
+  }
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Tensor& out = outputs[i];
+    node->output_meta.push_back({out.shape(), out.dtype()});
+    if (!is_floating(out.dtype())) continue;
+    auto meta = std::make_unique<AutogradMeta>();
+    meta->requires_grad = true;
+    meta->grad_fn = node;
+    meta->output_nr = static_cast<uint32_t>(i);
+    out.impl()->autograd = std::move(meta);
+  }
+}
+
+const bool g_hook_installed = (ops::set_record_hook(&record), true);
+
+Tensor add_grads(const Tensor& a, const Tensor& b) {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  return ops::call1(ops::OpKind::Add, {a, b});
+}
+
+using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
+
+// Runs the backward graph from the given roots. With `capture`, gradients reaching the leaves
+// in `capture` are returned instead of accumulated into .grad.
+void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
+                  std::unordered_map<TensorImpl*, Tensor>* capture) {
+  HAP_CHECK(roots.size() == grad_outputs.size(), "backward: ", roots.size(), " roots but ",
+            grad_outputs.size(), " gradients");
+  NoGradGuard no_grad;
+  Buffers buffers;
+  std::vector<std::shared_ptr<Node>> starts;
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const Tensor& root = roots[r];
+    HAP_CHECK(root.defined() && root.requires_grad(),
+              "backward: tensor ", root.defined() ? root.str() : "undefined",
+              " does not require grad and has no grad_fn (did a parameter miss requires_grad, or "
+              "was it computed under no_grad?)");
+    Tensor g = grad_outputs[r];
+    if (!g.defined()) {
+      HAP_CHECK(root.numel() == 1, "backward: implicit gradient needs a scalar output, got ",
+                root.str(), "; pass a grad_output of the same shape");
+      g = Tensor::ones(root.shape(), TensorOptions{}.with_dtype(root.dtype()).with_device(root.device()));
+    }
+    HAP_CHECK(g.shape() == root.shape(), "backward: grad_output shape ", shape_str(g.shape()),
+              " differs from output shape ", shape_str(root.shape()));
+    std::shared_ptr<Node> node = edge_for(root);
+    uint32_t nr = root.grad_fn() ? root.impl()->autograd->output_nr : 0u;
+    auto& buf = buffers[node.get()];
+    buf.resize(node->output_meta.size());
+    buf[nr] = add_grads(buf[nr], g);
+    starts.push_back(node);
+  }
+
+  // Count, for every node reachable from the roots, how many edges point at it.
+  std::unordered_map<Node*, int> deps;
+  std::vector<Node*> stack;
+  std::unordered_map<Node*, bool> seen;
+  for (auto& s : starts)
+    if (!seen[s.get()]) {
+      seen[s.get()] = true;
+      stack.push_back(s.get());
+    }
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const Edge& e : n->next) {
+      if (!e.node) continue;
+      deps[e.node.get()]++;
+      if (!seen[e.node.get()]) {
+        seen[e.node.get()] = true;
+        stack.push_back(e.node.get());
+      }
+    }
+  }
+
+  auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
+    return a->sequence < b->sequence;
+  };
+  std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
+                      decltype(later_first)>
+      ready(later_first);
+  for (auto& s : starts)
+    if (deps[s.get()] == 0) ready.push(s);
+  std::unordered_map<Node*, bool> queued;
+  for (auto& s : starts) queued[s.get()] = true;
+
+  while (!ready.empty()) {
+    std::shared_ptr<Node> node = ready.top();
+    ready.pop();
+    std::vector<Tensor> grads = std::move(buffers[node.get()]);
+    buffers.erase(node.get());
+
+    if (node->is_accumulate) {
+      auto leaf_impl = node->leaf.lock();
+      if (!leaf_impl || grads.empty() || !grads[0].defined()) continue;
+      Tensor g = grads[0];
+      Tensor leaf(leaf_impl);
+      HAP_ASSERT(g.shape() == leaf.shape(), "gradient shape ", shape_str(g.shape()),
+                 " for leaf ", leaf.str());
+      if (capture) {
+        auto it = capture->find(leaf_impl.get());
+        if (it != capture->end()) it->second = add_grads(it->second, g);
+        continue;
+      }
+      if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+      Tensor old = leaf.grad();
+      leaf.set_grad(old.defined() ? add_grads(old, g) : g.contiguous());
+      continue;
+    }
+
+    const ops::OpDef& def = ops::op_def(node->kind);
+    bool any = false;
+    for (const Tensor& g : grads) any = any || g.defined();
+    std::vector<Tensor> in_grads;
+    if (any) {
+      ops::BackwardContext ctx{node->kind,  node->saved_inputs, node->saved_outputs,
+                               grads,       node->attrs,        node->needs_input_grad};
+      in_grads = def.backward(ctx);
+      HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", def.name, " returned ",
+                 in_grads.size(), " gradients for ", node->next.size(), " inputs");
+    }
+    for (size_t i = 0; i < node->next.size(); ++i) {
+      const Edge& e = node->next[i];
+      if (!e.node) continue;
+      if (any && in_grads[i].defined()) {
+        auto& buf = buffers[e.node.get()];
+        buf.resize(e.node->output_meta.size());
+        const ops::TensorMeta& m = e.node->output_meta[e.output_nr];
+        HAP_ASSERT(in_grads[i].shape() == m.shape, "backward of ", def.name, ": gradient ", i,
+                   " has shape ", shape_str(in_grads[i].shape()), ", expected ", shape_str(m.shape));
+        buf[e.output_nr] = add_grads(buf[e.output_nr], in_grads[i]);
+      }
+      if (--deps[e.node.get()] == 0 && !queued[e.node.get()]) {
+        queued[e.node.get()] = true;
+        ready.push(e.node);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool GradMode::is_enabled() { return t_grad_enabled; }
+void GradMode::set_enabled(bool enabled) {
+  (void)g_hook_installed;
+  t_grad_enabled = enabled;
+}
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs) {
+  run_backward(roots, grad_outputs, nullptr);
+}
+
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
+                         const Tensor& grad_output) {
+  std::unordered_map<TensorImpl*, Tensor> capture;
+  for (const Tensor& t : inputs) {
+    HAP_CHECK(t.defined() && t.requires_grad() && t.is_leaf(),
+              "autograd::grad: inputs must be leaf tensors that require grad");
+    capture[t.impl()] = Tensor();
+  }
+  run_backward({output}, {grad_output}, &capture);
+  std::vector<Tensor> out;
+  for (const Tensor& t : inputs) out.push_back(capture[t.impl()]);
+  return out;
+}
+
+}  // namespace hap::autograd
+
+namespace hap {
+void Tensor::backward(const Tensor& grad_output) const {
+  autograd::backward({*this}, {grad_output});
+}
+}  // namespace hap

@@ -1,0 +1,33 @@
+// A node of the backward graph: one recorded op call, or the accumulation into a leaf's grad.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/op.h"
+
+namespace hap::autograd {
+
+struct Node;
+
+// Where the gradient of one op input goes: input `input_nr` of `node`'s op... seen from the
+// producer: gradient for output `output_nr` of `node`.
+struct Edge {
+  std::shared_ptr<Node> node;
+  uint32_t output_nr = 0;
+};
+
+struct Node {
+  bool is_accumulate = false;       // a leaf's AccumulateGrad
+  std::weak_ptr<TensorImpl> leaf;   // for AccumulateGrad
+  ops::OpKind kind{};
+  ops::Attrs attrs;
+  std::vector<Tensor> saved_inputs;   // detached; undefined where not saved
+  std::vector<Tensor> saved_outputs;  // detached; undefined where not saved
+  std::vector<Edge> next;             // one per op input; node null when no grad flows there
+  std::vector<bool> needs_input_grad;
+  std::vector<ops::TensorMeta> output_meta;
+  uint64_t sequence = 0;  // creation order; later nodes run first in backward
+};
+
+}  // namespace hap::autograd

@@ -1,0 +1,170 @@
+#!/usr/bin/python3
+"""Time one PyTorch (CPU, float32) GPT training step: the peer HAP's CPU step is measured against.
+
+A step is forward, backward, AdamW step and zero_grad, on the same GPT-2 (tied head, no dropout)
+that tests/oracle/gpt_oracle.py defines; the model code is imported from there so the peer and
+the oracle can never drift apart. Each step gets a fresh random batch, drawn outside the timer.
+
+Example:
+  /usr/bin/python3 bench/torch_gpt_step.py --n-layer 4 --n-head 4 --n-embd 256 --vocab 256 \
+      --block-size 128 --batch 16 --seq 128 --threads 2 --warmup 3 --iters 10 --json out.json
+"""
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "oracle"))
+from gpt_oracle import GPTConfig, OracleError, adamw_param_groups, gpt_loss, parameter_shapes  # noqa: E402
+
+SEED = 1234
+LR = 3e-4
+WEIGHT_DECAY = 0.1
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+
+    def positive(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+        return value
+
+    def non_negative(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+        return value
+
+    parser.add_argument("--n-layer", type=positive, required=True)
+    parser.add_argument("--n-head", type=positive, required=True)
+    parser.add_argument("--n-embd", type=positive, required=True)
+    parser.add_argument("--vocab", type=positive, required=True)
+    parser.add_argument("--block-size", type=positive, required=True)
+    parser.add_argument("--batch", type=positive, required=True)
+    parser.add_argument("--seq", type=positive, required=True, help="tokens per sequence (<= block size)")
+    parser.add_argument("--threads", type=positive, required=True, help="torch intra-op threads")
+    parser.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first (default 3)")
+    parser.add_argument("--iters", type=positive, default=10, help="timed steps (default 10)")
+    parser.add_argument("--json", required=True, metavar="OUT.json", help="where to write the results")
+    args = parser.parse_args(argv)
+    if args.seq > args.block_size:
+        parser.error(f"--seq {args.seq} exceeds --block-size {args.block_size}")
+    if args.n_embd % args.n_head != 0:
+        parser.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
+    return args
+
+
+def init_params(cfg, generator):
+    """GPT-2 init: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 n_layer), zero biases,
+    LayerNorm at identity."""
+    residual_std = 0.02 / math.sqrt(2 * cfg.n_layer)
+    params = {}
+    for name, shape in parameter_shapes(cfg).items():
+        t = torch.empty(shape, dtype=torch.float32)
+        if name.endswith("attn.proj.weight") or name.endswith("mlp.proj.weight"):
+            t.normal_(0.0, residual_std, generator=generator)
+        elif name.endswith(".weight") and t.dim() >= 2:
+            t.normal_(0.0, 0.02, generator=generator)
+        elif name.endswith(".weight"):  # LayerNorm gain
+            t.fill_(1.0)
+        else:
+            t.zero_()
+        params[name] = t.requires_grad_(True)
+    return params
+
+
+def main(argv):
+    args = parse_args(argv)
+    # Must precede any other torch work: the intra-op pool size is what is being compared.
+    torch.set_num_threads(args.threads)
+
+    cfg = GPTConfig(
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        n_embd=args.n_embd,
+        vocab_size=args.vocab,
+        block_size=args.block_size,
+    )
+    try:
+        cfg.validate()
+    except OracleError as e:
+        print(f"torch_gpt_step: error: {e}", file=sys.stderr)
+        return 2
+
+    generator = torch.Generator().manual_seed(SEED)
+    params = init_params(cfg, generator)
+    optimizer = torch.optim.AdamW(adamw_param_groups(params, WEIGHT_DECAY), lr=LR)
+    n_params = sum(p.numel() for p in params.values())
+
+    def batch():
+        shape = (args.batch, args.seq)
+        idx = torch.randint(0, args.vocab, shape, generator=generator)
+        targets = torch.randint(0, args.vocab, shape, generator=generator)
+        return idx, targets
+
+    def step(idx, targets):
+        loss = gpt_loss(params, idx, targets, cfg)
+        loss.backward()
+        optimizer.step()
+        # set_to_none is what a tuned PyTorch loop does (and the default from 2.0 on).
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    for _ in range(args.warmup):
+        step(*batch())
+    step_ms = []
+    for _ in range(args.iters):
+        idx, targets = batch()
+        start = time.perf_counter()
+        loss = step(idx, targets)
+        step_ms.append((time.perf_counter() - start) * 1e3)
+        if not math.isfinite(loss):
+            print(f"torch_gpt_step: error: loss became {loss}", file=sys.stderr)
+            return 1
+
+    median_ms = statistics.median(step_ms)
+    result = {
+        "framework": "pytorch",
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "config": {
+            "n_layer": args.n_layer,
+            "n_head": args.n_head,
+            "n_embd": args.n_embd,
+            "vocab_size": args.vocab,
+            "block_size": args.block_size,
+            "batch": args.batch,
+            "seq": args.seq,
+            "dtype": "float32",
+            "n_params": n_params,
+            "warmup": args.warmup,
+            "iters": args.iters,
+        },
+        "step_ms": step_ms,
+        "median_ms": median_ms,
+        "tokens_per_s": args.batch * args.seq / (median_ms / 1e3),
+    }
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"pytorch {torch.__version__}, {result['threads']} threads: median {median_ms:.2f} ms/step, "
+          f"{result['tokens_per_s']:.0f} tokens/s ({n_params / 1e6:.2f}M params)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

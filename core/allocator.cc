@@ -1,0 +1,98 @@
+#include "core/allocator.h"
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+
+#include "core/error.h"
+
+namespace hap {
+namespace {
+
+constexpr size_t kAlign = 64;
+// Blocks above this size are cached; small ones go straight to malloc, which is fast for them.
+constexpr size_t kCacheMin = 1 << 16;
+// Upper bound on cached bytes so that a one-off peak does not pin memory forever.
+constexpr size_t kCacheMax = size_t(8) << 30;
+
+size_t round_size(size_t n) {
+  if (n < kCacheMin) return (n + kAlign - 1) / kAlign * kAlign;
+  // Round large blocks up to 1/8 of their power of two, so that near sizes share blocks.
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  size_t step = std::max(p / 8, kCacheMin);
+  return (n + step - 1) / step * step;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::multimap<size_t, void*> free_blocks;
+  AllocatorStats stats;
+};
+
+Cache& cache() {
+  static Cache* c = new Cache();  // leaked on purpose: outlives static tensors at exit
+  return *c;
+}
+
+}  // namespace
+
+void* cpu_alloc(size_t nbytes) {
+  size_t n = round_size(std::max<size_t>(nbytes, 1));
+  Cache& c = cache();
+  if (n >= kCacheMin) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.free_blocks.find(n);
+    if (it != c.free_blocks.end()) {
+      void* p = it->second;
+      c.free_blocks.erase(it);
+      c.stats.cached_bytes -= n;
+      c.stats.allocated_bytes += n;
+      c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+      return p;
+    }
+  }
+  void* p = std::aligned_alloc(kAlign, n);
+  HAP_CHECK(p != nullptr, "out of host memory: could not allocate ", n, " bytes");
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats.allocated_bytes += n;
+  c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+  return p;
+}
+
+void cpu_free(void* ptr, size_t nbytes) {
+  if (!ptr) return;
+  size_t n = round_size(std::max<size_t>(nbytes, 1));
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats.allocated_bytes -= n;
+  if (n >= kCacheMin && c.stats.cached_bytes + n <= kCacheMax) {
+    c.free_blocks.emplace(n, ptr);
+    c.stats.cached_bytes += n;
+    return;
+  }
+  std::free(ptr);
+}
+
+AllocatorStats cpu_allocator_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.stats;
+}
+
+void cpu_allocator_reset_peak() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.stats.peak_allocated_bytes = c.stats.allocated_bytes;
+}
+
+void cpu_allocator_release_cache() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [n, p] : c.free_blocks) std::free(p);
+  c.free_blocks.clear();
+  c.stats.cached_bytes = 0;
+}
+
+}  // namespace hap

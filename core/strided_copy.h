@@ -1,0 +1,76 @@
+// Type dispatch and strided element iteration shared by core and the CPU kernels.
+#pragma once
+#include <cstdint>
+#include <type_traits>
+
+#include "core/tensor.h"
+
+namespace hap {
+
+template <typename To, typename From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<To, bf16>) {
+    return bf16(static_cast<float>(v));
+  } else if constexpr (std::is_same_v<From, bf16>) {
+    return static_cast<To>(static_cast<float>(v));
+  } else {
+    return static_cast<To>(v);
+  }
+}
+
+// Calls f(T{}) with T the C++ type of dtype.
+template <typename F>
+decltype(auto) dispatch_all_types(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::BF16: return f(bf16{});
+    case DType::I64: return f(int64_t{});
+    case DType::U8: return f(uint8_t{});
+  }
+  HAP_ASSERT(false, "unknown dtype");
+  return f(float{});
+}
+
+// Calls f(T{}) for the compute types f32 and f64; other dtypes are an error naming `op`.
+template <typename F>
+decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    default: break;
+  }
+  HAP_CHECK(false, op, ": expected a f32 or f64 tensor, got ", dtype_name(dtype));
+  return f(float{});
+}
+
+// Calls f(offset) for every element of a strided view, in row-major logical order.
+template <typename F>
+void for_each_offset(const Shape& shape, const Strides& strides, F&& f) {
+  int64_t nd = static_cast<int64_t>(shape.size());
+  int64_t n = shape_numel(shape);
+  if (n == 0) return;
+  if (nd == 0) {
+    f(int64_t{0});
+    return;
+  }
+  std::vector<int64_t> idx(nd, 0);
+  int64_t inner = shape[nd - 1], inner_stride = strides[nd - 1];
+  int64_t base = 0;
+  for (int64_t done = 0; done < n; done += inner) {
+    for (int64_t j = 0; j < inner; ++j) f(base + j * inner_stride);
+    for (int64_t d = nd - 2; d >= 0; --d) {
+      base += strides[d];
+      if (++idx[d] < shape[d]) break;
+      base -= strides[d] * shape[d];
+      idx[d] = 0;
+    }
+  }
+}
+
+// dst[i] = convert(src[i]) elementwise over two views of the same shape.
+void strided_copy(const Tensor& dst, const Tensor& src);
+
+}  // namespace hap

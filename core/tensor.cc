@@ -1,0 +1,230 @@
+#include "core/tensor.h"
+
+#include <cstring>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/strided_copy.h"
+
+namespace hap {
+
+Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
+  HAP_CHECK(d.is_cpu(), "allocating on ", d.str(),
+            ": this build's tensor storage supports the CPU device only");
+  data = cpu_alloc(n);
+}
+
+Storage::~Storage() { cpu_free(data, nbytes); }
+
+namespace {
+std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device,
+                                      bool with_storage) {
+  for (int64_t d : shape)
+    HAP_CHECK(d >= 0, "tensor shape ", shape_str(shape), " has a negative dimension");
+  auto impl = std::make_shared<TensorImpl>();
+  impl->shape = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  impl->device = device;
+  if (with_storage)
+    impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+  return impl;
+}
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, TensorOptions opt) {
+  Tensor t(make_impl(shape, opt.dtype, opt.device, true));
+  if (opt.requires_grad) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor Tensor::meta(const Shape& shape, DType dtype, Device device) {
+  return Tensor(make_impl(shape, dtype, device, false));
+}
+
+Tensor Tensor::zeros(const Shape& shape, TensorOptions opt) { return full(shape, 0.0, opt); }
+Tensor Tensor::ones(const Shape& shape, TensorOptions opt) { return full(shape, 1.0, opt); }
+
+Tensor Tensor::full(const Shape& shape, double value, TensorOptions opt) {
+  bool rg = opt.requires_grad;
+  opt.requires_grad = false;
+  Tensor t = empty(shape, opt);
+  t.fill_(value);
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor Tensor::scalar(double value, TensorOptions opt) { return full({}, value, opt); }
+
+Tensor Tensor::arange(int64_t n, TensorOptions opt) {
+  std::vector<double> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<double>(i);
+  return from_vector(v, {n}, opt);
+}
+
+template <typename V>
+static Tensor from_values(const std::vector<V>& values, const Shape& shape, TensorOptions opt) {
+  HAP_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
+            values.size(), " values given for shape ", shape_str(shape), " (expected ",
+            shape_numel(shape), ")");
+  bool rg = opt.requires_grad;
+  opt.requires_grad = false;
+  Tensor t = Tensor::empty(shape, opt);
+  dispatch_all_types(t.dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T* p = t.data<T>();
+    for (size_t i = 0; i < values.size(); ++i) p[i] = convert<T>(values[i]);
+  });
+  if (rg) t.set_requires_grad(true);
+  return t;
+}
+
+Tensor Tensor::from_vector(const std::vector<double>& v, const Shape& s, TensorOptions o) {
+  return from_values(v, s, o);
+}
+Tensor Tensor::from_vector(const std::vector<float>& v, const Shape& s, TensorOptions o) {
+  return from_values(v, s, o);
+}
+Tensor Tensor::from_vector(const std::vector<int64_t>& v, const Shape& s, TensorOptions o) {
+  return from_values(v, s, o);
+}
+
+int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim())]; }
+
+bool Tensor::is_contiguous() const {
+  int64_t expected = 1;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    if (impl_->shape[i] == 1) continue;
+    if (impl_->strides[i] != expected) return false;
+    expected *= impl_->shape[i];
+  }
+  return true;
+}
+
+std::string Tensor::str() const {
+  if (!defined()) return "undefined";
+  std::ostringstream os;
+  os << dtype_name(dtype()) << shape_str(shape()) << " " << device().str();
+  return os.str();
+}
+
+void* Tensor::raw_data() const {
+  HAP_CHECK(has_storage(), "tensor ", str(), " has no storage (a traced, shape-only tensor)");
+  return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(dtype());
+}
+
+double Tensor::item_at(int64_t flat) const {
+  HAP_CHECK(flat >= 0 && flat < numel(), "item_at: index ", flat, " out of range for ", str());
+  int64_t off = 0;
+  for (size_t i = impl_->shape.size(); i-- > 0;) {
+    int64_t s = impl_->shape[i];
+    off += (flat % s) * impl_->strides[i];
+    flat /= s;
+  }
+  double out = 0;
+  dispatch_all_types(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    out = convert<double>(static_cast<const T*>(raw_data())[off]);
+  });
+  return out;
+}
+
+double Tensor::item() const {
+  HAP_CHECK(numel() == 1, "item() needs a tensor with one element, got ", str());
+  return item_at(0);
+}
+
+std::vector<double> Tensor::to_vector() const {
+  Tensor c = to(DType::F64);
+  const double* p = c.data<double>();
+  return std::vector<double>(p, p + c.numel());
+}
+
+std::vector<float> Tensor::to_float_vector() const {
+  Tensor c = to(DType::F32);
+  const float* p = c.data<float>();
+  return std::vector<float>(p, p + c.numel());
+}
+
+Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
+  HAP_ASSERT(shape.size() == strides.size());
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = impl_->storage;
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = impl_->dtype;
+  impl->device = impl_->device;
+  return Tensor(impl);
+}
+
+Tensor Tensor::contiguous() const {
+  if (is_contiguous()) return *this;
+  return clone();
+}
+
+Tensor Tensor::clone() const {
+  if (!has_storage()) return meta(shape(), dtype(), device());
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(device()));
+  strided_copy(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(DType d) const {
+  if (d == dtype()) return contiguous();
+  if (!has_storage()) return meta(shape(), d, device());
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(d).with_device(device()));
+  strided_copy(out, *this);
+  return out;
+}
+
+Tensor Tensor::detach() const { return as_strided(shape(), strides(), offset()); }
+
+void Tensor::copy_from(const Tensor& src) const {
+  HAP_CHECK(src.shape() == shape(), "copy_from: source shape ", shape_str(src.shape()),
+            " differs from destination shape ", shape_str(shape()));
+  strided_copy(*this, src);
+}
+
+void Tensor::fill_(double value) const {
+  dispatch_all_types(dtype(), [&](auto tag) {
+    using T = decltype(tag);
+    T v = convert<T>(value);
+    if (is_contiguous()) {
+      T* p = data<T>();
+      int64_t n = numel();
+#pragma omp parallel for if (n > (1 << 16))
+      for (int64_t i = 0; i < n; ++i) p[i] = v;
+    } else {
+      for_each_offset(shape(), strides(), [&](int64_t off) { static_cast<T*>(raw_data())[off] = v; });
+    }
+  });
+}
+
+Tensor& Tensor::set_requires_grad(bool r) {
+  if (r) HAP_CHECK(is_floating(dtype()), "only floating-point tensors can require grad, got ", str());
+  if (!impl_->autograd) impl_->autograd = std::make_unique<AutogradMeta>();
+  impl_->autograd->requires_grad = r;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  if (!impl_->autograd || !impl_->autograd->grad) return Tensor();
+  return Tensor(impl_->autograd->grad);
+}
+
+void Tensor::set_grad(const Tensor& g) const {
+  if (!impl_->autograd) impl_->autograd = std::make_unique<AutogradMeta>();
+  impl_->autograd->grad = g.impl_ptr();
+}
+
+void Tensor::zero_grad() const {
+  if (impl_->autograd) impl_->autograd->grad.reset();
+}
+
+const std::shared_ptr<autograd::Node>& Tensor::grad_fn() const {
+  static const std::shared_ptr<autograd::Node> none;
+  return impl_->autograd ? impl_->autograd->grad_fn : none;
+}
+
+}  // namespace hap

@@ -1,0 +1,141 @@
+// Tensor: a strided view (shape, strides, offset) of a reference-counted storage, with an
+// element type and a device. Copies of a Tensor share the same impl (handle semantics, as in
+// libtorch). Differentiable operations are free functions in ops/functional.h; the methods here
+// only read metadata or build raw, non-differentiable views.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/shape.h"
+
+namespace hap {
+
+namespace autograd {
+struct Node;
+}
+
+struct Storage {
+  void* data = nullptr;
+  size_t nbytes = 0;
+  Device device;
+  Storage(size_t nbytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+};
+
+class Tensor;
+struct TensorImpl;
+
+// Autograd state of a tensor: set on leaves that require grad and on op outputs that need one.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<TensorImpl> grad;
+  std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
+  uint32_t output_nr = 0;                   // which output of grad_fn this tensor is
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;  // null for shape-only (traced) tensors
+  Shape shape;
+  Strides strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = DType::F32;
+  Device device;
+  std::unique_ptr<AutogradMeta> autograd;
+};
+
+struct TensorOptions {
+  DType dtype = DType::F32;
+  Device device = Device::cpu();
+  bool requires_grad = false;
+  TensorOptions& with_dtype(DType d) { dtype = d; return *this; }
+  TensorOptions& with_device(Device d) { device = d; return *this; }
+  TensorOptions& with_requires_grad(bool r) { requires_grad = r; return *this; }
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories ----
+  static Tensor empty(const Shape& shape, TensorOptions opt = {});
+  static Tensor zeros(const Shape& shape, TensorOptions opt = {});
+  static Tensor ones(const Shape& shape, TensorOptions opt = {});
+  static Tensor full(const Shape& shape, double value, TensorOptions opt = {});
+  static Tensor scalar(double value, TensorOptions opt = {});
+  static Tensor arange(int64_t n, TensorOptions opt = {});
+  // Copies `values` (converted to opt.dtype) into a new tensor of the given shape.
+  static Tensor from_vector(const std::vector<double>& values, const Shape& shape,
+                            TensorOptions opt = {});
+  static Tensor from_vector(const std::vector<float>& values, const Shape& shape,
+                            TensorOptions opt = {});
+  static Tensor from_vector(const std::vector<int64_t>& values, const Shape& shape,
+                            TensorOptions opt = {.dtype = DType::I64});
+  // A tensor with metadata only (no storage), used by tracing.
+  static Tensor meta(const Shape& shape, DType dtype, Device device = Device::cpu());
+
+  // ---- metadata ----
+  bool defined() const { return impl_ != nullptr; }
+  const Shape& shape() const { return impl_->shape; }
+  const Strides& strides() const { return impl_->strides; }
+  int64_t offset() const { return impl_->offset; }
+  int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
+  int64_t size(int64_t d) const;
+  int64_t numel() const { return shape_numel(impl_->shape); }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device; }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype()); }
+  bool is_contiguous() const;
+  bool has_storage() const { return impl_ && impl_->storage != nullptr; }
+  std::string str() const;  // "f32[2, 3] cpu"
+
+  // ---- data (CPU) ----
+  void* raw_data() const;  // pointer to element 0 of this view
+  template <typename T>
+  T* data() const {
+    HAP_CHECK(dtype_of<T>::value == dtype(), "data<", dtype_name(dtype_of<T>::value),
+              ">() called on a tensor of dtype ", dtype_name(dtype()));
+    return static_cast<T*>(raw_data());
+  }
+  // Element at a flat (row-major logical) index, converted to double. Slow; for tests and I/O.
+  double item_at(int64_t flat_index) const;
+  double item() const;
+  std::vector<double> to_vector() const;  // logical row-major order
+  std::vector<float> to_float_vector() const;
+
+  // ---- raw views and copies (not differentiable) ----
+  Tensor as_strided(const Shape& shape, const Strides& strides, int64_t offset) const;
+  Tensor contiguous() const;  // this if already contiguous, else a packed copy
+  Tensor clone() const;       // always a packed copy, no autograd history
+  Tensor to(DType dtype) const;
+  Tensor detach() const;  // same storage, no autograd history
+  void copy_from(const Tensor& src) const;  // same shape; converts dtype
+  void fill_(double value) const;
+  void zero_() const { fill_(0.0); }
+
+  // ---- autograd ----
+  bool requires_grad() const { return impl_->autograd && impl_->autograd->requires_grad; }
+  Tensor& set_requires_grad(bool r);
+  Tensor grad() const;  // undefined Tensor if none yet
+  void set_grad(const Tensor& g) const;
+  void zero_grad() const;
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  bool is_leaf() const { return !impl_->autograd || !impl_->autograd->grad_fn; }
+  // Reverse-mode differentiation from this scalar (or with an explicit gradient).
+  void backward(const Tensor& grad_output = Tensor()) const;
+
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool same(const Tensor& o) const { return impl_ == o.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+}  // namespace hap

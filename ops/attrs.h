@@ -1,0 +1,87 @@
+// Typed attributes of ops. One struct per family of ops; an op's call carries exactly one of them.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/rng.h"
+#include "core/shape.h"
+
+namespace hap::ops {
+
+struct NoAttrs {};
+struct ScalarAttrs {  // AddScalar, MulScalar, PowScalar, MaskedFill
+  double value = 0;
+};
+enum class GeluApprox : uint8_t { None, Tanh };
+struct GeluAttrs {
+  GeluApprox approx = GeluApprox::Tanh;
+};
+struct DimAttrs {  // Softmax, LogSoftmax, Concat, Argmax
+  int64_t dim = -1;
+  bool keepdim = false;
+};
+struct ReduceAttrs {  // Sum, Mean, Max; empty dims = all dims
+  std::vector<int64_t> dims;
+  bool keepdim = false;
+};
+struct NormAttrs {  // LayerNorm, RmsNorm (normalised over the last dim)
+  double eps = 1e-5;
+};
+// Random ops draw from the counter-based generator. `slice` says which part of the logical tensor
+// the local tensor is, so that a shard draws exactly its slice of the single-device mask.
+struct RandomAttrs {
+  double p = 0;  // dropout probability
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+  LogicalSlice slice;
+};
+struct ShapeAttrs {  // Reshape, Expand, SumTo
+  Shape shape;
+};
+struct PermuteAttrs {
+  std::vector<int64_t> perm;
+};
+struct SliceAttrs {  // elements [start, end) of `dim`
+  int64_t dim = 0;
+  int64_t start = 0;
+  int64_t end = 0;
+};
+struct SplitAttrs {
+  int64_t dim = 0;
+  std::vector<int64_t> sizes;
+};
+struct CrossEntropyAttrs {  // mean over targets != ignore_index
+  int64_t ignore_index = -100;
+};
+struct AttentionAttrs {  // q, k, v: [B, H, T, D]
+  bool causal = true;
+  double scale = 0;  // 0 means 1/sqrt(D)
+  RandomAttrs dropout;
+};
+struct TopKAttrs {
+  int64_t k = 1;
+  int64_t dim = -1;
+  bool largest = true;
+};
+// Backward of slicing/indexing: scatter a gradient into zeros of the input's `shape` along `dim`
+// (at `start` for a slice, at the given indices for max/topk).
+struct ScatterAttrs {
+  int64_t dim = 0;
+  int64_t start = 0;
+  Shape shape;
+};
+struct CastAttrs {
+  DType dtype = DType::F32;
+};
+
+using Attrs = std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs,
+                           RandomAttrs, ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs,
+                           CrossEntropyAttrs, AttentionAttrs, TopKAttrs, ScatterAttrs, CastAttrs>;
+
+// Human-readable "key=value" list, for graph dumps and error messages.
+std::string attrs_str(const Attrs& attrs);
+
+}  // namespace hap::ops

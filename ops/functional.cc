@@ -1,0 +1,187 @@
+#include "ops/functional.h"
+
+#include "ops/dispatch.h"
+
+namespace hap {
+
+using ops::call1;
+using ops::OpKind;
+
+Tensor matmul(const Tensor& a, const Tensor& b) { return call1(OpKind::MatMul, {a, b}); }
+Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
+  return call1(OpKind::Linear, {x, w, b});
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return call1(OpKind::Add, {a, b}); }
+Tensor sub(const Tensor& a, const Tensor& b) { return call1(OpKind::Sub, {a, b}); }
+Tensor mul(const Tensor& a, const Tensor& b) { return call1(OpKind::Mul, {a, b}); }
+Tensor div(const Tensor& a, const Tensor& b) { return call1(OpKind::Div, {a, b}); }
+Tensor add(const Tensor& a, double s) { return call1(OpKind::AddScalar, {a}, ops::ScalarAttrs{s}); }
+Tensor mul(const Tensor& a, double s) { return call1(OpKind::MulScalar, {a}, ops::ScalarAttrs{s}); }
+Tensor pow(const Tensor& a, double e) { return call1(OpKind::PowScalar, {a}, ops::ScalarAttrs{e}); }
+Tensor neg(const Tensor& a) { return call1(OpKind::Neg, {a}); }
+Tensor exp(const Tensor& a) { return call1(OpKind::Exp, {a}); }
+Tensor log(const Tensor& a) { return call1(OpKind::Log, {a}); }
+Tensor sqrt(const Tensor& a) { return call1(OpKind::Sqrt, {a}); }
+Tensor rsqrt(const Tensor& a) { return call1(OpKind::Rsqrt, {a}); }
+Tensor tanh(const Tensor& a) { return call1(OpKind::Tanh, {a}); }
+Tensor gelu(const Tensor& a, GeluApprox approx) {
+  return call1(OpKind::Gelu, {a}, ops::GeluAttrs{approx});
+}
+Tensor relu(const Tensor& a) { return call1(OpKind::Relu, {a}); }
+Tensor sigmoid(const Tensor& a) { return call1(OpKind::Sigmoid, {a}); }
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator+(const Tensor& a, double s) { return add(a, s); }
+Tensor operator+(double s, const Tensor& a) { return add(a, s); }
+Tensor operator-(const Tensor& a, double s) { return add(a, -s); }
+Tensor operator-(double s, const Tensor& a) { return add(neg(a), s); }
+Tensor operator*(const Tensor& a, double s) { return mul(a, s); }
+Tensor operator*(double s, const Tensor& a) { return mul(a, s); }
+Tensor operator/(const Tensor& a, double s) {
+  HAP_CHECK(s != 0.0, "division of tensor ", a.str(), " by the scalar 0");
+  return mul(a, 1.0 / s);
+}
+Tensor operator-(const Tensor& a) { return neg(a); }
+
+Tensor softmax(const Tensor& x, int64_t dim) {
+  return call1(OpKind::Softmax, {x}, ops::DimAttrs{dim, false});
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  return call1(OpKind::LogSoftmax, {x}, ops::DimAttrs{dim, false});
+}
+Tensor layer_norm(const Tensor& x, const Tensor& w, const Tensor& b, double eps) {
+  return call1(OpKind::LayerNorm, {x, w, b}, ops::NormAttrs{eps});
+}
+Tensor rms_norm(const Tensor& x, const Tensor& w, double eps) {
+  return call1(OpKind::RmsNorm, {x, w}, ops::NormAttrs{eps});
+}
+
+Tensor sum(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return call1(OpKind::Sum, {x}, ops::ReduceAttrs{std::move(dims), keepdim});
+}
+Tensor mean(const Tensor& x, std::vector<int64_t> dims, bool keepdim) {
+  return call1(OpKind::Mean, {x}, ops::ReduceAttrs{std::move(dims), keepdim});
+}
+Tensor max(const Tensor& x, int64_t dim, bool keepdim) {
+  return call1(OpKind::Max, {x}, ops::DimAttrs{dim, keepdim});
+}
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim) {
+  return call1(OpKind::Argmax, {x}, ops::DimAttrs{dim, keepdim});
+}
+std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim, bool largest) {
+  std::vector<Tensor> outs = ops::call(OpKind::TopK, {x}, ops::TopKAttrs{k, dim, largest});
+  return {outs[0], outs[1]};
+}
+
+Tensor reshape(const Tensor& x, Shape shape) {
+  return call1(OpKind::Reshape, {x}, ops::ShapeAttrs{std::move(shape)});
+}
+Tensor view(const Tensor& x, Shape shape) { return reshape(x, std::move(shape)); }
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
+  int64_t n = x.dim();
+  d0 = wrap_dim(d0, n, "transpose dim0");
+  d1 = wrap_dim(d1, n, "transpose dim1");
+  std::vector<int64_t> perm(n);
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  std::swap(perm[d0], perm[d1]);
+  return permute(x, std::move(perm));
+}
+Tensor permute(const Tensor& x, std::vector<int64_t> perm) {
+  return call1(OpKind::Permute, {x}, ops::PermuteAttrs{std::move(perm)});
+}
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end) {
+  return call1(OpKind::Slice, {x}, ops::SliceAttrs{dim, start, end});
+}
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length) {
+  HAP_CHECK(length >= 0, "narrow: length must be >= 0, got ", length);
+  return slice(x, dim, start, start + length);
+}
+Tensor expand(const Tensor& x, Shape shape) {
+  return call1(OpKind::Expand, {x}, ops::ShapeAttrs{std::move(shape)});
+}
+Tensor unsqueeze(const Tensor& x, int64_t dim) {
+  dim = wrap_dim(dim, x.dim() + 1, "unsqueeze dim");
+  Shape s = x.shape();
+  s.insert(s.begin() + dim, 1);
+  return reshape(x, s);
+}
+Tensor squeeze(const Tensor& x, int64_t dim) {
+  dim = wrap_dim(dim, x.dim(), "squeeze dim");
+  HAP_CHECK(x.shape()[dim] == 1, "squeeze: dim ", dim, " of ", shape_str(x.shape()),
+            " has size ", x.shape()[dim], ", expected 1");
+  Shape s = x.shape();
+  s.erase(s.begin() + dim);
+  return reshape(x, s);
+}
+Tensor flatten(const Tensor& x, int64_t start_dim, int64_t end_dim) {
+  if (x.dim() == 0) return reshape(x, {1});
+  start_dim = wrap_dim(start_dim, x.dim(), "flatten start_dim");
+  end_dim = wrap_dim(end_dim, x.dim(), "flatten end_dim");
+  HAP_CHECK(start_dim <= end_dim, "flatten: start_dim ", start_dim, " > end_dim ", end_dim);
+  Shape s(x.shape().begin(), x.shape().begin() + start_dim);
+  int64_t m = 1;
+  for (int64_t d = start_dim; d <= end_dim; ++d) m *= x.shape()[d];
+  s.push_back(m);
+  s.insert(s.end(), x.shape().begin() + end_dim + 1, x.shape().end());
+  return reshape(x, s);
+}
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim) {
+  return call1(OpKind::Concat, xs, ops::DimAttrs{dim, false});
+}
+std::vector<Tensor> split(const Tensor& x, std::vector<int64_t> sizes, int64_t dim) {
+  return ops::call(OpKind::Split, {x}, ops::SplitAttrs{dim, std::move(sizes)});
+}
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  HAP_CHECK(chunks >= 1, "chunk: chunks must be >= 1, got ", chunks);
+  int64_t d = wrap_dim(dim, x.dim(), "chunk dim");
+  HAP_CHECK(x.shape()[d] % chunks == 0, "chunk: dim ", d, " of ", shape_str(x.shape()),
+            " is not divisible into ", chunks, " chunks");
+  return split(x, std::vector<int64_t>(chunks, x.shape()[d] / chunks), d);
+}
+Tensor contiguous(const Tensor& x) {
+  if (x.is_contiguous()) return x;
+  return call1(OpKind::Contiguous, {x});
+}
+Tensor cast(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  return call1(OpKind::Cast, {x}, ops::CastAttrs{dtype});
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  return call1(OpKind::MaskedFill, {x, mask}, ops::ScalarAttrs{value});
+}
+Tensor causal_mask(int64_t T) {
+  HAP_CHECK(T >= 0, "causal_mask: size must be >= 0, got ", T);
+  Tensor m = Tensor::zeros({T, T}, TensorOptions{}.with_dtype(DType::U8));
+  uint8_t* p = m.data<uint8_t>();
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = i + 1; j < T; ++j) p[i * T + j] = 1;
+  return m;
+}
+Tensor embedding(const Tensor& weight, const Tensor& ids) {
+  return call1(OpKind::Embedding, {weight, ids});
+}
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream,
+               const LogicalSlice& slice) {
+  HAP_CHECK(p >= 0.0 && p < 1.0, "dropout: probability must be in [0, 1), got ", p);
+  if (!training || p == 0.0) return x;
+  return call1(OpKind::Dropout, {x}, ops::RandomAttrs{p, seed, stream, slice});
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
+  return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
+}
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                    double dropout_p, uint64_t seed, uint64_t stream, double scale) {
+  HAP_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
+            "scaled_dot_product_attention: dropout probability must be in [0, 1), got ", dropout_p);
+  ops::AttentionAttrs a{causal, scale, ops::RandomAttrs{dropout_p, seed, stream, {}}};
+  // Output 1 is the row log-sum-exp saved for backward.
+  return ops::call(OpKind::Attention, {q, k, v}, a)[0];
+}
+
+}  // namespace hap

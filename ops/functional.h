@@ -1,0 +1,106 @@
+// The differentiable tensor functions users write models with. Each one records an op call;
+// gradients flow through every floating-point input.
+#pragma once
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/attrs.h"
+
+namespace hap {
+
+using ops::GeluApprox;
+
+// ---- linear algebra ----
+// Matrix product with NumPy semantics: 1-D operands are promoted, batch dims broadcast.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// y = x W^T + b, with x: [..., in], weight: [out, in], bias: [out] or undefined.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- elementwise (broadcasting) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor pow(const Tensor& a, double exponent);
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor gelu(const Tensor& a, GeluApprox approx = GeluApprox::Tanh);
+Tensor relu(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator-(const Tensor& a);
+
+// ---- normalisation and activations over a dim ----
+Tensor softmax(const Tensor& x, int64_t dim = -1);
+Tensor log_softmax(const Tensor& x, int64_t dim = -1);
+// Over the last dim; weight and bias ([C]) may be undefined.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+
+// ---- reductions (empty dims = all) ----
+Tensor sum(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, std::vector<int64_t> dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);
+// Values and indices (i64) of the k largest (or smallest) along dim, sorted.
+std::pair<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+
+// ---- shape ----
+// One dim may be -1 (inferred). Returns a view when the layout allows, else a copy.
+Tensor reshape(const Tensor& x, Shape shape);
+Tensor view(const Tensor& x, Shape shape);
+Tensor transpose(const Tensor& x, int64_t dim0, int64_t dim1);
+Tensor permute(const Tensor& x, std::vector<int64_t> perm);
+// Elements [start, end) of dim (negative indices count from the end).
+Tensor slice(const Tensor& x, int64_t dim, int64_t start, int64_t end);
+Tensor narrow(const Tensor& x, int64_t dim, int64_t start, int64_t length);
+Tensor expand(const Tensor& x, Shape shape);
+Tensor unsqueeze(const Tensor& x, int64_t dim);
+Tensor squeeze(const Tensor& x, int64_t dim);
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor concat(const std::vector<Tensor>& xs, int64_t dim);
+std::vector<Tensor> split(const Tensor& x, std::vector<int64_t> sizes, int64_t dim);
+// Splits dim into `chunks` equal parts (dim size must divide).
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim);
+Tensor contiguous(const Tensor& x);
+Tensor cast(const Tensor& x, DType dtype);
+
+// ---- masking, embedding, dropout ----
+// Where mask (u8, broadcast to x) is non-zero, the result is `value`.
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+// u8 [T, T]: 1 above the diagonal (future positions), 0 elsewhere.
+Tensor causal_mask(int64_t T);
+// weight: [V, C], ids: i64 [...] -> [..., C]. Backward is a scatter-add into weight's gradient.
+Tensor embedding(const Tensor& weight, const Tensor& ids);
+// Zeroes elements with probability p and scales the rest by 1/(1-p); identity when !training
+// or p == 0. The mask for element i depends only on (seed, stream, logical index of i).
+Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream,
+               const LogicalSlice& slice = {});
+
+// ---- losses and attention ----
+// logits: [N, V], targets: i64 [N]; mean over targets != ignore_index.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D).
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    bool causal = true, double dropout_p = 0.0,
+                                    uint64_t seed = 0, uint64_t stream = 0, double scale = 0.0);
+
+}  // namespace hap

@@ -1,0 +1,99 @@
+// The op registry: every op is declared once, as an OpDef holding its attributes type, shape and
+// dtype inference, FLOP count, sharding signatures, CPU kernel, CUDA kernel slot and backward
+// rule. Dispatch (ops/dispatch.h) and the synthesizer read nothing else about an op.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/attrs.h"
+#include "ops/sharding.h"
+
+namespace hap::ops {
+
+// Forward ops first, then the fused kernels that backward rules are written with.
+#define HAP_OP_LIST(X)                                                                        \
+  X(MatMul) X(Linear) X(Add) X(Sub) X(Mul) X(Div) X(AddScalar) X(MulScalar) X(PowScalar)     \
+  X(Neg) X(Exp) X(Log) X(Sqrt) X(Rsqrt) X(Tanh) X(Gelu) X(Relu) X(Sigmoid) X(Softmax)         \
+  X(LogSoftmax) X(LayerNorm) X(RmsNorm) X(Embedding) X(Dropout) X(Sum) X(Mean) X(Max)         \
+  X(Reshape) X(Permute) X(Slice) X(Expand) X(Concat) X(Split) X(Contiguous) X(MaskedFill)     \
+  X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast)                                      \
+  X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
+  X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
+  X(AttentionBackward) X(SliceBackward) X(IndexBackward)
+
+enum class OpKind : uint16_t {
+#define HAP_OP_ENUM(name) name,
+  HAP_OP_LIST(HAP_OP_ENUM)
+#undef HAP_OP_ENUM
+      kCount
+};
+constexpr size_t kNumOps = static_cast<size_t>(OpKind::kCount);
+
+const char* op_name(OpKind kind);
+
+using Metas = std::vector<TensorMeta>;
+
+// What a kernel sees: the inputs (contiguity not guaranteed unless the op says so), the inferred
+// output metadata and the attributes.
+struct KernelContext {
+  OpKind kind;
+  const std::vector<Tensor>& inputs;
+  const Metas& out_meta;
+  const Attrs& attrs;
+  // A fresh contiguous output tensor for output i, on the inputs' device.
+  Tensor alloc(size_t i) const;
+};
+
+// What a backward rule sees. grad_outputs[i] is undefined when output i got no gradient.
+struct BackwardContext {
+  OpKind kind;
+  const std::vector<Tensor>& inputs;
+  const std::vector<Tensor>& outputs;
+  const std::vector<Tensor>& grad_outputs;
+  const Attrs& attrs;
+  const std::vector<bool>& needs_input_grad;
+};
+
+using InferFn = Metas (*)(const Metas& in, const Attrs& attrs);
+using FlopsFn = double (*)(const Metas& in, const Metas& out, const Attrs& attrs);
+using ShardFn = std::vector<ShardSignature> (*)(const Metas& in, const Metas& out,
+                                                const Attrs& attrs);
+using KernelFn = std::vector<Tensor> (*)(const KernelContext& ctx);
+// Returns one tensor per input: the gradient, or an undefined Tensor for none.
+using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx);
+
+struct OpDef {
+  const char* name = nullptr;
+  int num_inputs = 0;  // -1: variadic (at least one)
+  InferFn infer = nullptr;
+  FlopsFn flops = nullptr;   // null: zero FLOPs (data movement only)
+  ShardFn shard = nullptr;   // null: only the all-Replicated signature
+  KernelFn cpu = nullptr;
+  KernelFn cuda = nullptr;   // filled by the CUDA backend
+  BackwardFn backward = nullptr;  // null: not differentiable
+  uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
+  bool saves_inputs = true;   // backward reads the inputs
+  bool saves_outputs = false;  // backward reads the outputs
+};
+
+using OpTable = std::array<OpDef, kNumOps>;
+
+// The registry, filled once on first use; every OpKind has a complete entry.
+const OpDef& op_def(OpKind kind);
+const OpTable& op_table();
+
+// Registration functions, one per family file in ops/defs/.
+void register_matmul_ops(OpTable& t);
+void register_elementwise_ops(OpTable& t);
+void register_reduce_ops(OpTable& t);
+void register_shape_ops(OpTable& t);
+void register_nn_ops(OpTable& t);
+void register_loss_ops(OpTable& t);
+void register_attention_ops(OpTable& t);
+void register_index_ops(OpTable& t);
+
+inline OpDef& def_of(OpTable& t, OpKind k) { return t[static_cast<size_t>(k)]; }
+
+}  // namespace hap::ops
