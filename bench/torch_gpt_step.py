@@ -11,6 +11,7 @@ Example:
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -68,6 +69,20 @@ def parse_args(argv):
     return args
 
 
+def limit_blas_threads(threads):
+    """Size OpenBLAS's own thread pool; return its size, or None where the BLAS is not OpenBLAS.
+
+    Debian's torch is built against the generic system BLAS (libblas.so.3, OpenBLAS by default)
+    and calls sgemm there, so torch.set_num_threads does not reach it: without this, GEMMs use
+    every core whatever --threads says."""
+    try:
+        blas = ctypes.CDLL("libblas.so.3")  # already loaded by torch: the same handle
+        blas.openblas_set_num_threads(ctypes.c_int(threads))
+        return int(blas.openblas_get_num_threads())
+    except (OSError, AttributeError):
+        return None
+
+
 def init_params(cfg, generator):
     """GPT-2 init: N(0, 0.02) weights, residual projections scaled by 1/sqrt(2 n_layer), zero biases,
     LayerNorm at identity."""
@@ -91,6 +106,7 @@ def main(argv):
     args = parse_args(argv)
     # Must precede any other torch work: the intra-op pool size is what is being compared.
     torch.set_num_threads(args.threads)
+    blas_threads = limit_blas_threads(args.threads)
 
     cfg = GPTConfig(
         n_layer=args.n_layer,
@@ -141,6 +157,7 @@ def main(argv):
         "framework": "pytorch",
         "torch_version": torch.__version__,
         "threads": torch.get_num_threads(),
+        "blas_threads": blas_threads,
         "config": {
             "n_layer": args.n_layer,
             "n_head": args.n_head,

@@ -56,9 +56,9 @@ std::string show(const YAML::Node& node) {
 
 std::string unknown_key_problem(std::string_view section, std::string_view key,
                                 std::span<const std::string_view> keys) {
-  std::string problem = section.empty() ? "unknown section; valid sections: " + join(keys)
-                                        : "unknown key; valid keys of " + std::string(section) +
-                                              ": " + join(keys);
+  std::string problem =
+      section.empty() ? "unknown section; valid sections: " + join(keys)
+                      : "unknown key; valid keys of " + std::string(section) + ": " + join(keys);
   if (const auto meant = likely_meant(key, keys))
     problem += " (did you mean '" + std::string(*meant) + "'?)";
   return problem;
@@ -98,8 +98,7 @@ SectionReader::SectionReader(const Origin& origin, std::string section, const YA
   }
 }
 
-SectionReader SectionReader::section(std::string_view key,
-                                     std::span<const std::string_view> keys) {
+SectionReader SectionReader::section(std::string_view key, std::span<const std::string_view> keys) {
   const std::optional<YAML::Node> node = find(key);
   SectionReader reader(origin_, path(key), node.value_or(YAML::Node()), keys);
   if (!node)
@@ -142,7 +141,9 @@ std::string SectionReader::string(std::string_view key, std::optional<std::strin
 
 void SectionReader::fail_value(std::string_view key, std::string_view expectation) const {
   const auto it = entries_.find(key);
-  const std::string got = it == entries_.end() ? "nothing" : show(it->second);
+  const std::string got = it == entries_.end()    ? "nothing"
+                          : it->second.IsScalar() ? it->second.Scalar()
+                                                  : show(it->second);
   fail(origin_, path(key), "expected " + std::string(expectation) + ", got " + got);
 }
 
