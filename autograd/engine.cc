@@ -26,6 +26,9 @@ std::shared_ptr<Node> edge_for(const Tensor& t) {
   return acc;
 }
 
+void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save);
+void attach_outputs(const std::shared_ptr<Node>& node, std::vector<Tensor>& outputs);
+
 // Installed as ops' record hook: attaches a Node to the outputs of a call that needs a gradient.
 void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
             const ops::Attrs& attrs) {
@@ -38,23 +41,31 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
   auto node = std::make_shared<Node>();
   node->kind = kind;
   node->attrs = attrs;
-  node->sequence = g_sequence++;
-  node->next.resize(inputs.size());
-  node->needs_input_grad.resize(inputs.size());
-  node->saved_inputs.resize(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const Tensor& t = inputs[i];
-    if (!t.defined()) continue;
-    if (def.saves_inputs) node->saved_inputs[i] = t.detach();
-    if (t.requires_grad()) {
-      node->next[i] = {edge_for(t), t.grad_fn() ? t.impl()->autograd->output_nr : 0u};
-      node->needs_input_grad[i] = true;
-    }
-  }
+  link_inputs(*node, inputs, def.saves_inputs);
   if (def.saves_outputs) {
     node->saved_outputs.reserve(outputs.size());
     for (const Tensor& t : outputs) node->saved_outputs.push_back(t.detach());
   }
+  attach_outputs(node, outputs);
+}
+
+void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save) {
+  node.sequence = g_sequence++;
+  node.next.resize(inputs.size());
+  node.needs_input_grad.resize(inputs.size());
+  node.saved_inputs.resize(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
+    if (!t.defined()) continue;
+    if (save) node.saved_inputs[i] = t.detach();
+    if (t.requires_grad()) {
+      node.next[i] = {edge_for(t), t.grad_fn() ? t.impl()->autograd->output_nr : 0u};
+      node.needs_input_grad[i] = true;
+    }
+  }
+}
+
+void attach_outputs(const std::shared_ptr<Node>& node, std::vector<Tensor>& outputs) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     Tensor& out = outputs[i];
     node->output_meta.push_back({out.shape(), out.dtype()});
@@ -68,6 +79,17 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
 }
 
 const bool g_hook_installed = (ops::set_record_hook(&record), true);
+
+// The first gradient stored in a leaf's .grad, as a buffer no one else holds. Backward rules pass
+// gradients through unchanged (add gives both inputs the same tensor; a leaf root gets the
+// caller's grad_output), and a shared buffer would let an in-place update of one .grad (zeroing,
+// clipping, an optimizer step) change another leaf's gradient or the caller's tensor. `g` is held
+// here and by the node's buffer; any other handle or view means a copy.
+Tensor owned_grad(const Tensor& g) {
+  bool sole = g.impl_ptr().use_count() <= 2 && g.has_storage() &&
+              g.impl()->storage.use_count() == 1 && g.is_contiguous();
+  return sole ? g : g.clone();
+}
 
 Tensor add_grads(const Tensor& a, const Tensor& b) {
   if (!a.defined()) return b;
@@ -100,6 +122,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
     HAP_CHECK(g.shape() == root.shape(), "backward: grad_output shape ", shape_str(g.shape()),
               " differs from output shape ", shape_str(root.shape()));
+    HAP_CHECK(g.dtype() == root.dtype(), "backward: grad_output dtype ", dtype_name(g.dtype()),
+              " differs from output dtype ", dtype_name(root.dtype()));
     std::shared_ptr<Node> node = edge_for(root);
     uint32_t nr = root.grad_fn() ? root.impl()->autograd->output_nr : 0u;
     auto& buf = buffers[node.get()];
@@ -136,10 +160,14 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   std::priority_queue<std::shared_ptr<Node>, std::vector<std::shared_ptr<Node>>,
                       decltype(later_first)>
       ready(later_first);
-  for (auto& s : starts)
-    if (deps[s.get()] == 0) ready.push(s);
+  // A root that another root's graph reaches waits for its dependencies like any other node;
+  // a root given twice is queued once (its buffer already holds both gradients).
   std::unordered_map<Node*, bool> queued;
-  for (auto& s : starts) queued[s.get()] = true;
+  for (auto& s : starts)
+    if (deps[s.get()] == 0 && !queued[s.get()]) {
+      queued[s.get()] = true;
+      ready.push(s);
+    }
 
   while (!ready.empty()) {
     std::shared_ptr<Node> node = ready.top();
@@ -161,19 +189,23 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       }
       if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
       Tensor old = leaf.grad();
-      leaf.set_grad(old.defined() ? add_grads(old, g) : g.contiguous());
+      leaf.set_grad(old.defined() ? add_grads(old, g) : owned_grad(g));
       continue;
     }
 
-    const ops::OpDef& def = ops::op_def(node->kind);
+    const char* name = node->custom ? node->custom_name : ops::op_name(node->kind);
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
     std::vector<Tensor> in_grads;
     if (any) {
-      ops::BackwardContext ctx{node->kind,  node->saved_inputs, node->saved_outputs,
-                               grads,       node->attrs,        node->needs_input_grad};
-      in_grads = def.backward(ctx);
-      HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", def.name, " returned ",
+      if (node->custom) {
+        in_grads = node->custom(grads);
+      } else {
+        ops::BackwardContext ctx{node->kind,  node->saved_inputs, node->saved_outputs,
+                                 grads,       node->attrs,        node->needs_input_grad};
+        in_grads = ops::op_def(node->kind).backward(ctx);
+      }
+      HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", name, " returned ",
                  in_grads.size(), " gradients for ", node->next.size(), " inputs");
     }
     for (size_t i = 0; i < node->next.size(); ++i) {
@@ -183,7 +215,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         auto& buf = buffers[e.node.get()];
         buf.resize(e.node->output_meta.size());
         const ops::TensorMeta& m = e.node->output_meta[e.output_nr];
-        HAP_ASSERT(in_grads[i].shape() == m.shape, "backward of ", def.name, ": gradient ", i,
+        HAP_ASSERT(in_grads[i].shape() == m.shape, "backward of ", name, ": gradient ", i,
                    " has shape ", shape_str(in_grads[i].shape()), ", expected ", shape_str(m.shape));
         buf[e.output_nr] = add_grads(buf[e.output_nr], in_grads[i]);
       }
@@ -205,6 +237,23 @@ void GradMode::set_enabled(bool enabled) {
 
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs) {
   run_backward(roots, grad_outputs, nullptr);
+}
+
+std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& inputs,
+                                  std::vector<Tensor> outputs, CustomBackward backward) {
+  if (!t_grad_enabled) return outputs;
+  bool any = false;
+  for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
+  if (!any) return outputs;
+  for (Tensor& out : outputs)
+    for (const Tensor& in : inputs)
+      if (out.same(in)) out = out.detach();
+  auto node = std::make_shared<Node>();
+  node->custom = std::move(backward);
+  node->custom_name = name;
+  link_inputs(*node, inputs, false);
+  attach_outputs(node, outputs);
+  return outputs;
 }
 
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,

@@ -2,6 +2,7 @@
 #pragma once
 #include <vector>
 
+#include "autograd/node.h"
 #include "core/tensor.h"
 
 namespace hap::autograd {
@@ -13,5 +14,11 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_
 // Gradients of `output` with respect to `inputs`, returned instead of accumulated.
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
                          const Tensor& grad_output = Tensor());
+
+// Records a differentiable function computed outside the op registry (a collective, say):
+// when grad mode is on and an input requires grad, `outputs` get a node whose backward is
+// `backward`. Returns the outputs (with history attached).
+std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& inputs,
+                                  std::vector<Tensor> outputs, CustomBackward backward);
 
 }  // namespace hap::autograd

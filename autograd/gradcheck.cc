@@ -29,8 +29,12 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   Tensor r = randn(out.shape(), opt.seed, 0, TensorOptions{}.with_dtype(DType::F64));
 
   std::vector<Tensor> wrt;
-  for (const Tensor& t : inputs)
-    if (t.defined() && t.requires_grad()) wrt.push_back(t);
+  std::vector<size_t> wrt_index;  // position in `inputs`, for the message
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      wrt.push_back(inputs[i]);
+      wrt_index.push_back(i);
+    }
   HAP_CHECK(!wrt.empty(), "gradcheck: no input requires grad");
   std::vector<Tensor> analytic = grad(out, wrt, r);
 
@@ -49,11 +53,12 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
       double numeric = (lp - lm) / (2 * opt.eps);
       double a = analytic[w].defined() ? analytic[w].item_at(i) : 0.0;
       double err = std::abs(a - numeric);
-      res.max_abs_error = std::max(res.max_abs_error, err);
-      if (res.ok && err > opt.atol + opt.rtol * std::abs(numeric)) {
+      // NaN compares false both ways: written so that a NaN gradient fails the check and sticks.
+      if (std::isnan(err) || err > res.max_abs_error) res.max_abs_error = err;
+      if (res.ok && !(err <= opt.atol + opt.rtol * std::abs(numeric))) {
         res.ok = false;
         std::ostringstream os;
-        os << "input " << w << " " << x.str() << " element " << i << ": analytic " << a
+        os << "input " << wrt_index[w] << " " << x.str() << " element " << i << ": analytic " << a
            << " vs numeric " << numeric;
         res.message = os.str();
       }

@@ -1,5 +1,6 @@
 // A node of the backward graph: one recorded op call, or the accumulation into a leaf's grad.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -17,8 +18,13 @@ struct Edge {
   uint32_t output_nr = 0;
 };
 
+// Backward of a function recorded outside the op registry: grad_outputs -> one grad per input.
+using CustomBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
+
 struct Node {
   bool is_accumulate = false;       // a leaf's AccumulateGrad
+  CustomBackward custom;            // set for custom functions (e.g. collectives)
+  const char* custom_name = nullptr;
   std::weak_ptr<TensorImpl> leaf;   // for AccumulateGrad
   ops::OpKind kind{};
   ops::Attrs attrs;

@@ -1,16 +1,34 @@
 // Type dispatch and strided element iteration shared by core and the CPU kernels.
 #pragma once
+#include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "core/tensor.h"
 
 namespace hap {
 
+// f64 -> f32 rounding toward zero with the last bit set when inexact ("round to odd"): rounding
+// that result to bf16 then equals rounding the f64 directly. Plain f32 rounding first could land
+// exactly on a bf16 midpoint and tie the wrong way.
+inline float f32_round_to_odd(double v) {
+  float f = static_cast<float>(v);
+  if (static_cast<double>(f) == v || !std::isfinite(f)) return f;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::fabs(static_cast<double>(f)) > std::fabs(v)) --u;  // back toward zero
+  u |= 1u;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
 template <typename To, typename From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
     return v;
+  } else if constexpr (std::is_same_v<To, bf16> && std::is_same_v<From, double>) {
+    return bf16(f32_round_to_odd(v));
   } else if constexpr (std::is_same_v<To, bf16>) {
     return bf16(static_cast<float>(v));
   } else if constexpr (std::is_same_v<From, bf16>) {

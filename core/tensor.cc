@@ -89,9 +89,13 @@ Tensor Tensor::from_vector(const std::vector<int64_t>& v, const Shape& s, Tensor
   return from_values(v, s, o);
 }
 
-int64_t Tensor::size(int64_t d) const { return impl_->shape[wrap_dim(d, dim())]; }
+int64_t Tensor::size(int64_t d) const {
+  HAP_CHECK(dim() > 0, "size(", d, "): tensor ", str(), " is a scalar and has no dims");
+  return impl_->shape[wrap_dim(d, dim())];
+}
 
 bool Tensor::is_contiguous() const {
+  if (numel() == 0) return true;  // no element to misplace; a size-0 dim zeroes `expected` below
   int64_t expected = 1;
   for (size_t i = impl_->shape.size(); i-- > 0;) {
     if (impl_->shape[i] == 1) continue;

@@ -1,13 +1,39 @@
 #include "ops/dispatch.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+
 namespace hap::ops {
 
 namespace {
 RecordHook g_record_hook = nullptr;
 DispatchStats g_stats;
+bool g_profiling = false;
+thread_local TraceHook* t_trace = nullptr;
+thread_local std::vector<std::string> t_scope;
+
+// Ops that only move data: their kernels work for any dtype, and routing bf16 through f32 would
+// turn every view of a bf16 tensor into two copies.
+bool moves_data_only(OpKind kind) {
+  switch (kind) {
+    case OpKind::Cast:
+    case OpKind::Reshape:
+    case OpKind::Permute:
+    case OpKind::Slice:
+    case OpKind::Expand:
+    case OpKind::Concat:
+    case OpKind::Split:
+    case OpKind::Contiguous:
+    case OpKind::SliceBackward:
+      return true;
+    default:
+      return false;
+  }
+}
 
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
-  if (kind == OpKind::Cast) return false;
+  if (moves_data_only(kind)) return false;
   for (const Tensor& t : inputs)
     if (t.defined() && t.dtype() == DType::BF16) return true;
   return false;
@@ -15,8 +41,46 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
 }  // namespace
 
 void set_record_hook(RecordHook hook) { g_record_hook = hook; }
+
+TraceGuard::TraceGuard(TraceHook* hook) : prev_(t_trace) { t_trace = hook; }
+TraceGuard::~TraceGuard() { t_trace = prev_; }
+bool is_tracing() { return t_trace != nullptr; }
+
+ScopeGuard::ScopeGuard(const std::string& name) { t_scope.push_back(name); }
+ScopeGuard::~ScopeGuard() { t_scope.pop_back(); }
+std::string current_scope() {
+  std::string s;
+  for (const std::string& part : t_scope) {
+    if (part.empty()) continue;
+    if (!s.empty()) s += '.';
+    s += part;
+  }
+  return s;
+}
 const DispatchStats& dispatch_stats() { return g_stats; }
 void reset_dispatch_stats() { g_stats = DispatchStats{}; }
+void set_profiling(bool on) { g_profiling = on; }
+
+std::string profile_report(size_t top) {
+  std::vector<size_t> order;
+  double total = 0;
+  for (size_t i = 0; i < kNumOps; ++i) {
+    total += g_stats.kernel_s[i];
+    if (g_stats.calls[i]) order.push_back(i);
+  }
+  std::sort(order.begin(), order.end(),
+            [](size_t a, size_t b) { return g_stats.kernel_s[a] > g_stats.kernel_s[b]; });
+  std::string out;
+  char line[160];
+  for (size_t j = 0; j < order.size() && j < top; ++j) {
+    size_t i = order[j];
+    std::snprintf(line, sizeof(line), "  %-22s %8llu calls %10.3f s %6.1f%%\n",
+                  op_name(static_cast<OpKind>(i)), static_cast<unsigned long long>(g_stats.calls[i]),
+                  g_stats.kernel_s[i], total > 0 ? 100.0 * g_stats.kernel_s[i] / total : 0.0);
+    out += line;
+  }
+  return out;
+}
 
 Tensor KernelContext::alloc(size_t i) const {
   HAP_ASSERT(i < out_meta.size());
@@ -62,12 +126,30 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   in_meta.reserve(inputs.size());
   for (const Tensor& t : inputs)
     in_meta.push_back(t.defined() ? TensorMeta{t.shape(), t.dtype(), true} : TensorMeta{{}, DType::F32, false});
-  Metas out_meta = def.infer(in_meta, attrs);
+  Metas out_meta;
+  try {
+    out_meta = def.infer(in_meta, attrs);
+  } catch (const Error& e) {
+    std::string scope = current_scope();
+    if (scope.empty()) throw;
+    throw Error(std::string(e.what()) + " (in module '" + scope + "')");
+  }
+
+  if (t_trace) {
+    std::vector<Tensor> outputs;
+    for (const TensorMeta& m : out_meta) outputs.push_back(Tensor::meta(m.shape, m.dtype, device));
+    t_trace->on_call(kind, inputs, outputs, attrs);
+    return outputs;
+  }
 
   KernelFn kernel = device.is_cpu() ? def.cpu : def.cuda;
   HAP_CHECK(kernel != nullptr, "op ", def.name, " has no kernel for device ", device.str());
   KernelContext ctx{kind, inputs, out_meta, attrs};
+  auto t0 = g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   std::vector<Tensor> outputs = kernel(ctx);
+  if (g_profiling)
+    g_stats.kernel_s[static_cast<size_t>(kind)] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   HAP_ASSERT(outputs.size() == out_meta.size(), "op ", def.name, " kernel returned ",
              outputs.size(), " outputs, inferred ", out_meta.size());
   // History is attached to outputs, so an output must never be an input's own impl.

@@ -1,6 +1,7 @@
 // Running an op: check the inputs, infer the outputs, run the device kernel, and let the
 // recording hook (installed by autograd/) attach history.
 #pragma once
+#include <string>
 #include <vector>
 
 #include "ops/op.h"
@@ -17,11 +18,48 @@ using RecordHook = void (*)(OpKind kind, const std::vector<Tensor>& inputs,
                             std::vector<Tensor>& outputs, const Attrs& attrs);
 void set_record_hook(RecordHook hook);
 
+// Tracing: while a TraceHook is installed on this thread, op calls run no kernel; their outputs
+// are shape-only tensors from the op's inference, and the hook sees every call. synth/ uses it
+// to capture a model's graph.
+class TraceHook {
+ public:
+  virtual ~TraceHook() = default;
+  virtual void on_call(OpKind kind, const std::vector<Tensor>& inputs,
+                       const std::vector<Tensor>& outputs, const Attrs& attrs) = 0;
+};
+class TraceGuard {
+ public:
+  explicit TraceGuard(TraceHook* hook);
+  ~TraceGuard();
+  TraceGuard(const TraceGuard&) = delete;
+  TraceGuard& operator=(const TraceGuard&) = delete;
+
+ private:
+  TraceHook* prev_;
+};
+bool is_tracing();
+
+// The module path of the code now running ("blocks.3.attn"), kept by ScopeGuard; recorded with
+// each traced call so that graphs and error messages can name the module an op came from.
+class ScopeGuard {
+ public:
+  explicit ScopeGuard(const std::string& name);
+  ~ScopeGuard();
+  ScopeGuard(const ScopeGuard&) = delete;
+  ScopeGuard& operator=(const ScopeGuard&) = delete;
+};
+std::string current_scope();
+
 // Counts of op calls, for tests and profiling.
 struct DispatchStats {
   std::array<uint64_t, kNumOps> calls{};
+  std::array<double, kNumOps> kernel_s{};  // filled while profiling is on
 };
 const DispatchStats& dispatch_stats();
 void reset_dispatch_stats();
+// Times every kernel (wall clock, per op kind) into dispatch_stats().kernel_s.
+void set_profiling(bool on);
+// The ops by kernel time, one per line: name, calls, seconds, share.
+std::string profile_report(size_t top = 20);
 
 }  // namespace hap::ops

@@ -7,7 +7,18 @@ namespace hap {
 using ops::call1;
 using ops::OpKind;
 
-Tensor matmul(const Tensor& a, const Tensor& b) { return call1(OpKind::MatMul, {a, b}); }
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (a.dim() >= 2 && b.dim() >= 2) return call1(OpKind::MatMul, {a, b});
+  // The op takes operands of >= 2 dims; 1-D ones are promoted here as in NumPy: a row [1, K] on
+  // the left, a column [K, 1] on the right, and the added dim is dropped from the result.
+  HAP_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",
+            shape_str(a.shape()), " and ", shape_str(b.shape()));
+  Tensor y = call1(OpKind::MatMul, {a.dim() == 1 ? unsqueeze(a, 0) : a, b.dim() == 1 ? unsqueeze(b, 1) : b});
+  Shape s(y.shape().begin(), y.shape().end() - 2);
+  if (a.dim() > 1) s.push_back(y.shape()[y.dim() - 2]);
+  if (b.dim() > 1) s.push_back(y.shape().back());
+  return reshape(y, s);
+}
 Tensor linear(const Tensor& x, const Tensor& w, const Tensor& b) {
   return call1(OpKind::Linear, {x, w, b});
 }
@@ -83,6 +94,7 @@ Tensor reshape(const Tensor& x, Shape shape) {
 Tensor view(const Tensor& x, Shape shape) { return reshape(x, std::move(shape)); }
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1) {
   int64_t n = x.dim();
+  HAP_CHECK(n > 0, "transpose: input must have at least 1 dim, got a scalar");
   d0 = wrap_dim(d0, n, "transpose dim0");
   d1 = wrap_dim(d1, n, "transpose dim1");
   std::vector<int64_t> perm(n);
@@ -110,6 +122,7 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
   return reshape(x, s);
 }
 Tensor squeeze(const Tensor& x, int64_t dim) {
+  HAP_CHECK(x.dim() > 0, "squeeze: input must have at least 1 dim, got a scalar");
   dim = wrap_dim(dim, x.dim(), "squeeze dim");
   HAP_CHECK(x.shape()[dim] == 1, "squeeze: dim ", dim, " of ", shape_str(x.shape()),
             " has size ", x.shape()[dim], ", expected 1");
@@ -137,6 +150,7 @@ std::vector<Tensor> split(const Tensor& x, std::vector<int64_t> sizes, int64_t d
 }
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   HAP_CHECK(chunks >= 1, "chunk: chunks must be >= 1, got ", chunks);
+  HAP_CHECK(x.dim() > 0, "chunk: input must have at least 1 dim, got a scalar");
   int64_t d = wrap_dim(dim, x.dim(), "chunk dim");
   HAP_CHECK(x.shape()[d] % chunks == 0, "chunk: dim ", d, " of ", shape_str(x.shape()),
             " is not divisible into ", chunks, " chunks");

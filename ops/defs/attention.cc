@@ -1,6 +1,349 @@
-// Placeholder until the attention ops land (being written now); the registry reports them incomplete.
+// Scaled dot-product attention, fused per (batch, head): S = scale Q K^T, the causal mask, a row
+// softmax, Philox dropout and O = P V, without materialising [B, H, T, T]. The forward keeps the
+// row log-sum-exp; the backward recomputes P from it (as flash attention does). Heads run in
+// parallel, each on one thread with single-threaded GEMMs, in blocks of query rows; with the
+// causal mask a block only computes the key columns up to its last row.
+#include <cmath>
+#include <limits>
+
+#include "core/philox.h"
+#include "ops/cpu/blas.h"
+#include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
 
 namespace hap::ops {
-void register_attention_ops(OpTable&) {}
+
+namespace {
+
+using cpu::exp_fast;
+
+constexpr int64_t kRowBlock = 64;  // query rows per block: S, P, dP blocks stay in cache
+
+// Checks q, k [B, H, T, D] and v [B, H, T, Dv] (inputs 0, 1, 2).
+void check_qkv(const Metas& in, const char* op) {
+  for (size_t i = 0; i < 3; ++i) check_floating(op, in, i);
+  check_same_dtype(op, in, 0, 1);
+  check_same_dtype(op, in, 0, 2);
+  const Shape &q = in[0].shape, &k = in[1].shape, &v = in[2].shape;
+  HAP_CHECK(q.size() == 4 && k.size() == 4 && v.size() == 4, op,
+            ": q, k, v must be [B, H, T, D], got ", shape_str(q), ", ", shape_str(k), ", ",
+            shape_str(v));
+  HAP_CHECK(q == k, op, ": q ", shape_str(q), " and k ", shape_str(k), " must have the same shape");
+  HAP_CHECK(v[0] == q[0] && v[1] == q[1] && v[2] == q[2], op, ": v ", shape_str(v),
+            " must share [B, H, T] with q ", shape_str(q));
+  HAP_CHECK(q[3] > 0, op, ": head size D must be > 0, got q ", shape_str(q));
+}
+
+Shape lse_shape(const Shape& q) { return {q[0], q[1], q[2]}; }
+Shape out_shape(const Shape& q, const Shape& v) { return {q[0], q[1], q[2], v[3]}; }
+
+// Outputs: out [B, H, T, Dv] and the row log-sum-exp of the scaled scores [B, H, T], both of
+// q's dtype.
+Metas infer_attention(const Metas& in, const Attrs&) {
+  check_qkv(in, "attention");
+  DType dt = in[0].dtype;
+  return {{out_shape(in[0].shape, in[2].shape), dt}, {lse_shape(in[0].shape), dt}};
+}
+
+// Inputs: q, k, v, out, lse, grad of out (or undefined), grad of lse (or undefined).
+// Outputs: dq, dk, dv.
+Metas infer_attention_backward(const Metas& in, const Attrs&) {
+  const char* op = "attention_backward";
+  check_qkv(in, op);
+  Shape o = out_shape(in[0].shape, in[2].shape), l = lse_shape(in[0].shape);
+  const Shape expect[] = {o, l, o, l};
+  const char* what[] = {"out", "lse", "grad of out", "grad of lse"};
+  for (size_t i = 3; i < 7; ++i) {
+    if (!in[i].defined) continue;
+    HAP_CHECK(in[i].shape == expect[i - 3], op, ": ", what[i - 3], " ", shape_str(in[i].shape),
+              " does not match q ", shape_str(in[0].shape), " and v ", shape_str(in[2].shape),
+              " (expected ", shape_str(expect[i - 3]), ")");
+    check_same_dtype(op, in, 0, i);
+  }
+  return {in[0], in[1], in[2]};
+}
+
+double causal_share(const Attrs& a) { return attr<AttentionAttrs>(a).causal ? 0.5 : 1.0; }
+
+double flops_attention(const Metas& in, const Metas&, const Attrs& a) {
+  const Shape &q = in[0].shape, &v = in[2].shape;
+  double bhtt = static_cast<double>(q[0] * q[1]) * static_cast<double>(q[2] * q[2]);
+  return causal_share(a) * bhtt * (2.0 * static_cast<double>(q[3] + v[3]) + 5.0);
+}
+
+double flops_attention_backward(const Metas& in, const Metas&, const Attrs& a) {
+  const Shape &q = in[0].shape, &v = in[2].shape;
+  double bhtt = static_cast<double>(q[0] * q[1]) * static_cast<double>(q[2] * q[2]);
+  return causal_share(a) * bhtt * (2.0 * static_cast<double>(3 * q[3] + 2 * v[3]) + 8.0);
+}
+
+// Batch- or head-parallel: every (b, h) is independent. With dropout the executor passes each
+// rank its slice of the logical [B, H, T, T] probabilities in attrs.dropout.slice.
+std::vector<ShardSignature> shard_attention(const Metas& in, const Metas& out, const Attrs&) {
+  std::vector<ShardSignature> sigs;
+  for (int64_t d = 0; d < 2; ++d) {
+    std::vector<Prop> ins;
+    for (const TensorMeta& m : in) ins.push_back(m.defined ? Prop::sharded(d) : Prop::replicated());
+    sigs.push_back({ins, std::vector<Prop>(out.size(), Prop::sharded(d))});
+  }
+  return sigs;
+}
+
+// One [T, D] matrix per (b, h) of a [B, H, T, D] tensor, handed to GEMM in place when its rows
+// are unit-stride (e.g. heads permuted from [B, T, H, D]), else from a packed copy.
+template <typename T>
+struct Heads {
+  Tensor held;
+  const T* data = nullptr;
+  int64_t stride_b = 0, stride_h = 0, ld = 1;
+
+  explicit Heads(const Tensor& x) {
+    const Strides& s = x.strides();
+    int64_t rows = x.shape()[2], cols = x.shape()[3];
+    bool in_place = (s[3] == 1 || cols <= 1) && (rows <= 1 || s[2] >= std::max<int64_t>(cols, 1));
+    held = in_place ? x : x.contiguous();
+    data = held.data<T>();
+    stride_b = held.strides()[0];
+    stride_h = held.strides()[1];
+    ld = std::max<int64_t>(rows <= 1 ? cols : held.strides()[2], 1);
+  }
+  const T* at(int64_t b, int64_t h) const { return data + b * stride_b + h * stride_h; }
+};
+
+// The dropout mask of the probabilities [B, H, T, T]: element (b, h, i, j) is kept when the
+// Philox uniform at its logical index is below 1 - p, exactly as the dropout op draws it, so a
+// shard (attrs.dropout.slice) draws its slice of the single-device mask.
+struct DropoutMask {
+  bool on = false;
+  uint64_t seed = 0, stream = 0;
+  double keep = 1;
+  int64_t offset[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 1};
+
+  DropoutMask(const RandomAttrs& r, const Shape& local) {
+    on = r.p > 0;
+    seed = r.seed;
+    stream = r.stream;
+    keep = 1.0 - r.p;
+    Shape logical = local;
+    if (!r.slice.logical_shape.empty() || !r.slice.offset.empty()) {
+      HAP_CHECK(r.slice.logical_shape.size() == 4 && r.slice.offset.size() == 4,
+                "attention: dropout slice must be 4-d (of the probabilities [B, H, T, T]), got ",
+                "logical shape ", shape_str(r.slice.logical_shape), " and offset ",
+                shape_str(r.slice.offset));
+      logical = r.slice.logical_shape;
+      for (size_t d = 0; d < 4; ++d) {
+        HAP_CHECK(r.slice.offset[d] >= 0 && r.slice.offset[d] + local[d] <= logical[d],
+                  "attention: probabilities ", shape_str(local), " at offset ",
+                  shape_str(r.slice.offset), " do not fit the logical shape ", shape_str(logical));
+        offset[d] = r.slice.offset[d];
+      }
+    }
+    Strides ls = contiguous_strides(logical);
+    for (size_t d = 0; d < 4; ++d) stride[d] = ls[d];
+  }
+
+  // m[j] = 1 / (1 - p) where element j of row (b, h, i) is kept, 0 where it is dropped.
+  template <typename T>
+  void row(T* m, int64_t n, int64_t b, int64_t h, int64_t i) const {
+    uint64_t base =
+        static_cast<uint64_t>((b + offset[0]) * stride[0] + (h + offset[1]) * stride[1] +
+                              (i + offset[2]) * stride[2] + offset[3] * stride[3]);
+    T s = static_cast<T>(1.0 / keep);
+    double k = keep;
+    uint64_t sd = seed, st = stream;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j)
+      m[j] = static_cast<double>(philox_uniform(sd, st, base + static_cast<uint64_t>(j))) < k
+                 ? s
+                 : T(0);
+  }
+};
+
+template <typename T>
+T attention_scale(const AttentionAttrs& a, int64_t d) {
+  return static_cast<T>(a.scale != 0 ? a.scale : 1.0 / std::sqrt(static_cast<double>(d)));
+}
+
+template <typename T>
+void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& lse) {
+  const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
+  Heads<T> q(c.inputs[0]), k(c.inputs[1]), v(c.inputs[2]);
+  const Shape& qs = c.inputs[0].shape();
+  int64_t nb = qs[0], nh = qs[1], t = qs[2], d = qs[3], dv = c.inputs[2].shape()[3];
+  T scale = attention_scale<T>(a, d);
+  DropoutMask mask(a.dropout, {nb, nh, t, t});
+  T* po = out.data<T>();
+  T* pl = lse.data<T>();
+#pragma omp parallel if (nb * nh > 1)
+  {
+    std::vector<T> s(static_cast<size_t>(kRowBlock * t)), m(static_cast<size_t>(t));
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < nb * nh; ++bh) {
+      int64_t b = bh / nh, h = bh % nh;
+      const T *qh = q.at(b, h), *kh = k.at(b, h), *vh = v.at(b, h);
+      T* oh = po + bh * t * dv;
+      T* lh = pl + bh * t;
+      for (int64_t r0 = 0; r0 < t; r0 += kRowBlock) {
+        int64_t r1 = std::min(t, r0 + kRowBlock), cols = a.causal ? r1 : t;
+        // s[i - r0, j] = scale q_i . k_j
+        cpu::gemm<T>(false, true, r1 - r0, cols, d, scale, qh + r0 * q.ld, q.ld, kh, k.ld, T(0),
+                     s.data(), t);
+        for (int64_t i = r0; i < r1; ++i) {
+          T* row = s.data() + (i - r0) * t;
+          int64_t n = a.causal ? i + 1 : t;
+          T mx = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+          T sum = 0;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < n; ++j) {
+            T e = exp_fast(row[j] - mx);
+            row[j] = e;
+            sum += e;
+          }
+          lh[i] = mx + std::log(sum);
+          T inv = T(1) / sum;
+          if (mask.on) {
+            mask.row(m.data(), n, b, h, i);
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) row[j] *= inv * m[j];
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+          }
+          std::fill(row + n, row + cols, T(0));
+        }
+        // o[r0:r1] = p[r0:r1, 0:cols] v[0:cols]
+        cpu::gemm<T>(false, false, r1 - r0, dv, cols, T(1), s.data(), t, vh, v.ld, T(0),
+                     oh + r0 * dv, dv);
+      }
+    }
+  }
+}
+
+// With P the softmax, Pd = P * mask / (1 - p) the dropped probabilities and O = Pd V:
+// dV = Pd^T dO, dPd = dO V^T, dS = P * (dPd * mask / (1 - p) - rowsum(dO * O) + dlse),
+// dQ = scale dS K, dK = scale dS^T Q. P is recomputed as exp(scale Q K^T - lse).
+template <typename T>
+void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>& outs) {
+  const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
+  const Shape& qs = c.inputs[0].shape();
+  int64_t nb = qs[0], nh = qs[1], t = qs[2], d = qs[3], dv = c.inputs[2].shape()[3];
+  Tensor gout = c.inputs[5].defined()
+                    ? c.inputs[5]
+                    : Tensor::zeros(out_shape(qs, c.inputs[2].shape()),
+                                    TensorOptions{}.with_dtype(c.inputs[0].dtype()));
+  Heads<T> q(c.inputs[0]), k(c.inputs[1]), v(c.inputs[2]), o(c.inputs[3]), go(gout);
+  Tensor lse = c.inputs[4].contiguous();
+  Tensor glse = c.inputs[6].defined() ? c.inputs[6].contiguous() : Tensor();
+  T scale = attention_scale<T>(a, d);
+  DropoutMask mask(a.dropout, {nb, nh, t, t});
+  const T* pl = lse.data<T>();
+  const T* pgl = glse.defined() ? glse.data<T>() : nullptr;
+  T *pdq = outs[0].data<T>(), *pdk = outs[1].data<T>(), *pdv = outs[2].data<T>();
+#pragma omp parallel if (nb * nh > 1)
+  {
+    size_t block = static_cast<size_t>(kRowBlock * t);
+    std::vector<T> p(block), dp(block), m(static_cast<size_t>(t)), delta(static_cast<size_t>(t));
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < nb * nh; ++bh) {
+      int64_t b = bh / nh, h = bh % nh;
+      const T *qh = q.at(b, h), *kh = k.at(b, h), *vh = v.at(b, h), *oh = o.at(b, h);
+      const T* goh = go.at(b, h);
+      const T* lh = pl + bh * t;
+      const T* glh = pgl ? pgl + bh * t : nullptr;
+      T *dqh = pdq + bh * t * d, *dkh = pdk + bh * t * d, *dvh = pdv + bh * t * dv;
+      for (int64_t i = 0; i < t; ++i) {
+        const T *gi = goh + i * go.ld, *oi = oh + i * o.ld;
+        T acc = 0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = 0; j < dv; ++j) acc += gi[j] * oi[j];
+        delta[i] = acc;
+      }
+      std::fill(dkh, dkh + t * d, T(0));
+      std::fill(dvh, dvh + t * dv, T(0));
+      for (int64_t r0 = 0; r0 < t; r0 += kRowBlock) {
+        int64_t r1 = std::min(t, r0 + kRowBlock), rows = r1 - r0, cols = a.causal ? r1 : t;
+        cpu::gemm<T>(false, true, rows, cols, d, scale, qh + r0 * q.ld, q.ld, kh, k.ld, T(0),
+                     p.data(), t);
+        cpu::gemm<T>(false, true, rows, cols, dv, T(1), goh + r0 * go.ld, go.ld, vh, v.ld, T(0),
+                     dp.data(), t);
+        for (int64_t i = r0; i < r1; ++i) {
+          T* pr = p.data() + (i - r0) * t;
+          T* dpr = dp.data() + (i - r0) * t;
+          int64_t n = a.causal ? i + 1 : t;
+          T li = lh[i], shift = delta[i] - (glh ? glh[i] : T(0));
+          if (mask.on) {
+            mask.row(m.data(), n, b, h, i);
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) {
+              T pj = exp_fast(pr[j] - li);
+              pr[j] = pj * m[j];
+              dpr[j] = pj * (dpr[j] * m[j] - shift);
+            }
+          } else {
+#pragma omp simd
+            for (int64_t j = 0; j < n; ++j) {
+              T pj = exp_fast(pr[j] - li);
+              pr[j] = pj;
+              dpr[j] = pj * (dpr[j] - shift);
+            }
+          }
+          std::fill(pr + n, pr + cols, T(0));
+          std::fill(dpr + n, dpr + cols, T(0));
+        }
+        // dv[0:cols] += pd^T go[r0:r1], dq[r0:r1] = scale ds k[0:cols],
+        // dk[0:cols] += scale ds^T q[r0:r1]
+        cpu::gemm<T>(true, false, cols, dv, rows, T(1), p.data(), t, goh + r0 * go.ld, go.ld, T(1),
+                     dvh, dv);
+        cpu::gemm<T>(false, false, rows, d, cols, scale, dp.data(), t, kh, k.ld, T(0), dqh + r0 * d,
+                     d);
+        cpu::gemm<T>(true, false, cols, d, rows, scale, dp.data(), t, qh + r0 * q.ld, q.ld, T(1),
+                     dkh, d);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void register_attention_ops(OpTable& t) {
+  OpDef& at = def_of(t, OpKind::Attention);
+  at.name = "attention";
+  at.num_inputs = 3;
+  at.infer = infer_attention;
+  at.flops = flops_attention;
+  at.shard = shard_attention;
+  at.saves_outputs = true;
+  at.cpu = [](const KernelContext& c) {
+    Tensor out = c.alloc(0), lse = c.alloc(1);
+    dispatch_float(out.dtype(), "attention",
+                   [&](auto tag) { attention_kernel<decltype(tag)>(c, out, lse); });
+    return std::vector<Tensor>{out, lse};
+  };
+  at.backward = [](const BackwardContext& c) {
+    Tensor glse = c.grad_outputs.size() > 1 ? c.grad_outputs[1] : Tensor();
+    return call(OpKind::AttentionBackward,
+                {c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1],
+                 c.grad_outputs[0], glse},
+                c.attrs);
+  };
+
+  OpDef& ab = def_of(t, OpKind::AttentionBackward);
+  ab.name = "attention_backward";
+  ab.num_inputs = 7;
+  ab.optional_inputs = (1u << 5) | (1u << 6);
+  ab.infer = infer_attention_backward;
+  ab.flops = flops_attention_backward;
+  ab.shard = shard_attention;
+  ab.cpu = [](const KernelContext& c) {
+    std::vector<Tensor> outs{c.alloc(0), c.alloc(1), c.alloc(2)};
+    dispatch_float(outs[0].dtype(), "attention_backward",
+                   [&](auto tag) { attention_backward_kernel<decltype(tag)>(c, outs); });
+    return outs;
+  };
+}
+
 }  // namespace hap::ops

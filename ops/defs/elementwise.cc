@@ -3,6 +3,7 @@
 
 #include "core/rng.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
 
 namespace hap::ops {
@@ -12,13 +13,32 @@ namespace {
 using cpu::binary_map;
 using cpu::unary_map;
 
+// Inference is shared by many ops but its errors must name the op: InferFn gets no OpKind, so
+// each op gets its own instantiation, picked from these tables by kind.
+template <Metas (*Infer)(const Metas&, const char*)>
+struct NamedInfer {
+  template <OpKind K>
+  static Metas fn(const Metas& in, const Attrs&) {
+    return Infer(in, op_def(K).name);
+  }
+  static InferFn of(OpKind k) {
+    static constexpr InferFn table[] = {
+#define HAP_OP_INFER(name) &fn<OpKind::name>,
+        HAP_OP_LIST(HAP_OP_INFER)
+#undef HAP_OP_INFER
+    };
+    return table[static_cast<size_t>(k)];
+  }
+};
+
 // ---------------- binary ----------------
-Metas infer_binary(const Metas& in, const Attrs&) {
-  check_floating("elementwise op", in, 0);
-  check_floating("elementwise op", in, 1);
-  check_same_dtype("elementwise op", in, 0, 1);
-  return {{broadcast_shapes(in[0].shape, in[1].shape, "elementwise op"), in[0].dtype}};
+Metas infer_binary_named(const Metas& in, const char* op) {
+  check_floating(op, in, 0);
+  check_floating(op, in, 1);
+  check_same_dtype(op, in, 0, 1);
+  return {{broadcast_shapes(in[0].shape, in[1].shape, op), in[0].dtype}};
 }
+InferFn infer_binary(OpKind k) { return NamedInfer<infer_binary_named>::of(k); }
 
 template <typename F>
 std::vector<Tensor> run_binary(const KernelContext& ctx, F f) {
@@ -38,17 +58,18 @@ void def_binary(OpTable& t, OpKind k, const char* name, KernelFn cpu, BackwardFn
   OpDef& d = def_of(t, k);
   d.name = name;
   d.num_inputs = 2;
-  d.infer = infer_binary;
+  d.infer = infer_binary(k);
   d.flops = flops1;
   d.cpu = cpu;
   d.backward = bw;
 }
 
 // ---------------- unary ----------------
-Metas infer_unary(const Metas& in, const Attrs&) {
-  check_floating("unary op", in, 0);
+Metas infer_unary_named(const Metas& in, const char* op) {
+  check_floating(op, in, 0);
   return {in[0]};
 }
+InferFn infer_unary(OpKind k) { return NamedInfer<infer_unary_named>::of(k); }
 
 template <typename F>
 std::vector<Tensor> run_unary(const KernelContext& ctx, F f) {
@@ -72,7 +93,7 @@ void def_unary(OpTable& t, OpKind k, const char* name, KernelFn cpu, BackwardFn 
   OpDef& d = def_of(t, k);
   d.name = name;
   d.num_inputs = 1;
-  d.infer = infer_unary;
+  d.infer = infer_unary(k);
   d.cpu = cpu;
   d.backward = bw;
   d.shard = linear ? shard_linear_unary : shard_any_dim;
@@ -90,13 +111,13 @@ constexpr double kGeluCoeff = 0.044715;
 template <typename T>
 inline T gelu_tanh(T x) {
   T u = static_cast<T>(kSqrt2OverPi) * (x + static_cast<T>(kGeluCoeff) * x * x * x);
-  return static_cast<T>(0.5) * x * (static_cast<T>(1) + std::tanh(u));
+  return static_cast<T>(0.5) * x * (static_cast<T>(1) + cpu::tanh_fast(u));
 }
 template <typename T>
 inline T gelu_tanh_grad(T x) {
   T x2 = x * x;
   T u = static_cast<T>(kSqrt2OverPi) * (x + static_cast<T>(kGeluCoeff) * x2 * x);
-  T th = std::tanh(u);
+  T th = cpu::tanh_fast(u);
   T du = static_cast<T>(kSqrt2OverPi) * (static_cast<T>(1) + static_cast<T>(3 * kGeluCoeff) * x2);
   return static_cast<T>(0.5) * (static_cast<T>(1) + th) +
          static_cast<T>(0.5) * x * (static_cast<T>(1) - th * th) * du;
@@ -268,7 +289,7 @@ void register_elementwise_ops(OpTable& t) {
       [](const KernelContext& c) {
         return run_unary(c, [](auto x) {
           using T = decltype(x);
-          return static_cast<T>(1) / (static_cast<T>(1) + std::exp(-x));
+          return static_cast<T>(1) / (static_cast<T>(1) + cpu::exp_fast(-x));
         });
       },
       [](const BackwardContext& c) {
@@ -290,8 +311,9 @@ void register_elementwise_ops(OpTable& t) {
   def_unary(
       t, OpKind::Gelu, "gelu",
       [](const KernelContext& c) {
-        bool th = attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh;
-        return run_unary(c, [th](auto x) { return th ? gelu_tanh(x) : gelu_erf(x); });
+        if (attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh)
+          return run_unary(c, [](auto x) { return gelu_tanh(x); });
+        return run_unary(c, [](auto x) { return gelu_erf(x); });
       },
       [](const BackwardContext& c) {
         return std::vector<Tensor>{
@@ -303,19 +325,18 @@ void register_elementwise_ops(OpTable& t) {
   OpDef& gb = def_of(t, OpKind::GeluBackward);
   gb.name = "gelu_backward";
   gb.num_inputs = 2;
-  gb.infer = infer_binary;
+  gb.infer = infer_binary(OpKind::GeluBackward);
   gb.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 16); };
   gb.shard = shard_any_dim;
   gb.cpu = [](const KernelContext& c) {
-    bool th = attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh;
-    return run_binary(c, [th](auto g, auto x) {
-      return g * (th ? gelu_tanh_grad(x) : gelu_erf_grad(x));
-    });
+    if (attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh)
+      return run_binary(c, [](auto g, auto x) { return g * gelu_tanh_grad(x); });
+    return run_binary(c, [](auto g, auto x) { return g * gelu_erf_grad(x); });
   };
   OpDef& rb = def_of(t, OpKind::ReluBackward);
   rb.name = "relu_backward";
   rb.num_inputs = 2;
-  rb.infer = infer_binary;
+  rb.infer = infer_binary(OpKind::ReluBackward);
   rb.flops = flops1;
   rb.shard = shard_any_dim;
   rb.cpu = [](const KernelContext& c) {
@@ -383,7 +404,7 @@ void register_elementwise_ops(OpTable& t) {
   OpDef& dr = def_of(t, OpKind::Dropout);
   dr.name = "dropout";
   dr.num_inputs = 1;
-  dr.infer = infer_unary;
+  dr.infer = infer_unary(OpKind::Dropout);
   dr.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 2); };
   dr.shard = shard_linear_unary;
   dr.saves_inputs = false;

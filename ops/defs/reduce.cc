@@ -85,16 +85,22 @@ void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t
     }
     return;
   }
-#pragma omp parallel for if (outer * red * inner > cpu::kParallelGrain)
-  for (int64_t o = 0; o < outer; ++o) {
-    T* yo = py + o * inner;
-    for (int64_t i = 0; i < inner; ++i) yo[i] = T(0);
-    for (int64_t r = 0; r < red; ++r) {
-      const T* xr = px + (o * red + r) * inner;
+  // Accumulate in double as above: an f32 running sum over a long reduced dim (the batch dim of
+  // a bias gradient) drifts by ~1e-4 relative at 1e5 terms.
+#pragma omp parallel if (outer * red * inner > cpu::kParallelGrain)
+  {
+    std::vector<double> acc(inner);
+#pragma omp for
+    for (int64_t o = 0; o < outer; ++o) {
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t r = 0; r < red; ++r) {
+        const T* xr = px + (o * red + r) * inner;
 #pragma omp simd
-      for (int64_t i = 0; i < inner; ++i) yo[i] += xr[i];
+        for (int64_t i = 0; i < inner; ++i) acc[i] += static_cast<double>(xr[i]);
+      }
+      T* yo = py + o * inner;
+      for (int64_t i = 0; i < inner; ++i) yo[i] = static_cast<T>(acc[i]) * s;
     }
-    for (int64_t i = 0; i < inner; ++i) yo[i] *= s;
   }
 }
 
@@ -136,6 +142,7 @@ std::vector<ShardSignature> shard_reduce(const Metas& in, const Metas& out, cons
 // ---- max / argmax along one dim ----
 Metas infer_dim_reduce(const Metas& in, const Attrs& a, DType out_dtype, const char* op) {
   check_floating(op, in, 0);
+  HAP_CHECK(!in[0].shape.empty(), op, ": input must have at least 1 dim, got a scalar");
   const DimAttrs& d = attr<DimAttrs>(a);
   int64_t dim = wrap_dim(d.dim, static_cast<int64_t>(in[0].shape.size()), op);
   HAP_CHECK(in[0].shape[dim] > 0, op, ": dim ", dim, " of ", shape_str(in[0].shape), " is empty");
@@ -259,6 +266,7 @@ void register_reduce_ops(OpTable& t) {
   tk.num_inputs = 1;
   tk.infer = [](const Metas& in, const Attrs& a) {
     check_floating("topk", in, 0);
+    HAP_CHECK(!in[0].shape.empty(), "topk: input must have at least 1 dim, got a scalar");
     const TopKAttrs& k = attr<TopKAttrs>(a);
     int64_t dim = wrap_dim(k.dim, static_cast<int64_t>(in[0].shape.size()), "topk dim");
     HAP_CHECK(k.k >= 0 && k.k <= in[0].shape[dim], "topk: k = ", k.k, " is out of range for dim ",
@@ -285,9 +293,13 @@ void register_reduce_ops(OpTable& t) {
         for (int64_t i = 0; i < s.inner; ++i) {
           const T* p = px + o * s.n * s.inner + i;
           std::iota(order.begin(), order.end(), 0);
+          // NaN ranks above every number, as in argmax (and PyTorch); NaNs tie with each other.
+          // Without this the comparator is not a strict weak order and the sort is undefined.
+          auto above = [](T x, T y) { return x > y || (x != x && y == y); };
           auto cmp = [&](int64_t l, int64_t r) {
             T vl = p[l * s.inner], vr = p[r * s.inner];
-            if (vl != vr) return a.largest ? vl > vr : vl < vr;
+            if (above(vl, vr)) return a.largest;
+            if (above(vr, vl)) return !a.largest;
             return l < r;  // ties keep index order: deterministic
           };
           std::partial_sort(order.begin(), order.begin() + k, order.end(), cmp);

@@ -101,6 +101,7 @@ std::vector<int64_t> checked_perm(const std::vector<int64_t>& perm, int64_t nd) 
 
 void check_slice(const Shape& s, SliceAttrs& a) {
   int64_t nd = static_cast<int64_t>(s.size());
+  HAP_CHECK(nd > 0, "slice: input must have at least 1 dim, got a scalar");
   a.dim = wrap_dim(a.dim, nd, "slice dim");
   int64_t n = s[a.dim];
   if (a.start < 0) a.start += n;
@@ -241,6 +242,10 @@ void register_shape_ops(OpTable& t) {
       HAP_CHECK(s[i] == out[o] || s[i] == 1, "expand: cannot expand ", shape_str(s), " to ",
                 shape_str(target), " (dim ", o, ": ", s[i], " vs ", target[o], ")");
     }
+    // -1 keeps an existing dim; any other negative size (or -1 on a new leading dim) is invalid.
+    for (size_t o = 0; o < out.size(); ++o)
+      HAP_CHECK(out[o] >= 0, "expand: invalid size ", target[o], " at dim ", o, " of ",
+                shape_str(target), " (expanding ", shape_str(s), ")");
     return Metas{{out, in[0].dtype}};
   };
   ex.shard = [](const Metas& in, const Metas& out, const Attrs&) {
@@ -271,6 +276,7 @@ void register_shape_ops(OpTable& t) {
   cc.num_inputs = -1;
   cc.infer = [](const Metas& in, const Attrs& a) {
     const Shape& s0 = in[0].shape;
+    HAP_CHECK(!s0.empty(), "concat: inputs must have at least 1 dim, got a scalar");
     int64_t dim = wrap_dim(attr<DimAttrs>(a).dim, static_cast<int64_t>(s0.size()), "concat dim");
     Shape out = s0;
     out[dim] = 0;
@@ -325,6 +331,7 @@ void register_shape_ops(OpTable& t) {
   sp.num_inputs = 1;
   sp.infer = [](const Metas& in, const Attrs& a) {
     const SplitAttrs& s = attr<SplitAttrs>(a);
+    HAP_CHECK(!in[0].shape.empty(), "split: input must have at least 1 dim, got a scalar");
     int64_t dim = wrap_dim(s.dim, static_cast<int64_t>(in[0].shape.size()), "split dim");
     int64_t total = 0;
     Metas out;

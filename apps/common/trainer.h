@@ -1,0 +1,29 @@
+// Single-process training of the configured model on the byte corpus: the loop behind hap-train.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "apps/common/config.h"
+
+namespace hap::app {
+
+struct TrainOptions {
+  std::string resume_path;      // checkpoint to resume from ("" = fresh start)
+  std::string checkpoint_path;  // checkpoint written at the end ("" = none)
+  bool quiet = false;           // no progress lines on stdout
+};
+
+struct TrainSummary {
+  int64_t steps_run = 0;
+  double first_loss = 0;
+  double last_loss = 0;
+  double last_val_loss = -1;  // -1 when no evaluation ran
+  double median_step_ms = 0;
+};
+
+// Trains as configured. Throws hap::Error for bad data, a non-finite loss (naming the step) and
+// other run-time failures.
+TrainSummary train(const TrainRunConfig& config, const TrainOptions& options);
+
+}  // namespace hap::app

@@ -1,0 +1,167 @@
+#include "models/layers.h"
+
+#include "ops/functional.h"
+
+namespace hap::nn {
+
+namespace {
+
+// A parameter drawn with its owner's rule under its local name (seed 0); the root's
+// reset_parameters(seed) redraws it under its full name.
+Tensor make_param(const Module& owner, const std::string& name, const Shape& shape) {
+  Tensor t = Tensor::empty(shape);
+  init_parameter(t, owner.init_rule(name, t).value_or(ParamInit::zeros()), 0, name);
+  return t;
+}
+
+}  // namespace
+
+// ---- Linear ----
+Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(options) {
+  HAP_CHECK(options.in_features() >= 1 && options.out_features() >= 1,
+            "Linear: in_features and out_features must be >= 1, got ", options.in_features(),
+            " and ", options.out_features());
+  weight = register_parameter(
+      "weight", make_param(*this, "weight", {options.out_features(), options.in_features()}));
+  if (options.bias())
+    bias = register_parameter("bias", make_param(*this, "bias", {options.out_features()}));
+}
+
+Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+
+std::optional<ParamInit> Linear::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
+  if (name == "bias") return ParamInit::zeros();
+  return std::nullopt;
+}
+
+// ---- Embedding ----
+Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), options_(options) {
+  HAP_CHECK(options.num_embeddings() >= 1 && options.embedding_dim() >= 1,
+            "Embedding: num_embeddings and embedding_dim must be >= 1, got ",
+            options.num_embeddings(), " and ", options.embedding_dim());
+  weight = register_parameter(
+      "weight",
+      make_param(*this, "weight", {options.num_embeddings(), options.embedding_dim()}));
+}
+
+Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+
+std::optional<ParamInit> Embedding::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
+  return std::nullopt;
+}
+
+// ---- LayerNorm ----
+LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), options_(options) {
+  HAP_CHECK(options.dim() >= 1, "LayerNorm: dim must be >= 1, got ", options.dim());
+  HAP_CHECK(options.eps() > 0, "LayerNorm: eps must be > 0, got ", options.eps());
+  weight = register_parameter("weight", make_param(*this, "weight", {options.dim()}));
+  if (options.bias()) bias = register_parameter("bias", make_param(*this, "bias", {options.dim()}));
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  return layer_norm(x, weight, bias, options_.eps());
+}
+
+std::optional<ParamInit> LayerNorm::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::ones();
+  if (name == "bias") return ParamInit::zeros();
+  return std::nullopt;
+}
+
+// ---- RMSNorm ----
+RMSNorm::RMSNorm(const RMSNormOptions& options) : Module("RMSNorm"), options_(options) {
+  HAP_CHECK(options.dim() >= 1, "RMSNorm: dim must be >= 1, got ", options.dim());
+  HAP_CHECK(options.eps() > 0, "RMSNorm: eps must be > 0, got ", options.eps());
+  weight = register_parameter("weight", make_param(*this, "weight", {options.dim()}));
+}
+
+Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, options_.eps()); }
+
+std::optional<ParamInit> RMSNorm::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::ones();
+  return std::nullopt;
+}
+
+// ---- Dropout ----
+Dropout::Dropout(const DropoutOptions& options) : Module("Dropout"), options_(options) {
+  HAP_CHECK(options.p() >= 0.0 && options.p() < 1.0, "Dropout: p must be in [0, 1), got ",
+            options.p());
+}
+
+Tensor Dropout::forward(const Tensor& x) {
+  if (!is_training() || options_.p() == 0.0) return x;
+  RandomDraw d = next_random_draw();
+  return dropout(x, options_.p(), true, d.seed, d.stream);
+}
+
+// ---- MLP ----
+MLP::MLP(const MLPOptions& options) : Module("MLP"), options_(options) {
+  fc = register_module("fc", std::make_shared<Linear>(
+                                 LinearOptions(options.dim(), options.hidden()).bias(options.bias())));
+  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(options.hidden(), options.dim())
+                                                              .bias(options.bias())));
+  drop = register_module("drop", std::make_shared<Dropout>(options.dropout()));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  Tensor h = gelu(fc->forward(x), GeluApprox::Tanh);  // [..., hidden]
+  return drop->forward(proj->forward(h));
+}
+
+// ---- CausalSelfAttention ----
+CausalSelfAttention::CausalSelfAttention(const CausalSelfAttentionOptions& options)
+    : Module("CausalSelfAttention"), options_(options) {
+  HAP_CHECK(options.n_head() >= 1 && options.dim() >= 1,
+            "CausalSelfAttention: dim and n_head must be >= 1, got ", options.dim(), " and ",
+            options.n_head());
+  HAP_CHECK(options.dim() % options.n_head() == 0, "CausalSelfAttention: dim (",
+            options.dim(), ") must be divisible by n_head (", options.n_head(), ")");
+  HAP_CHECK(options.dropout() >= 0.0 && options.dropout() < 1.0,
+            "CausalSelfAttention: dropout must be in [0, 1), got ", options.dropout());
+  int64_t C = options.dim();
+  qkv = register_module("qkv",
+                        std::make_shared<Linear>(LinearOptions(C, 3 * C).bias(options.bias())));
+  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(C, C).bias(options.bias())));
+  resid_drop = register_module("resid_drop", std::make_shared<Dropout>(options.dropout()));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  HAP_CHECK(x.dim() == 3 && x.size(2) == options_.dim(), "CausalSelfAttention: expected x of ",
+            "shape [B, T, ", options_.dim(), "], got ", shape_str(x.shape()));
+  int64_t B = x.size(0), T = x.size(1), C = options_.dim(), H = options_.n_head(), D = C / H;
+  std::vector<Tensor> parts = split(qkv->forward(x), {C, C, C}, -1);  // 3 x [B, T, C]
+  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
+  Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, D]
+  double p = is_training() ? options_.dropout() : 0.0;
+  RandomDraw d = p > 0.0 ? next_random_draw() : RandomDraw{};
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, p, d.seed, d.stream);
+  y = reshape(transpose(y, 1, 2), {B, T, C});  // [B, T, C]
+  return resid_drop->forward(proj->forward(y));
+}
+
+// ---- TransformerBlock ----
+TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
+    : Module("TransformerBlock"), options_(options) {
+  int64_t C = options.dim();
+  auto ln = [&] {
+    return std::make_shared<LayerNorm>(
+        LayerNormOptions(C).eps(options.layer_norm_eps()).bias(options.bias()));
+  };
+  ln1 = register_module("ln1", ln());
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(
+                                     CausalSelfAttentionOptions(C, options.n_head())
+                                         .bias(options.bias())
+                                         .dropout(options.dropout())));
+  ln2 = register_module("ln2", ln());
+  mlp = register_module(
+      "mlp", std::make_shared<MLP>(MLPOptions(C).bias(options.bias()).dropout(options.dropout())));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = x + attn->forward(ln1->forward(x));
+  return h + mlp->forward(ln2->forward(h));
+}
+
+}  // namespace hap::nn

@@ -1,0 +1,194 @@
+// The standard layers. Each is a Module with an options struct in the libtorch style and a
+// forward(); default initialisation follows GPT-2 (see each init_rule):
+//   Linear, Embedding weights ~ N(0, 0.02); biases 0; LayerNorm/RMSNorm weight 1, bias 0.
+// Parameters start at those values for seed 0; a model calls reset_parameters(seed) on its root
+// to draw them by full name.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "models/module.h"
+
+namespace hap::nn {
+
+inline constexpr double kGpt2InitStd = 0.02;
+
+// ---- Linear: y = x W^T + b, weight [out, in], bias [out] ----
+struct LinearOptions {
+  LinearOptions(int64_t in_features, int64_t out_features)
+      : in_features_(in_features), out_features_(out_features) {}
+  HAP_ARG(int64_t, in_features);
+  HAP_ARG(int64_t, out_features);
+  HAP_ARG(bool, bias) = true;
+};
+
+class Linear : public Module {
+ public:
+  explicit Linear(const LinearOptions& options);
+  // x: [..., in] -> [..., out]
+  Tensor forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const LinearOptions& options() const { return options_; }
+
+  Tensor weight;  // [out, in]
+  Tensor bias;    // [out], undefined without bias
+
+ private:
+  LinearOptions options_;
+};
+
+// ---- Embedding: rows of weight [num_embeddings, embedding_dim] picked by i64 ids ----
+struct EmbeddingOptions {
+  EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)
+      : num_embeddings_(num_embeddings), embedding_dim_(embedding_dim) {}
+  HAP_ARG(int64_t, num_embeddings);
+  HAP_ARG(int64_t, embedding_dim);
+};
+
+class Embedding : public Module {
+ public:
+  explicit Embedding(const EmbeddingOptions& options);
+  // ids: i64 [...] -> [..., embedding_dim]
+  Tensor forward(const Tensor& ids) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const EmbeddingOptions& options() const { return options_; }
+
+  Tensor weight;  // [num_embeddings, embedding_dim]
+
+ private:
+  EmbeddingOptions options_;
+};
+
+// ---- LayerNorm over the last dim ----
+struct LayerNormOptions {
+  explicit LayerNormOptions(int64_t dim) : dim_(dim) {}
+  HAP_ARG(int64_t, dim);
+  HAP_ARG(double, eps) = 1e-5;
+  HAP_ARG(bool, bias) = true;  // a learned bias next to the learned weight
+};
+
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(const LayerNormOptions& options);
+  Tensor forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const LayerNormOptions& options() const { return options_; }
+
+  Tensor weight;  // [dim]
+  Tensor bias;    // [dim], undefined without bias
+
+ private:
+  LayerNormOptions options_;
+};
+
+// ---- RMSNorm over the last dim ----
+struct RMSNormOptions {
+  explicit RMSNormOptions(int64_t dim) : dim_(dim) {}
+  HAP_ARG(int64_t, dim);
+  HAP_ARG(double, eps) = 1e-6;
+};
+
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(const RMSNormOptions& options);
+  Tensor forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const RMSNormOptions& options() const { return options_; }
+
+  Tensor weight;  // [dim]
+
+ private:
+  RMSNormOptions options_;
+};
+
+// ---- Dropout: identity in eval(); masks from the module's random stream (models/module.h) ----
+struct DropoutOptions {
+  /* implicit */ DropoutOptions(double p = 0.5) : p_(p) {}
+  HAP_ARG(double, p);
+};
+
+class Dropout : public Module {
+ public:
+  explicit Dropout(const DropoutOptions& options = {});
+  Tensor forward(const Tensor& x);
+  const DropoutOptions& options() const { return options_; }
+
+ private:
+  DropoutOptions options_;
+};
+
+// ---- MLP: fc -> gelu(tanh) -> proj -> dropout ----
+struct MLPOptions {
+  explicit MLPOptions(int64_t dim) : dim_(dim), hidden_(4 * dim) {}
+  HAP_ARG(int64_t, dim);
+  HAP_ARG(int64_t, hidden);
+  HAP_ARG(bool, bias) = true;
+  HAP_ARG(double, dropout) = 0.0;
+};
+
+class MLP : public Module {
+ public:
+  explicit MLP(const MLPOptions& options);
+  // x: [..., dim] -> [..., dim]
+  Tensor forward(const Tensor& x);
+  const MLPOptions& options() const { return options_; }
+
+  std::shared_ptr<Linear> fc;     // dim -> hidden
+  std::shared_ptr<Linear> proj;   // hidden -> dim
+  std::shared_ptr<Dropout> drop;
+
+ private:
+  MLPOptions options_;
+};
+
+// ---- CausalSelfAttention: qkv -> heads -> causal attention -> proj -> dropout ----
+struct CausalSelfAttentionOptions {
+  CausalSelfAttentionOptions(int64_t dim, int64_t n_head) : dim_(dim), n_head_(n_head) {}
+  HAP_ARG(int64_t, dim);
+  HAP_ARG(int64_t, n_head);
+  HAP_ARG(bool, bias) = true;
+  HAP_ARG(double, dropout) = 0.0;  // on the attention weights and on the output
+};
+
+class CausalSelfAttention : public Module {
+ public:
+  explicit CausalSelfAttention(const CausalSelfAttentionOptions& options);
+  // x: [B, T, C] -> [B, T, C]
+  Tensor forward(const Tensor& x);
+  const CausalSelfAttentionOptions& options() const { return options_; }
+
+  std::shared_ptr<Linear> qkv;   // C -> 3C (q, k, v side by side)
+  std::shared_ptr<Linear> proj;  // C -> C
+  std::shared_ptr<Dropout> resid_drop;
+
+ private:
+  CausalSelfAttentionOptions options_;
+};
+
+// ---- TransformerBlock (pre-norm): x + attn(ln1(x)), then x + mlp(ln2(x)) ----
+struct TransformerBlockOptions {
+  TransformerBlockOptions(int64_t dim, int64_t n_head) : dim_(dim), n_head_(n_head) {}
+  HAP_ARG(int64_t, dim);
+  HAP_ARG(int64_t, n_head);
+  HAP_ARG(bool, bias) = true;
+  HAP_ARG(double, dropout) = 0.0;
+  HAP_ARG(double, layer_norm_eps) = 1e-5;
+};
+
+class TransformerBlock : public Module {
+ public:
+  explicit TransformerBlock(const TransformerBlockOptions& options);
+  // x: [B, T, C] -> [B, T, C]
+  Tensor forward(const Tensor& x);
+  const TransformerBlockOptions& options() const { return options_; }
+
+  std::shared_ptr<LayerNorm> ln1;
+  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<LayerNorm> ln2;
+  std::shared_ptr<MLP> mlp;
+
+ private:
+  TransformerBlockOptions options_;
+};
+
+}  // namespace hap::nn

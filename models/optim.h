@@ -1,0 +1,141 @@
+// Optimizers with torch.optim semantics: SGD (momentum, optional Nesterov, L2 weight decay) and
+// AdamW (decoupled weight decay). step() updates each parameter in place, in one fused
+// OpenMP-parallel loop over its contiguous f32 or f64 data, without recording autograd history.
+// Parameters without a gradient are skipped (their state does not advance), as in torch.
+//
+//   auto groups = hap::optim::weight_decay_groups(model->named_parameters(), 0.1);
+//   hap::optim::AdamW opt(groups, {.lr = 6e-4, .betas = {0.9, 0.95}, .eps = 1e-8,
+//                                  .weight_decay = 0.1});
+//   opt.zero_grad(); loss.backward(); opt.set_lr(schedule(step)); opt.step();
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace hap::optim {
+
+// A set of parameters sharing hyperparameters; unset fields take the optimizer's options.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::optional<double> lr;
+  std::optional<double> weight_decay;
+  std::string name;  // for messages, e.g. "decay"
+};
+
+// nanoGPT's grouping: parameters with dim >= 2 (matrices, embeddings) decay with `weight_decay`,
+// the others (biases, LayerNorm weights) do not. Returns {decay, no_decay}, in the given order.
+std::vector<ParamGroup> weight_decay_groups(
+    const std::vector<std::pair<std::string, Tensor>>& named_params, double weight_decay);
+
+class Optimizer {
+ public:
+  // Per-parameter state: how many updates it got and one tensor per state slot.
+  struct ParamState {
+    int64_t step = 0;
+    std::vector<Tensor> slots;  // in state_slots() order, same shape and dtype as the parameter
+  };
+
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a gradient.
+  virtual void step() = 0;
+  // Drops every parameter's gradient.
+  void zero_grad();
+  // Sets the learning rate of every group (what a schedule does each step).
+  void set_lr(double lr);
+  // The learning rate of the first group.
+  double lr() const { return groups_.front().lr.value(); }
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+
+  // ---- state, for checkpoints ----
+  // The names of the per-parameter state tensors ("exp_avg", "exp_avg_sq"; "momentum_buffer").
+  const std::vector<std::string>& state_slots() const { return slot_names_; }
+  // The state of `param`, or null if it is not optimised here.
+  ParamState* state(const Tensor& param);
+  const ParamState* state(const Tensor& param) const;
+
+ protected:
+  Optimizer(std::vector<ParamGroup> groups, double default_lr, double default_weight_decay,
+            std::vector<std::string> slot_names, const char* optimizer_name);
+  // Calls f(group, param, grad, state) for every parameter with a gradient, after checking that
+  // parameter and gradient are contiguous f32/f64 tensors of the same shape and dtype (the state
+  // slots follow the parameter's dtype).
+  template <typename F>
+  void for_each_update(F&& f) {
+    for (size_t gi = 0; gi < groups_.size(); ++gi) {
+      ParamGroup& group = groups_[gi];
+      for (size_t pi = 0; pi < group.params.size(); ++pi) {
+        const Tensor& p = group.params[pi];
+        Tensor g = p.grad();
+        if (!g.defined()) continue;
+        check_update(group, pi, p, g);
+        ParamState& st = states_[gi][pi];
+        for (Tensor& s : st.slots)
+          if (s.dtype() != p.dtype()) s = s.to(p.dtype());
+        f(group, p, g.contiguous(), st);
+      }
+    }
+  }
+
+ private:
+  void check_update(const ParamGroup& group, size_t index, const Tensor& p, const Tensor& g) const;
+
+  std::vector<ParamGroup> groups_;
+  std::vector<std::string> slot_names_;
+  std::vector<std::vector<ParamState>> states_;  // [group][param]
+  const char* name_;
+};
+
+// ---- SGD ----
+struct SGDOptions {
+  double lr = 0.01;
+  double momentum = 0.0;
+  double weight_decay = 0.0;  // L2: added to the gradient
+  bool nesterov = false;
+};
+
+// torch.optim.SGD with dampening 0:
+//   g = grad + wd p;  buf = momentum buf + g (buf = g at the first step);
+//   g = nesterov ? g + momentum buf : buf;  p -= lr g.   (Without momentum: p -= lr g.)
+class SGD : public Optimizer {
+ public:
+  SGD(std::vector<ParamGroup> groups, SGDOptions options);
+  SGD(std::vector<Tensor> params, SGDOptions options);
+  void step() override;
+  const SGDOptions& options() const { return options_; }
+
+ private:
+  SGDOptions options_;
+};
+
+// ---- AdamW ----
+struct AdamWOptions {
+  double lr = 1e-3;
+  std::pair<double, double> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  double weight_decay = 1e-2;
+};
+
+// torch.optim.AdamW: at step t (1-based) of each parameter
+//   p *= 1 - lr wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+//   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
+  AdamW(std::vector<Tensor> params, AdamWOptions options);
+  void step() override;
+  const AdamWOptions& options() const { return options_; }
+
+ private:
+  AdamWOptions options_;
+};
+
+}  // namespace hap::optim

@@ -1,0 +1,62 @@
+// Uneven collectives over CPU tensors (MPI). Not differentiable: parallel/autograd_collectives.h
+// wraps them with their adjoints.
+//
+// Every rank calls the same collective with the same arguments except its own tensor. A tensor
+// Sharded(dim) over the communicator has `lengths[r]` elements of `dim` on rank r (any lengths
+// >= 0, zero included; shard_lengths() turns ratios into lengths); all other dims agree.
+//
+// Methods (DESIGN.md glossary):
+//   Padded  - every block is padded to the largest one and moves in one regular collective
+//             (MPI_Allgather / MPI_Alltoall with equal counts); the receiver trims.
+//   Grouped - every block moves with its exact size, one per rank pair, inside one group call
+//             (MPI_Allgatherv / MPI_Alltoallv).
+// Both give bitwise-identical results; they differ only in bytes moved and in call structure.
+//
+// Determinism: sums never run inside MPI (MPI reduction order is implementation-defined and may
+// change with the message size or algorithm). A reduction first moves every addend to the rank
+// that owns the result (the all-to-all step of a reduce-scatter, which moves as many bytes as a
+// ring reduce-scatter) and then sums them there in rank order: out = ((x_0 + x_1) + x_2) + ...
+// So every element of a sum is bitwise the same on every run, on every rank that holds it, and
+// equals the single-process left fold over ranks. bf16 addends are summed in f32 and rounded
+// once; f32 sums stay in f32; f64 in f64; i64 in i64. u8 tensors cannot be reduced.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "parallel/communicator.h"
+
+namespace hap::parallel {
+
+enum class CollectiveMethod { Padded, Grouped };
+const char* method_name(CollectiveMethod method);  // "padded" / "grouped"
+
+// Sharded(dim) -> Replicated. x_local: the rank's shard, size lengths[rank] in dim.
+// Returns the logical tensor (size sum(lengths) in dim) on every rank.
+Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
+                  const std::vector<int64_t>& lengths, CollectiveMethod method);
+
+// Partial -> Sharded(dim). x_partial: the rank's addend of the logical tensor (full size
+// sum(lengths) in dim). Returns the rank's shard (size lengths[rank] in dim) of the sum.
+Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
+                      const std::vector<int64_t>& lengths, CollectiveMethod method);
+
+// Partial -> Replicated: the sum of every rank's x on every rank (same shape). Implemented as a
+// reduce-scatter over the flattened tensor with even lengths followed by an all-gather; `method`
+// picks how those two phases move their uneven pieces and does not change the result.
+Tensor all_reduce(const Communicator& comm, const Tensor& x_partial,
+                  CollectiveMethod method = CollectiveMethod::Grouped);
+
+// Sharded(concat_dim) -> Sharded(split_dim). x_local: size lengths_concat[rank] in concat_dim
+// and the full sum(lengths_split) in split_dim. Returns size lengths_split[rank] in split_dim
+// and sum(lengths_concat) in concat_dim. split_dim != concat_dim.
+Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split_dim,
+                  int64_t concat_dim, const std::vector<int64_t>& lengths_split,
+                  const std::vector<int64_t>& lengths_concat,
+                  CollectiveMethod method = CollectiveMethod::Grouped);
+
+// Root's tensor on every rank (a new contiguous tensor). Non-roots may pass an undefined tensor
+// (shape and dtype come from the root) or one whose shape and dtype must match the root's.
+Tensor broadcast(const Communicator& comm, const Tensor& x, int root = 0);
+
+}  // namespace hap::parallel

@@ -1,0 +1,154 @@
+#include "synth/graph.h"
+
+#include <iomanip>
+#include <sstream>
+#include <unordered_map>
+
+#include "autograd/grad_mode.h"
+#include "ops/dispatch.h"
+
+namespace hap::synth {
+
+const char* role_name(TensorRole r) {
+  switch (r) {
+    case TensorRole::Input: return "input";
+    case TensorRole::Parameter: return "param";
+    case TensorRole::Constant: return "const";
+    case TensorRole::Activation: return "act";
+    case TensorRole::Loss: return "loss";
+  }
+  return "?";
+}
+
+double Graph::total_flops() const {
+  double f = 0;
+  for (const GraphNode& n : nodes) f += n.flops;
+  return f;
+}
+
+int64_t Graph::parameter_count() const {
+  int64_t c = 0;
+  for (const GraphTensor& t : tensors)
+    if (t.role == TensorRole::Parameter) c += shape_numel(t.shape);
+  return c;
+}
+
+std::string Graph::str() const {
+  std::ostringstream os;
+  auto tensor_str = [&](int id) {
+    if (id < 0) return std::string("-");
+    const GraphTensor& t = tensors[id];
+    std::string s = "%" + std::to_string(id);
+    if (!t.name.empty()) s += "(" + t.name + ")";
+    return s + ":" + dtype_name(t.dtype) + shape_str(t.shape);
+  };
+  os << "graph: " << nodes.size() << " nodes, " << tensors.size() << " tensors, "
+     << parameter_count() << " parameters, " << std::setprecision(4) << total_flops() / 1e9
+     << " GFLOP forward\n";
+  for (const GraphTensor& t : tensors)
+    if (t.role == TensorRole::Input || t.role == TensorRole::Parameter)
+      os << "  " << role_name(t.role) << " " << tensor_str(t.id) << "\n";
+  for (const GraphNode& n : nodes) {
+    os << "  [" << n.id << "] " << std::left << std::setw(20) << (n.module.empty() ? "<top>" : n.module)
+       << " " << std::setw(18) << ops::op_name(n.kind) << " ";
+    for (size_t i = 0; i < n.outputs.size(); ++i) os << (i ? ", " : "") << tensor_str(n.outputs[i]);
+    os << " <- ";
+    for (size_t i = 0; i < n.inputs.size(); ++i) os << (i ? ", " : "") << tensor_str(n.inputs[i]);
+    std::string a = ops::attrs_str(n.attrs);
+    if (!a.empty()) os << "  {" << a << "}";
+    os << "  " << std::setprecision(3) << n.flops / 1e6 << " MFLOP\n";
+  }
+  os << "  loss: " << tensor_str(loss) << "\n";
+  return os.str();
+}
+
+namespace {
+
+class Tracer : public ops::TraceHook {
+ public:
+  Graph graph;
+  std::unordered_map<const TensorImpl*, int> ids;
+
+  int add_leaf(const Tensor& t, const std::string& name, TensorRole role) {
+    auto it = ids.find(t.impl());
+    if (it != ids.end()) return it->second;
+    GraphTensor g;
+    g.id = static_cast<int>(graph.tensors.size());
+    g.name = name;
+    g.shape = t.shape();
+    g.dtype = t.dtype();
+    g.role = role;
+    graph.tensors.push_back(g);
+    ids[t.impl()] = g.id;
+    return g.id;
+  }
+
+  void on_call(ops::OpKind kind, const std::vector<Tensor>& inputs,
+               const std::vector<Tensor>& outputs, const ops::Attrs& attrs) override {
+    GraphNode n;
+    n.id = static_cast<int>(graph.nodes.size());
+    n.kind = kind;
+    n.attrs = attrs;
+    n.module = ops::current_scope();
+    ops::Metas in_meta, out_meta;
+    for (const Tensor& t : inputs) {
+      if (!t.defined()) {
+        n.inputs.push_back(-1);
+        in_meta.push_back({{}, DType::F32, false});
+        continue;
+      }
+      int id = add_leaf(t, "", TensorRole::Constant);
+      graph.tensors[id].consumers.push_back(n.id);
+      n.inputs.push_back(id);
+      in_meta.push_back({t.shape(), t.dtype(), true});
+      n.bytes += static_cast<double>(t.nbytes());
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      const Tensor& t = outputs[i];
+      GraphTensor g;
+      g.id = static_cast<int>(graph.tensors.size());
+      g.shape = t.shape();
+      g.dtype = t.dtype();
+      g.producer = n.id;
+      g.output_index = static_cast<int>(i);
+      graph.tensors.push_back(g);
+      ids[t.impl()] = g.id;
+      n.outputs.push_back(g.id);
+      out_meta.push_back({t.shape(), t.dtype(), true});
+      n.bytes += static_cast<double>(t.nbytes());
+    }
+    const ops::OpDef& def = ops::op_def(kind);
+    n.flops = def.flops ? def.flops(in_meta, out_meta, attrs) : 0.0;
+    graph.nodes.push_back(std::move(n));
+  }
+};
+
+}  // namespace
+
+Graph trace(const std::function<Tensor()>& forward,
+            const std::vector<std::pair<std::string, Tensor>>& parameters,
+            const std::vector<std::pair<std::string, Tensor>>& inputs) {
+  Tracer tracer;
+  for (const auto& [name, t] : parameters) tracer.add_leaf(t, name, TensorRole::Parameter);
+  for (const auto& [name, t] : inputs) tracer.add_leaf(t, name, TensorRole::Input);
+  Tensor loss;
+  {
+    NoGradGuard no_grad;  // tracing records the forward only
+    ops::TraceGuard guard(&tracer);
+    loss = forward();
+  }
+  HAP_CHECK(loss.defined() && loss.numel() == 1,
+            "trace: the forward function must return a scalar loss, got ",
+            loss.defined() ? loss.str() : "an undefined tensor");
+  auto it = tracer.ids.find(loss.impl());
+  HAP_CHECK(it != tracer.ids.end() && tracer.graph.tensors[it->second].producer >= 0,
+            "trace: the loss was not computed by traced ops");
+  tracer.graph.loss = it->second;
+  tracer.graph.tensors[it->second].role = TensorRole::Loss;
+  for (GraphTensor& t : tracer.graph.tensors)
+    if (t.role == TensorRole::Constant && t.producer < 0 && t.name.empty())
+      t.name = "const" + std::to_string(t.id);
+  return std::move(tracer.graph);
+}
+
+}  // namespace hap::synth

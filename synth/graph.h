@@ -1,0 +1,59 @@
+// The IR the synthesizer works on: the single-device graph of a model's forward pass, captured by
+// tracing (shape-only tensors, no data). Nodes are op calls with the module they came from;
+// tensors carry shape, dtype and role.
+#pragma once
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ops/op.h"
+
+namespace hap::synth {
+
+enum class TensorRole : uint8_t { Input, Parameter, Constant, Activation, Loss };
+const char* role_name(TensorRole r);
+
+struct GraphTensor {
+  int id = -1;
+  std::string name;  // parameter or input name; empty for activations
+  Shape shape;
+  DType dtype = DType::F32;
+  TensorRole role = TensorRole::Activation;
+  int producer = -1;  // node id, -1 for inputs, parameters and constants
+  int output_index = 0;
+  std::vector<int> consumers;  // node ids, in program order
+  int64_t bytes() const { return shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)); }
+};
+
+struct GraphNode {
+  int id = -1;
+  ops::OpKind kind{};
+  ops::Attrs attrs;
+  std::vector<int> inputs;  // tensor ids; -1 for an omitted optional input
+  std::vector<int> outputs;
+  std::string module;  // dotted module path ("blocks.0.attn"), empty at top level
+  double flops = 0;    // forward FLOPs
+  double bytes = 0;    // bytes read and written by the forward kernel
+};
+
+struct Graph {
+  std::vector<GraphTensor> tensors;
+  std::vector<GraphNode> nodes;  // in program (topological) order
+  int loss = -1;
+
+  double total_flops() const;
+  int64_t parameter_count() const;
+  // A readable listing: one line per node with its module, inputs, outputs, FLOPs.
+  std::string str() const;
+};
+
+// Runs `forward` with tracing on and returns its graph. `parameters` and `inputs` name the leaf
+// tensors forward reads (their data is never touched, so shape-only tensors work); any other
+// tensor that appears as an op input becomes a Constant. forward returns the loss, a scalar.
+Graph trace(const std::function<Tensor()>& forward,
+            const std::vector<std::pair<std::string, Tensor>>& parameters,
+            const std::vector<std::pair<std::string, Tensor>>& inputs);
+
+}  // namespace hap::synth

@@ -1,0 +1,391 @@
+// Tensor, Shape, DType and strided copies: factories, metadata, raw views sharing storage,
+// contiguous/clone/to(dtype), bf16 rounding, and the errors bad input gets.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/shape.h"
+#include "core/strided_copy.h"
+#include "core/tensor.h"
+
+namespace hap {
+namespace {
+
+// Runs f, expects a hap::Error, and returns its message (empty if none was thrown).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
+  return "";
+}
+
+#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Nearest bf16 to a finite double, ties to even, found by comparing the two bracketing bf16
+// values in double arithmetic (independent of the bit trick in dtype.h).
+uint16_t reference_bf16_bits(double v) {
+  float t = static_cast<float>(v);
+  // Truncate toward zero in float first, then search the bracket in bf16 steps.
+  uint32_t u = float_bits(t) & 0xffff0000u;
+  double lo = static_cast<double>(bits_float(u));
+  if (std::fabs(lo) > std::fabs(v)) {
+    u -= 0x10000u;  // truncation overshot (float rounding went away from zero)
+    lo = static_cast<double>(bits_float(u));
+  }
+  uint32_t uh = u + 0x10000u;
+  double hi = static_cast<double>(bits_float(uh));
+  double dl = std::fabs(v - lo), dh = std::fabs(hi - v);
+  if (dl < dh) return static_cast<uint16_t>(u >> 16);
+  if (dh < dl) return static_cast<uint16_t>(uh >> 16);
+  return ((u >> 16) & 1u) ? static_cast<uint16_t>(uh >> 16) : static_cast<uint16_t>(u >> 16);
+}
+
+// ---------------------------------------------------------------- shapes
+
+TEST(Shape, NumelStridesAndString) {
+  EXPECT_EQ(shape_numel({}), 1);
+  EXPECT_EQ(shape_numel({2, 3, 5}), 30);
+  EXPECT_EQ(shape_numel({2, 0, 5}), 0);
+  EXPECT_EQ(contiguous_strides({2, 3, 5}), (Strides{15, 5, 1}));
+  EXPECT_EQ(contiguous_strides({}), Strides{});
+  EXPECT_EQ(shape_str({2, 3}), "[2, 3]");
+  EXPECT_EQ(shape_str({}), "[]");
+}
+
+TEST(Shape, WrapDimAcceptsNegativeAndNamesTheRangeWhenOutOfBounds) {
+  EXPECT_EQ(wrap_dim(-1, 3), 2);
+  EXPECT_EQ(wrap_dim(-3, 3), 0);
+  EXPECT_EQ(wrap_dim(2, 3), 2);
+  std::string msg = error_of([] { wrap_dim(3, 3, "softmax dim"); });
+  EXPECT_HAS(msg, "softmax dim 3");
+  EXPECT_HAS(msg, "[-3, 2]");
+  msg = error_of([] { wrap_dim(-4, 3); });
+  EXPECT_HAS(msg, "-4");
+}
+
+TEST(Shape, BroadcastFollowsNumpyRules) {
+  EXPECT_EQ(broadcast_shapes({2, 1, 4}, {3, 1}, "add"), (Shape{2, 3, 4}));
+  EXPECT_EQ(broadcast_shapes({}, {3, 2}, "add"), (Shape{3, 2}));
+  EXPECT_EQ(broadcast_shapes({5, 1}, {1}, "add"), (Shape{5, 1}));
+  EXPECT_EQ(broadcast_shapes({0, 3}, {1, 3}, "add"), (Shape{0, 3}));
+}
+
+TEST(Shape, BroadcastErrorNamesTheOpAndBothShapes) {
+  std::string msg = error_of([] { broadcast_shapes({2, 3}, {4, 3}, "mul"); });
+  EXPECT_HAS(msg, "mul");
+  EXPECT_HAS(msg, "[2, 3]");
+  EXPECT_HAS(msg, "[4, 3]");
+  EXPECT_HAS(msg, "2 vs 4");
+}
+
+// ---------------------------------------------------------------- factories and metadata
+
+TEST(Tensor, FactoriesFillValuesAndMetadata) {
+  Tensor z = Tensor::zeros({2, 3});
+  EXPECT_EQ(z.shape(), (Shape{2, 3}));
+  EXPECT_EQ(z.strides(), (Strides{3, 1}));
+  EXPECT_EQ(z.dim(), 2);
+  EXPECT_EQ(z.numel(), 6);
+  EXPECT_EQ(z.dtype(), DType::F32);
+  EXPECT_EQ(z.nbytes(), 24u);
+  EXPECT_TRUE(z.device().is_cpu());
+  EXPECT_TRUE(z.is_contiguous());
+  for (double v : z.to_vector()) EXPECT_EQ(v, 0.0);
+
+  Tensor o = Tensor::ones({4}, TensorOptions{}.with_dtype(DType::F64));
+  EXPECT_EQ(o.dtype(), DType::F64);
+  for (double v : o.to_vector()) EXPECT_EQ(v, 1.0);
+
+  Tensor f = Tensor::full({3, 1}, -2.5, TensorOptions{}.with_dtype(DType::BF16));
+  EXPECT_EQ(f.nbytes(), 6u);
+  for (double v : f.to_vector()) EXPECT_EQ(v, -2.5);
+
+  Tensor s = Tensor::scalar(7.0);
+  EXPECT_EQ(s.dim(), 0);
+  EXPECT_EQ(s.numel(), 1);
+  EXPECT_EQ(s.item(), 7.0);
+
+  Tensor a = Tensor::arange(5, TensorOptions{}.with_dtype(DType::I64));
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(a.data<int64_t>()[4], 4);
+
+  Tensor e = Tensor::empty({0, 4});
+  EXPECT_EQ(e.numel(), 0);
+  EXPECT_TRUE(e.to_vector().empty());
+  EXPECT_EQ(Tensor::zeros({2, 3}).str(), "f32[2, 3] cpu");
+}
+
+TEST(Tensor, FromVectorConvertsAndChecksTheCount) {
+  Tensor t = Tensor::from_vector(std::vector<double>{1.5, -2, 3}, {3}, TensorOptions{}.with_dtype(DType::I64));
+  EXPECT_EQ(t.dtype(), DType::I64);
+  EXPECT_EQ(t.to_vector(), (std::vector<double>{1, -2, 3}));  // truncation toward zero
+  Tensor i = Tensor::from_vector(std::vector<int64_t>{4, 5}, {2});
+  EXPECT_EQ(i.dtype(), DType::I64);
+  Tensor f = Tensor::from_vector(std::vector<float>{0.25f, 8.f}, {2, 1});
+  EXPECT_EQ(f.dtype(), DType::F32);
+  EXPECT_EQ(f.to_vector(), (std::vector<double>{0.25, 8}));
+  std::string msg = error_of([] { Tensor::from_vector(std::vector<double>{1, 2, 3}, {2, 2}); });
+  EXPECT_HAS(msg, "3 values");
+  EXPECT_HAS(msg, "[2, 2]");
+}
+
+TEST(Tensor, NegativeShapeIsAUserError) {
+  std::string msg = error_of([] { Tensor::empty({2, -1}); });
+  EXPECT_HAS(msg, "[2, -1]");
+}
+
+TEST(Tensor, SizeWrapsNegativeDimsAndRejectsOutOfRange) {
+  Tensor t = Tensor::zeros({2, 3, 4});
+  EXPECT_EQ(t.size(0), 2);
+  EXPECT_EQ(t.size(-1), 4);
+  EXPECT_HAS(error_of([&] { t.size(3); }), "3");
+  // A scalar has no dims: size(0) must be an error, not a read past the shape.
+  Tensor s = Tensor::scalar(1.0);
+  EXPECT_HAS(error_of([&] { s.size(0); }), "size");
+}
+
+TEST(Tensor, ItemAndItemAtReadLogicalOrder) {
+  Tensor t = Tensor::from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3});
+  Tensor tt = t.as_strided({3, 2}, {1, 3}, 0);  // transpose view
+  EXPECT_EQ(tt.item_at(1), 3.0);
+  EXPECT_EQ(tt.item_at(4), 2.0);
+  EXPECT_EQ(tt.to_vector(), (std::vector<double>{0, 3, 1, 4, 2, 5}));
+  EXPECT_HAS(error_of([&] { t.item(); }), "one element");
+  EXPECT_HAS(error_of([&] { t.item_at(6); }), "out of range");
+  EXPECT_HAS(error_of([&] { t.item_at(-1); }), "out of range");
+}
+
+TEST(Tensor, DataWithTheWrongTypeNamesBothDtypes) {
+  Tensor d = Tensor::zeros({2}, TensorOptions{}.with_dtype(DType::F64));
+  std::string msg = error_of([&] { d.data<float>(); });
+  EXPECT_HAS(msg, "f32");
+  EXPECT_HAS(msg, "f64");
+  EXPECT_NO_THROW(d.data<double>());
+  Tensor b = Tensor::zeros({2}, TensorOptions{}.with_dtype(DType::BF16));
+  msg = error_of([&] { b.data<int64_t>(); });
+  EXPECT_HAS(msg, "i64");
+  EXPECT_HAS(msg, "bf16");
+}
+
+TEST(Tensor, MetaTensorsHaveShapeButNoStorage) {
+  Tensor m = Tensor::meta({3, 4}, DType::F32);
+  EXPECT_FALSE(m.has_storage());
+  EXPECT_EQ(m.shape(), (Shape{3, 4}));
+  EXPECT_HAS(error_of([&] { m.raw_data(); }), "no storage");
+  Tensor c = m.to(DType::BF16);
+  EXPECT_FALSE(c.has_storage());
+  EXPECT_EQ(c.dtype(), DType::BF16);
+  EXPECT_FALSE(m.clone().has_storage());
+}
+
+TEST(Tensor, OnlyFloatingTensorsCanRequireGrad) {
+  Tensor i = Tensor::zeros({2}, TensorOptions{}.with_dtype(DType::I64));
+  std::string msg = error_of([&] { i.set_requires_grad(true); });
+  EXPECT_HAS(msg, "i64");
+  Tensor f = Tensor::zeros({2}, TensorOptions{}.with_requires_grad(true));
+  EXPECT_TRUE(f.requires_grad());
+  EXPECT_TRUE(f.is_leaf());
+  EXPECT_FALSE(f.grad().defined());
+  for (double v : f.to_vector()) EXPECT_EQ(v, 0.0);  // requires_grad does not skip the fill
+}
+
+TEST(Tensor, CudaStorageIsRejectedWithTheDeviceNamed) {
+  std::string msg = error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(1))); });
+  EXPECT_HAS(msg, "cuda:1");
+}
+
+// ---------------------------------------------------------------- views share storage
+
+TEST(Tensor, AsStridedAndDetachShareStorage) {
+  Tensor t = Tensor::from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3}, TensorOptions{}.with_dtype(DType::F64));
+  Tensor row1 = t.as_strided({3}, {1}, 3);
+  EXPECT_EQ(row1.to_vector(), (std::vector<double>{3, 4, 5}));
+  row1.fill_(9);
+  EXPECT_EQ(t.to_vector(), (std::vector<double>{0, 1, 2, 9, 9, 9}));
+  Tensor d = t.detach();
+  EXPECT_FALSE(d.same(t));
+  EXPECT_EQ(d.raw_data(), t.raw_data());
+  d.data<double>()[0] = -1;
+  EXPECT_EQ(t.item_at(0), -1);
+}
+
+TEST(Tensor, IsContiguousIgnoresSizeOneDims) {
+  Tensor t = Tensor::zeros({4, 6});
+  EXPECT_TRUE(t.as_strided({4, 1, 6}, {6, 99, 1}, 0).is_contiguous());
+  EXPECT_FALSE(t.as_strided({6, 4}, {1, 6}, 0).is_contiguous());
+  EXPECT_FALSE(t.as_strided({4, 3}, {6, 1}, 0).is_contiguous());  // every other row chunk
+  EXPECT_FALSE(t.as_strided({4, 6}, {0, 1}, 0).is_contiguous());  // broadcast rows
+  EXPECT_TRUE(t.as_strided({1, 6}, {0, 1}, 6).is_contiguous());
+}
+
+TEST(Tensor, FillOfAStridedViewWritesOnlyTheView) {
+  Tensor t = Tensor::zeros({3, 4});
+  Tensor col = t.as_strided({3}, {4}, 1);  // column 1
+  col.fill_(2);
+  std::vector<double> want = {0, 2, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0};
+  EXPECT_EQ(t.to_vector(), want);
+}
+
+// ---------------------------------------------------------------- copies
+
+TEST(Tensor, ContiguousReturnsSelfWhenPackedAndACopyOtherwise) {
+  Tensor t = randn({5, 7}, 1);
+  EXPECT_TRUE(t.contiguous().same(t));
+  Tensor tt = t.as_strided({7, 5}, {1, 7}, 0);
+  Tensor c = tt.contiguous();
+  EXPECT_TRUE(c.is_contiguous());
+  EXPECT_NE(c.raw_data(), t.raw_data());
+  EXPECT_EQ(c.to_vector(), tt.to_vector());
+  std::vector<double> src = t.to_vector();
+  for (int64_t i = 0; i < 7; ++i)
+    for (int64_t j = 0; j < 5; ++j) EXPECT_EQ(c.item_at(i * 5 + j), src[j * 7 + i]);
+}
+
+TEST(Tensor, CloneIsAlwaysAFreshPackedCopy) {
+  Tensor t = randn({3, 4}, 2, 0, TensorOptions{}.with_requires_grad(true));
+  Tensor c = t.clone();
+  EXPECT_NE(c.raw_data(), t.raw_data());
+  EXPECT_FALSE(c.requires_grad());
+  EXPECT_EQ(c.to_vector(), t.to_vector());
+  c.fill_(0);
+  EXPECT_NE(t.to_vector()[0], 0.0);
+}
+
+TEST(Tensor, StridedCopyHandlesEveryLayoutPairAndConvertsDtype) {
+  // A [3, 5, 4] tensor read through a permuted, offset view and written into a strided one.
+  Tensor base = randn({4, 5, 6}, 3, 0, TensorOptions{}.with_dtype(DType::F64));
+  // view: dims permuted to [6 -> take 4, 5, 3] with an offset: base[1:4, :, 2:6] permuted (2, 1, 0)
+  Tensor src = base.as_strided({4, 5, 3}, {1, 6, 30}, 30 + 2);
+  std::vector<double> want(4 * 5 * 3);
+  std::vector<double> b = base.to_vector();
+  for (int64_t i = 0; i < 4; ++i)
+    for (int64_t j = 0; j < 5; ++j)
+      for (int64_t k = 0; k < 3; ++k) want[(i * 5 + j) * 3 + k] = b[(k + 1) * 30 + j * 6 + (i + 2)];
+  EXPECT_EQ(src.to_vector(), want);
+
+  Tensor dst_base = Tensor::zeros({5, 4, 3}, TensorOptions{}.with_dtype(DType::F32));
+  Tensor dst = dst_base.as_strided({4, 5, 3}, {3, 12, 1}, 0);  // transposed destination
+  dst.copy_from(src);
+  std::vector<double> got = dst.to_vector();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], static_cast<double>(static_cast<float>(want[i])));
+  EXPECT_HAS(error_of([&] { dst.copy_from(base); }), "[4, 5, 6]");
+}
+
+TEST(Tensor, ToDtypeSameTypeIsANoOpAndOtherTypesConvert) {
+  Tensor t = Tensor::from_vector(std::vector<double>{-1.75, 0.5, 3.0}, {3});
+  EXPECT_TRUE(t.to(DType::F32).same(t));
+  Tensor i = t.to(DType::I64);
+  EXPECT_EQ(i.to_vector(), (std::vector<double>{-1, 0, 3}));
+  Tensor u = Tensor::from_vector(std::vector<double>{0, 1, 255}, {3}).to(DType::U8);
+  EXPECT_EQ(u.data<uint8_t>()[2], 255);
+  Tensor d = t.to(DType::F64);
+  EXPECT_EQ(d.to_vector(), (std::vector<double>{-1.75, 0.5, 3.0}));
+  // A non-contiguous view converts in logical order.
+  Tensor m = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
+  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F64).to_vector(), (std::vector<double>{1, 3, 2, 4}));
+  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F32).to_vector(), (std::vector<double>{1, 3, 2, 4}));
+}
+
+// ---------------------------------------------------------------- bf16
+
+TEST(BF16, EveryFiniteBf16RoundTripsThroughF32Exactly) {
+  for (uint32_t b = 0; b < 0x10000u; ++b) {
+    bf16 h;
+    h.bits = static_cast<uint16_t>(b);
+    float f = static_cast<float>(h);
+    if (std::isnan(f)) continue;
+    ASSERT_EQ(bf16(f).bits, h.bits) << "bits 0x" << std::hex << b;
+  }
+}
+
+TEST(BF16, RoundsToNearestEvenOnTies) {
+  // 1.0 is 0x3f80; halfway to 0x3f81 is 0x3f808000: a tie, rounds to the even 0x3f80.
+  EXPECT_EQ(bf16(bits_float(0x3f808000u)).bits, 0x3f80);
+  // Halfway between 0x3f81 and 0x3f82 rounds up to the even 0x3f82.
+  EXPECT_EQ(bf16(bits_float(0x3f818000u)).bits, 0x3f82);
+  EXPECT_EQ(bf16(bits_float(0x3f808001u)).bits, 0x3f81);  // just above half: up
+  EXPECT_EQ(bf16(bits_float(0x3f807fffu)).bits, 0x3f80);  // just below half: down
+  EXPECT_EQ(bf16(bits_float(0xbf818000u)).bits, 0xbf82);  // sign does not matter
+  EXPECT_EQ(bf16(bits_float(0xbf808000u)).bits, 0xbf80);
+  // The largest float rounds to infinity; infinities and signed zeros stay.
+  EXPECT_EQ(bf16(std::numeric_limits<float>::max()).bits, 0x7f80);
+  EXPECT_EQ(bf16(std::numeric_limits<float>::infinity()).bits, 0x7f80);
+  EXPECT_EQ(bf16(-std::numeric_limits<float>::infinity()).bits, 0xff80);
+  EXPECT_EQ(bf16(-0.0f).bits, 0x8000);
+  EXPECT_TRUE(std::isnan(static_cast<float>(bf16(std::numeric_limits<float>::quiet_NaN()))));
+  // A signalling NaN whose payload sits only in the low bits must not become infinity.
+  EXPECT_TRUE(std::isnan(static_cast<float>(bf16(bits_float(0x7f800001u)))));
+}
+
+TEST(BF16, TensorConversionMatchesAReferenceRounding) {
+  // Random f32 values over many binades, plus every tie pattern near 1.
+  Tensor x = randn({4099}, 11, 0, TensorOptions{}.with_dtype(DType::F32));
+  std::vector<float> xs = x.to_float_vector();
+  for (size_t i = 0; i < xs.size(); ++i) xs[i] = std::ldexp(xs[i], static_cast<int>(i % 61) - 30);
+  for (uint32_t low = 0x7ff0; low <= 0x8010; ++low) xs.push_back(bits_float(0x3fc30000u | low));
+  Tensor f = Tensor::from_vector(xs, {static_cast<int64_t>(xs.size())});
+  Tensor h = f.to(DType::BF16);
+  ASSERT_EQ(h.dtype(), DType::BF16);
+  const bf16* p = h.data<bf16>();
+  for (size_t i = 0; i < xs.size(); ++i)
+    ASSERT_EQ(p[i].bits, reference_bf16_bits(xs[i])) << "value " << xs[i];
+  // bf16 -> f32 -> bf16 is exact.
+  Tensor back = h.to(DType::F32).to(DType::BF16);
+  EXPECT_EQ(std::memcmp(back.raw_data(), h.raw_data(), h.nbytes()), 0);
+}
+
+TEST(BF16, F64SourcesRoundOnceToTheNearestBf16) {
+  // 1 + 2^-8 is the midpoint between bf16 1.0 and 1.0078125. A double a little above it must
+  // round up; rounding to f32 first lands exactly on the midpoint and then ties down to 1.0.
+  double above = 1.0 + std::ldexp(1.0, -8) + std::ldexp(1.0, -30);
+  double below = 1.0 + std::ldexp(1.0, -8) - std::ldexp(1.0, -30);
+  double tie = 1.0 + std::ldexp(1.0, -8);
+  Tensor d = Tensor::from_vector(std::vector<double>{above, below, tie, -above}, {4},
+                                 TensorOptions{}.with_dtype(DType::F64));
+  Tensor h = d.to(DType::BF16);
+  EXPECT_EQ(h.to_vector(), (std::vector<double>{1.0078125, 1.0, 1.0, -1.0078125}));
+  for (double v : {above, below, tie, -above, 3.0e-39, 1.0e38, -7.123456789})
+    EXPECT_EQ(convert<bf16>(v).bits, reference_bf16_bits(v)) << v;
+  // from_vector straight into bf16 takes the same path.
+  Tensor h2 = Tensor::from_vector(std::vector<double>{above}, {1}, TensorOptions{}.with_dtype(DType::BF16));
+  EXPECT_EQ(h2.item(), 1.0078125);
+}
+
+TEST(DType, SizesAndNames) {
+  EXPECT_EQ(dtype_size(DType::F32), 4u);
+  EXPECT_EQ(dtype_size(DType::BF16), 2u);
+  EXPECT_EQ(dtype_size(DType::F64), 8u);
+  EXPECT_EQ(dtype_size(DType::I64), 8u);
+  EXPECT_EQ(dtype_size(DType::U8), 1u);
+  EXPECT_STREQ(dtype_name(DType::BF16), "bf16");
+  EXPECT_TRUE(is_floating(DType::BF16));
+  EXPECT_FALSE(is_floating(DType::I64));
+  EXPECT_FALSE(is_floating(DType::U8));
+}
+
+}  // namespace
+}  // namespace hap
