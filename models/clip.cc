@@ -21,8 +21,12 @@ double sum_of_squares(const Tensor& g) {
     }
   };
   switch (c.dtype()) {
-    case DType::F32: accumulate(c.data<float>()); break;
-    case DType::F64: accumulate(c.data<double>()); break;
+    case DType::F32:
+      accumulate(c.data<float>());
+      break;
+    case DType::F64:
+      accumulate(c.data<double>());
+      break;
     default: {
       for (double x : c.to_vector()) total += x * x;
     }
@@ -49,8 +53,12 @@ void scale_into(const Tensor& dst, const Tensor& src, double factor) {
     for (int64_t i = 0; i < n; ++i) d[i] = s[i] * f;
   };
   switch (dst.dtype()) {
-    case DType::F32: run(dst.data<float>(), src.data<float>()); break;
-    case DType::F64: run(dst.data<double>(), src.data<double>()); break;
+    case DType::F32:
+      run(dst.data<float>(), src.data<float>());
+      break;
+    case DType::F64:
+      run(dst.data<double>(), src.data<double>());
+      break;
     default: {
       std::vector<double> v = src.to_vector();
       for (double& x : v) x *= factor;

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "ops/dispatch.h"
 #include "ops/functional.h"
 
 namespace hap::nn {
@@ -12,10 +13,9 @@ void GPTConfig::validate() const {
   HAP_CHECK(n_layer >= 1, "GPTConfig: n_layer must be >= 1, got ", n_layer);
   HAP_CHECK(n_head >= 1, "GPTConfig: n_head must be >= 1, got ", n_head);
   HAP_CHECK(n_embd >= 1, "GPTConfig: n_embd must be >= 1, got ", n_embd);
-  HAP_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd (", n_embd,
-            ") must be a multiple of n_head (", n_head, ")");
-  HAP_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got ",
-            dropout);
+  HAP_CHECK(n_embd % n_head == 0, "GPTConfig: n_embd (", n_embd, ") must be a multiple of n_head (",
+            n_head, ")");
+  HAP_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got ", dropout);
   HAP_CHECK(layer_norm_eps > 0.0, "GPTConfig: layer_norm_eps must be > 0, got ", layer_norm_eps);
 }
 
@@ -40,9 +40,9 @@ GPT::GPT(const GPTConfig& config) : Module("GPT"), config_(config) {
     blocks->push_back(block);
     block_list_.push_back(block);
   }
-  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(LayerNormOptions(C)
-                                                                 .eps(config.layer_norm_eps)
-                                                                 .bias(config.bias)));
+  ln_f = register_module("ln_f",
+                         std::make_shared<LayerNorm>(
+                             LayerNormOptions(C).eps(config.layer_norm_eps).bias(config.bias)));
   reset_parameters(config.seed);
   set_random_seed(config.seed);
 }
@@ -53,8 +53,10 @@ std::optional<ParamInit> GPT::init_rule(const std::string& name, const Tensor&) 
            name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
   };
   // Residual projections: the residual stream sums 2 n_layer of them (GPT-2 paper, 2.3).
-  if (name.rfind("blocks.", 0) == 0 && (ends_with(".attn.proj.weight") || ends_with(".mlp.proj.weight")))
-    return ParamInit::normal(0.0, kGpt2InitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
+  if (name.rfind("blocks.", 0) == 0 &&
+      (ends_with(".attn.proj.weight") || ends_with(".mlp.proj.weight")))
+    return ParamInit::normal(0.0,
+                             kGpt2InitStd / std::sqrt(2.0 * static_cast<double>(config_.n_layer)));
   return std::nullopt;
 }
 
@@ -64,19 +66,27 @@ Tensor GPT::forward(const Tensor& idx) {
   int64_t B = idx.size(0), T = idx.size(1), V = config_.vocab_size;
   HAP_CHECK(T >= 1 && T <= config_.block_size, "GPT: sequence length T=", T,
             " must be in [1, block_size=", config_.block_size, "]");
-  {
+  if (idx.has_storage()) {  // a traced (shape-only) batch has no ids to check
     Tensor ids = idx.contiguous();
     const int64_t* p = ids.data<int64_t>();
     for (int64_t i = 0; i < B * T; ++i)
-      HAP_CHECK(p[i] >= 0 && p[i] < V, "GPT: token id ", p[i], " at position [", i / T, ", ",
-                i % T, "] of idx is outside [0, vocab_size=", V, ")");
+      HAP_CHECK(p[i] >= 0 && p[i] < V, "GPT: token id ", p[i], " at position [", i / T, ", ", i % T,
+                "] of idx is outside [0, vocab_size=", V, ")");
   }
-  Tensor tok = wte->forward(idx);              // [B, T, C]
-  Tensor pos = slice(wpe->weight, 0, 0, T);    // [T, C]
-  Tensor x = drop->forward(tok + pos);         // [B, T, C]
-  for (auto& block : block_list_) x = block->forward(x);
+  Tensor x;
+  {
+    ops::ScopeGuard scope("embed");
+    Tensor tok = wte->forward(idx);            // [B, T, C]
+    Tensor pos = slice(wpe->weight, 0, 0, T);  // [T, C]
+    x = drop->forward(tok + pos);              // [B, T, C]
+  }
+  for (size_t i = 0; i < block_list_.size(); ++i) {
+    ops::ScopeGuard scope("blocks." + std::to_string(i));
+    x = block_list_[i]->forward(x);
+  }
+  ops::ScopeGuard scope("head");
   x = ln_f->forward(x);
-  Tensor logits = linear(x, wte->weight);      // [B, T, V]
+  Tensor logits = linear(x, wte->weight);  // [B, T, V]
   if (is_training()) advance_random_step();
   return logits;
 }
@@ -89,7 +99,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
             shape_str(targets.shape()), " differs from idx shape ",
             idx.defined() ? shape_str(idx.shape()) : "undefined");
   int64_t T = targets.size(1), V = config_.vocab_size;
-  {
+  if (targets.has_storage()) {
     Tensor tg = targets.contiguous();
     const int64_t* p = tg.data<int64_t>();
     for (int64_t i = 0; i < tg.numel(); ++i)

@@ -9,10 +9,18 @@ namespace hap::nn {
 std::string ParamInit::str() const {
   std::ostringstream os;
   switch (kind) {
-    case Kind::Keep: os << "keep"; break;
-    case Kind::Constant: os << "constant(" << a << ")"; break;
-    case Kind::Normal: os << "normal(" << a << ", " << b << ")"; break;
-    case Kind::Uniform: os << "uniform(" << a << ", " << b << ")"; break;
+    case Kind::Keep:
+      os << "keep";
+      break;
+    case Kind::Constant:
+      os << "constant(" << a << ")";
+      break;
+    case Kind::Normal:
+      os << "normal(" << a << ", " << b << ")";
+      break;
+    case Kind::Uniform:
+      os << "uniform(" << a << ", " << b << ")";
+      break;
   }
   return os.str();
 }
@@ -32,8 +40,11 @@ void init_parameter(const Tensor& local, const ParamInit& rule, uint64_t seed,
   NoGradGuard no_grad;
   uint64_t stream = param_stream(full_name);
   switch (rule.kind) {
-    case ParamInit::Kind::Keep: return;
-    case ParamInit::Kind::Constant: local.fill_(rule.a); return;
+    case ParamInit::Kind::Keep:
+      return;
+    case ParamInit::Kind::Constant:
+      local.fill_(rule.a);
+      return;
     case ParamInit::Kind::Normal:
       HAP_CHECK(rule.b >= 0, "init of '", full_name, "': standard deviation must be >= 0, got ",
                 rule.b);

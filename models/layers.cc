@@ -41,8 +41,7 @@ Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), opt
             "Embedding: num_embeddings and embedding_dim must be >= 1, got ",
             options.num_embeddings(), " and ", options.embedding_dim());
   weight = register_parameter(
-      "weight",
-      make_param(*this, "weight", {options.num_embeddings(), options.embedding_dim()}));
+      "weight", make_param(*this, "weight", {options.num_embeddings(), options.embedding_dim()}));
 }
 
 Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
@@ -98,10 +97,12 @@ Tensor Dropout::forward(const Tensor& x) {
 
 // ---- MLP ----
 MLP::MLP(const MLPOptions& options) : Module("MLP"), options_(options) {
-  fc = register_module("fc", std::make_shared<Linear>(
-                                 LinearOptions(options.dim(), options.hidden()).bias(options.bias())));
-  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(options.hidden(), options.dim())
-                                                              .bias(options.bias())));
+  fc = register_module("fc",
+                       std::make_shared<Linear>(
+                           LinearOptions(options.dim(), options.hidden()).bias(options.bias())));
+  proj = register_module("proj",
+                         std::make_shared<Linear>(
+                             LinearOptions(options.hidden(), options.dim()).bias(options.bias())));
   drop = register_module("drop", std::make_shared<Dropout>(options.dropout()));
 }
 
@@ -116,14 +117,15 @@ CausalSelfAttention::CausalSelfAttention(const CausalSelfAttentionOptions& optio
   HAP_CHECK(options.n_head() >= 1 && options.dim() >= 1,
             "CausalSelfAttention: dim and n_head must be >= 1, got ", options.dim(), " and ",
             options.n_head());
-  HAP_CHECK(options.dim() % options.n_head() == 0, "CausalSelfAttention: dim (",
-            options.dim(), ") must be divisible by n_head (", options.n_head(), ")");
+  HAP_CHECK(options.dim() % options.n_head() == 0, "CausalSelfAttention: dim (", options.dim(),
+            ") must be divisible by n_head (", options.n_head(), ")");
   HAP_CHECK(options.dropout() >= 0.0 && options.dropout() < 1.0,
             "CausalSelfAttention: dropout must be in [0, 1), got ", options.dropout());
   int64_t C = options.dim();
   qkv = register_module("qkv",
                         std::make_shared<Linear>(LinearOptions(C, 3 * C).bias(options.bias())));
-  proj = register_module("proj", std::make_shared<Linear>(LinearOptions(C, C).bias(options.bias())));
+  proj =
+      register_module("proj", std::make_shared<Linear>(LinearOptions(C, C).bias(options.bias())));
   resid_drop = register_module("resid_drop", std::make_shared<Dropout>(options.dropout()));
 }
 
@@ -150,10 +152,10 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
         LayerNormOptions(C).eps(options.layer_norm_eps()).bias(options.bias()));
   };
   ln1 = register_module("ln1", ln());
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(
-                                     CausalSelfAttentionOptions(C, options.n_head())
-                                         .bias(options.bias())
-                                         .dropout(options.dropout())));
+  attn = register_module(
+      "attn", std::make_shared<CausalSelfAttention>(CausalSelfAttentionOptions(C, options.n_head())
+                                                        .bias(options.bias())
+                                                        .dropout(options.dropout())));
   ln2 = register_module("ln2", ln());
   mlp = register_module(
       "mlp", std::make_shared<MLP>(MLPOptions(C).bias(options.bias()).dropout(options.dropout())));

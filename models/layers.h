@@ -133,8 +133,8 @@ class MLP : public Module {
   Tensor forward(const Tensor& x);
   const MLPOptions& options() const { return options_; }
 
-  std::shared_ptr<Linear> fc;     // dim -> hidden
-  std::shared_ptr<Linear> proj;   // hidden -> dim
+  std::shared_ptr<Linear> fc;    // dim -> hidden
+  std::shared_ptr<Linear> proj;  // hidden -> dim
   std::shared_ptr<Dropout> drop;
 
  private:

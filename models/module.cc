@@ -6,19 +6,30 @@
 
 namespace hap::nn {
 
+namespace {
+
+// "prefix.name", or "name" at the root.
+std::string join_name(const std::string& prefix, const std::string& name) {
+  if (prefix.empty()) return name;
+  std::string out;
+  out.reserve(prefix.size() + 1 + name.size());
+  out.append(prefix).append(1, '.').append(name);
+  return out;
+}
+
+}  // namespace
+
 Module::Module(std::string type_name)
     : type_name_(std::move(type_name)), random_(std::make_shared<RandomState>()) {}
 
 void Module::check_new_name(const std::string& name, const char* what) const {
   HAP_CHECK(!name.empty(), what, " name must not be empty (in ", type_name_, ")");
-  HAP_CHECK(name.find('.') == std::string::npos, what, " name must not contain a dot (got '",
-            name, "')");
+  HAP_CHECK(name.find('.') == std::string::npos, what, " name must not contain a dot (got '", name,
+            "')");
   for (const auto& [n, _] : params_)
-    HAP_CHECK(n != name, what, " name '", name, "' is already used by a parameter of ",
-              type_name_);
+    HAP_CHECK(n != name, what, " name '", name, "' is already used by a parameter of ", type_name_);
   for (const auto& [n, _] : children_)
-    HAP_CHECK(n != name, what, " name '", name, "' is already used by a submodule of ",
-              type_name_);
+    HAP_CHECK(n != name, what, " name '", name, "' is already used by a submodule of ", type_name_);
 }
 
 Tensor Module::register_parameter(std::string name, Tensor tensor, bool requires_grad) {
@@ -26,8 +37,8 @@ Tensor Module::register_parameter(std::string name, Tensor tensor, bool requires
   HAP_CHECK(tensor.defined(), "Parameter '", name, "' of ", type_name_, " is an undefined tensor");
   HAP_CHECK(tensor.is_leaf(), "Parameter '", name, "' of ", type_name_,
             " must be a leaf tensor, got one with autograd history; register t.detach()");
-  HAP_CHECK(!requires_grad || is_floating(tensor.dtype()), "Parameter '", name, "' of ",
-            type_name_, " requires grad but has dtype ", dtype_name(tensor.dtype()),
+  HAP_CHECK(!requires_grad || is_floating(tensor.dtype()), "Parameter '", name, "' of ", type_name_,
+            " requires grad but has dtype ", dtype_name(tensor.dtype()),
             "; only floating-point parameters can require grad");
   tensor.set_requires_grad(requires_grad);
   params_.emplace_back(std::move(name), tensor);
@@ -54,7 +65,7 @@ std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
     void visit(const std::string& prefix, const Module* m) {
       if (!seen.insert(m).second) return;
       out.emplace_back(prefix, const_cast<Module*>(m));
-      for (const auto& [n, c] : m->children_) visit(prefix.empty() ? n : prefix + "." + n, c.get());
+      for (const auto& [n, c] : m->children_) visit(join_name(prefix, n), c.get());
     }
   };
   Walker{out, seen}.visit("", this);
@@ -70,7 +81,7 @@ std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurs
   std::unordered_set<const TensorImpl*> seen;
   auto add_own = [&](const std::string& prefix, const Module* m) {
     for (const auto& [n, t] : m->params_)
-      if (seen.insert(t.impl()).second) out.emplace_back(prefix.empty() ? n : prefix + "." + n, t);
+      if (seen.insert(t.impl()).second) out.emplace_back(join_name(prefix, n), t);
   };
   if (!recurse) {
     add_own("", this);
@@ -93,8 +104,8 @@ Tensor Module::parameter(const std::string& full_name) const {
   std::string some;
   for (size_t i = 0; i < named.size() && i < 4; ++i) some += (i ? ", " : "") + named[i].first;
   if (named.size() > 4) some += ", ...";
-  HAP_CHECK(false, type_name_, " has no parameter named '", full_name, "' (it has ",
-            named.size(), ": ", some, ")");
+  HAP_CHECK(false, type_name_, " has no parameter named '", full_name, "' (it has ", named.size(),
+            ": ", some, ")");
   return Tensor();
 }
 

@@ -5,10 +5,12 @@
 //   struct Regressor : hap::nn::Module {
 //     std::shared_ptr<hap::nn::Linear> fc1, fc2;
 //     Regressor() : Module("Regressor") {
-//       fc1 = register_module("fc1", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(1, 64)));
-//       fc2 = register_module("fc2", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(64, 1)));
+//       fc1 = register_module("fc1", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(1,
+//       64))); fc2 = register_module("fc2",
+//       std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(64, 1)));
 //     }
-//     hap::Tensor forward(const hap::Tensor& x) { return fc2->forward(hap::relu(fc1->forward(x))); }
+//     hap::Tensor forward(const hap::Tensor& x) { return fc2->forward(hap::relu(fc1->forward(x)));
+//     }
 //   };
 //   auto model = std::make_shared<Regressor>();
 //   model->reset_parameters(/*seed=*/1234);  // full names are known once the tree is built
@@ -35,15 +37,15 @@
 
 // A field of an options struct in the libtorch style: `LinearOptions(8, 4).bias(false)` sets it
 // (and returns the options for chaining), `options.bias()` reads it.
-#define HAP_ARG(T, name)                                     \
- public:                                                     \
-  auto name(const T& new_##name)->decltype(*this) {          \
-    this->name##_ = new_##name;                              \
-    return *this;                                            \
-  }                                                          \
-  const T& name() const noexcept { return this->name##_; }   \
-                                                             \
- private:                                                    \
+#define HAP_ARG(T, name)                                   \
+ public:                                                   \
+  auto name(const T& new_##name)->decltype(*this) {        \
+    this->name##_ = new_##name;                            \
+    return *this;                                          \
+  }                                                        \
+  const T& name() const noexcept { return this->name##_; } \
+                                                           \
+ private:                                                  \
   T name##_
 
 namespace hap::nn {

@@ -47,9 +47,8 @@ std::vector<ParamGroup> weight_decay_groups(
 }
 
 // ---- Optimizer ----
-Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr,
-                     double default_weight_decay, std::vector<std::string> slot_names,
-                     const char* optimizer_name)
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, double default_weight_decay,
+                     std::vector<std::string> slot_names, const char* optimizer_name)
     : groups_(std::move(groups)), slot_names_(std::move(slot_names)), name_(optimizer_name) {
   HAP_CHECK(!groups_.empty(), name_, ": no parameter groups given");
   std::unordered_set<const TensorImpl*> seen;
@@ -130,31 +129,31 @@ void SGD::step() {
   NoGradGuard no_grad;
   const double momentum = options_.momentum;
   const bool nesterov = options_.nesterov;
-  for_each_update([&](const ParamGroup& group, const Tensor& param, const Tensor& grad,
-                      ParamState& st) {
-    dispatch_f32_f64(param.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* p = param.data<T>();
-      const T* g = grad.data<T>();
-      T* buf = momentum != 0.0 ? st.slots[0].data<T>() : nullptr;
-      const T lr = static_cast<T>(*group.lr), wd = static_cast<T>(*group.weight_decay);
-      const T mom = static_cast<T>(momentum);
-      const bool first = st.step == 0;
-      const int64_t n = param.numel();
+  for_each_update(
+      [&](const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& st) {
+        dispatch_f32_f64(param.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          T* p = param.data<T>();
+          const T* g = grad.data<T>();
+          T* buf = momentum != 0.0 ? st.slots[0].data<T>() : nullptr;
+          const T lr = static_cast<T>(*group.lr), wd = static_cast<T>(*group.weight_decay);
+          const T mom = static_cast<T>(momentum);
+          const bool first = st.step == 0;
+          const int64_t n = param.numel();
 #pragma omp parallel for if (n >= kParallelMinElements)
-      for (int64_t i = 0; i < n; ++i) {
-        T d = g[i];
-        if (wd != T(0)) d += wd * p[i];
-        if (buf) {
-          T b = first ? d : mom * buf[i] + d;
-          buf[i] = b;
-          d = nesterov ? d + mom * b : b;
-        }
-        p[i] -= lr * d;
-      }
-    });
-    ++st.step;
-  });
+          for (int64_t i = 0; i < n; ++i) {
+            T d = g[i];
+            if (wd != T(0)) d += wd * p[i];
+            if (buf) {
+              T b = first ? d : mom * buf[i] + d;
+              buf[i] = b;
+              d = nesterov ? d + mom * b : b;
+            }
+            p[i] -= lr * d;
+          }
+        });
+        ++st.step;
+      });
 }
 
 // ---- AdamW ----
@@ -173,39 +172,40 @@ AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
 
 void AdamW::step() {
   NoGradGuard no_grad;
-  const auto [beta1, beta2] = options_.betas;
-  for_each_update([&](const ParamGroup& group, const Tensor& param, const Tensor& grad,
-                      ParamState& st) {
-    const int64_t t = ++st.step;
-    const double lr = *group.lr, wd = *group.weight_decay;
-    // Scalars in double, as torch computes them in Python; the update itself in T.
-    const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(t));
-    const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(t));
-    dispatch_f32_f64(param.dtype(), [&](auto tag) {
-      using T = decltype(tag);
-      T* p = param.data<T>();
-      const T* g = grad.data<T>();
-      T* m = st.slots[0].data<T>();
-      T* v = st.slots[1].data<T>();
-      const T decay = static_cast<T>(1.0 - lr * wd);
-      const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
-      const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
-      const T step_size = static_cast<T>(lr / bias_correction1);
-      const T bc2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-      const T eps = static_cast<T>(options_.eps);
-      const int64_t n = param.numel();
+  // Plain locals, not a structured binding: clang < 16 cannot capture those in lambdas.
+  const double beta1 = options_.betas.first, beta2 = options_.betas.second;
+  for_each_update(
+      [&](const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& st) {
+        const int64_t t = ++st.step;
+        const double lr = *group.lr, wd = *group.weight_decay;
+        // Scalars in double, as torch computes them in Python; the update itself in T.
+        const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(t));
+        const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(t));
+        dispatch_f32_f64(param.dtype(), [&](auto tag) {
+          using T = decltype(tag);
+          T* p = param.data<T>();
+          const T* g = grad.data<T>();
+          T* m = st.slots[0].data<T>();
+          T* v = st.slots[1].data<T>();
+          const T decay = static_cast<T>(1.0 - lr * wd);
+          const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
+          const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
+          const T step_size = static_cast<T>(lr / bias_correction1);
+          const T bc2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
+          const T eps = static_cast<T>(options_.eps);
+          const int64_t n = param.numel();
 #pragma omp parallel for if (n >= kParallelMinElements)
-      for (int64_t i = 0; i < n; ++i) {
-        const T gi = g[i];
-        const T mi = m[i] * b1 + gi * one_minus_b1;
-        const T vi = v[i] * b2 + gi * gi * one_minus_b2;
-        m[i] = mi;
-        v[i] = vi;
-        const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * (mi / denom);
-      }
-    });
-  });
+          for (int64_t i = 0; i < n; ++i) {
+            const T gi = g[i];
+            const T mi = m[i] * b1 + gi * one_minus_b1;
+            const T vi = v[i] * b2 + gi * gi * one_minus_b2;
+            m[i] = mi;
+            v[i] = vi;
+            const T denom = std::sqrt(vi) / bc2_sqrt + eps;
+            p[i] = p[i] * decay - step_size * (mi / denom);
+          }
+        });
+      });
 }
 
 }  // namespace hap::optim

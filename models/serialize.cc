@@ -30,11 +30,21 @@ uint8_t dtype_code(DType t) { return static_cast<uint8_t>(t); }
 
 bool dtype_from_code(uint8_t code, DType* out) {
   switch (code) {
-    case 0: *out = DType::F32; return true;
-    case 1: *out = DType::BF16; return true;
-    case 2: *out = DType::F64; return true;
-    case 3: *out = DType::I64; return true;
-    case 4: *out = DType::U8; return true;
+    case 0:
+      *out = DType::F32;
+      return true;
+    case 1:
+      *out = DType::BF16;
+      return true;
+    case 2:
+      *out = DType::F64;
+      return true;
+    case 3:
+      *out = DType::I64;
+      return true;
+    case 4:
+      *out = DType::U8;
+      return true;
   }
   return false;
 }
@@ -54,8 +64,8 @@ class Writer {
   Writer(FILE* f, const std::string& path) : f_(f), path_(path) {}
   void bytes(const void* p, size_t n) {
     if (n == 0) return;
-    HAP_CHECK(std::fwrite(p, 1, n, f_) == n, "save_tensors: writing ", path_, " failed: ",
-              errno_str());
+    HAP_CHECK(std::fwrite(p, 1, n, f_) == n, "save_tensors: writing ", path_,
+              " failed: ", errno_str());
   }
   template <typename T>
   void pod(T v) {
@@ -118,7 +128,8 @@ void save_tensors(const std::string& path, const NamedTensors& tensors) {
   std::unordered_set<std::string> names;
   for (const auto& [name, t] : tensors) {
     HAP_CHECK(!name.empty(), "save_tensors: tensor names must be non-empty (writing ", path, ")");
-    HAP_CHECK(name.size() <= UINT32_MAX, "save_tensors: name of ", name.size(), " bytes is too long");
+    HAP_CHECK(name.size() <= UINT32_MAX, "save_tensors: name of ", name.size(),
+              " bytes is too long");
     HAP_CHECK(names.insert(name).second, "save_tensors: tensor name '", name,
               "' appears twice (writing ", path, ")");
     HAP_CHECK(t.defined(), "save_tensors: tensor '", name, "' is undefined");
@@ -195,12 +206,14 @@ NamedTensors load_tensors(const std::string& path) {
       data_bytes = 0;
     } else {
       for (int64_t d : shape)
-        overflow = overflow || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(d), &data_bytes);
+        overflow =
+            overflow || __builtin_mul_overflow(data_bytes, static_cast<uint64_t>(d), &data_bytes);
     }
     HAP_CHECK(!overflow && data_bytes <= r.remaining(), "load_tensors: ", path,
               " is truncated while reading the data of '", name, "' ", shape_str(shape), " ",
-              dtype_name(dtype), " (needs ", overflow ? std::string("more") : std::to_string(data_bytes),
-              " bytes at offset ", r.pos(), ", ", r.remaining(), " are left)");
+              dtype_name(dtype), " (needs ",
+              overflow ? std::string("more") : std::to_string(data_bytes), " bytes at offset ",
+              r.pos(), ", ", r.remaining(), " are left)");
     Tensor t = Tensor::empty(shape, TensorOptions{}.with_dtype(dtype));
     r.bytes(t.raw_data(), t.nbytes(), "the data of '" + name + "'");
     out.emplace_back(std::move(name), std::move(t));
@@ -241,8 +254,7 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       out.emplace_back(std::string(kOptimPrefix) + "step." + name, i64_scalar(st->step));
     }
     HAP_CHECK(found == held, "save_checkpoint: the optimizer holds ", held - found,
-              " parameter(s) that are not parameters of the ", model.type_name(),
-              " being saved");
+              " parameter(s) that are not parameters of the ", model.type_name(), " being saved");
   }
   out.emplace_back("meta.step", i64_scalar(step));
   out.emplace_back("meta.random_seed", i64_scalar(static_cast<int64_t>(model.random_seed())));

@@ -44,7 +44,6 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
 // same structure: values are copied into the existing tensors (converting the dtype if needed),
 // and the model's dropout seed and counter are restored (set_random_seed on `model`).
 // Throws naming the first missing, unexpected or mis-shaped entry. Returns "meta.step".
-int64_t load_checkpoint(const std::string& path, nn::Module& model,
-                        optim::Optimizer* optimizer);
+int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer);
 
 }  // namespace hap

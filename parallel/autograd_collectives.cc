@@ -25,7 +25,7 @@ Tensor record1(const char* name, const Tensor& input, Tensor output, autograd::C
 Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
                   const std::vector<int64_t>& lengths, CollectiveMethod method) {
   Tensor out = parallel::all_gather(comm, x_local.detach(), dim, lengths, method);
-  const Shape out_shape = out.shape();
+  const Shape& out_shape = out.shape();
   const DType dtype = out.dtype();
   return record1("all_gather", x_local, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{
@@ -36,7 +36,7 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
 Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
                       const std::vector<int64_t>& lengths, CollectiveMethod method) {
   Tensor out = parallel::reduce_scatter(comm, x_partial.detach(), dim, lengths, method);
-  const Shape out_shape = out.shape();
+  const Shape& out_shape = out.shape();
   const DType dtype = out.dtype();
   return record1("reduce_scatter", x_partial, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{
@@ -46,10 +46,11 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
 
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
   Tensor out = parallel::all_reduce(comm, x_partial.detach(), method);
-  const Shape out_shape = out.shape();
+  const Shape& out_shape = out.shape();
   const DType dtype = out.dtype();
   return record1("all_reduce", x_partial, out, [=](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{parallel::all_reduce(comm, grad_or_zeros(g, out_shape, dtype), method)};
+    return std::vector<Tensor>{
+        parallel::all_reduce(comm, grad_or_zeros(g, out_shape, dtype), method)};
   });
 }
 
@@ -58,7 +59,7 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
                   const std::vector<int64_t>& lengths_concat, CollectiveMethod method) {
   Tensor out = parallel::all_to_all(comm, x_local.detach(), split_dim, concat_dim, lengths_split,
                                     lengths_concat, method);
-  const Shape out_shape = out.shape();
+  const Shape& out_shape = out.shape();
   const DType dtype = out.dtype();
   return record1("all_to_all", x_local, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{parallel::all_to_all(comm, grad_or_zeros(g, out_shape, dtype),
@@ -84,7 +85,7 @@ Tensor to_partial(const Communicator& comm, const Tensor& x, int root) {
   HAP_CHECK(root >= 0 && root < comm.size(), "to_partial: root ", root, " out of range for ",
             comm.size(), " ranks");
   const bool keep = comm.rank() == root;
-  const Shape shape = x.shape();
+  const Shape& shape = x.shape();
   const DType dtype = x.dtype();
   Tensor out = keep ? x.detach() : Tensor::zeros(shape, TensorOptions{}.with_dtype(dtype));
   return record1("to_partial", x, out, [=](const std::vector<Tensor>& g) {
@@ -95,7 +96,7 @@ Tensor to_partial(const Communicator& comm, const Tensor& x, int root) {
 
 Tensor replicate(const Communicator& comm, const Tensor& x, CollectiveMethod method) {
   HAP_CHECK(x.defined(), "replicate: got an undefined tensor");
-  const Shape shape = x.shape();
+  const Shape& shape = x.shape();
   const DType dtype = x.dtype();
   return record1("replicate", x, x.detach(), [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{parallel::all_reduce(comm, grad_or_zeros(g, shape, dtype), method)};

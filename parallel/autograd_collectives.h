@@ -23,7 +23,8 @@
 //     all_to_all         Sharded(c) -> Sh.(s)    all_to_all      Sharded(s) -> Sharded(c)
 //     shard_slice        Replicated -> Sh.(d)    zero-embed      Sharded(d) -> Partial   (local)
 //     to_partial         Replicated -> Partial   to_partial      Replicated -> Partial   (local)
-//     replicate          Tied -> Replicated      all_reduce      Partial -> Tied         (see below)
+//     replicate          Tied -> Replicated      all_reduce      Partial -> Tied         (see
+//     below)
 //
 // Note what this means where intuition (Megatron's f/g operators) says otherwise:
 //  - all_reduce's backward is an all_reduce, not the identity: its output is Replicated, so the

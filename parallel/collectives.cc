@@ -13,8 +13,10 @@ namespace hap::parallel {
 
 const char* method_name(CollectiveMethod method) {
   switch (method) {
-    case CollectiveMethod::Padded: return "padded";
-    case CollectiveMethod::Grouped: return "grouped";
+    case CollectiveMethod::Padded:
+      return "padded";
+    case CollectiveMethod::Grouped:
+      return "grouped";
   }
   return "?";
 }
@@ -149,10 +151,10 @@ Tensor sum_blocks_in_rank_order(const Tensor& recv, const Layout& l, const Shape
       T* o = out.data<T>();
       const size_t ranks = l.displs.size();
       // Each element's sum runs in rank order whatever the thread split: deterministic.
-#pragma omp parallel for if (n * static_cast<int64_t>(ranks) > (int64_t{1} << 18))
+#pragma omp parallel for if (n * static_cast <int64_t>(ranks) > (int64_t{1} << 18))
       for (int64_t i = 0; i < n; ++i) {
-        Acc acc = convert<Acc>(in[l.displs[ranks-1] + i]);
-        for (size_t r = ranks - 1; r-- > 0;) acc = acc + convert<Acc>(in[l.displs[r] + i]);
+        Acc acc = convert<Acc>(in[l.displs[0] + i]);
+        for (size_t r = 1; r < ranks; ++r) acc = acc + convert<Acc>(in[l.displs[r] + i]);
         o[i] = convert<T>(acc);
       }
     }
@@ -168,8 +170,8 @@ void exchange_allgather(const Communicator& comm, const Tensor& send, const Tens
                         const Layout& l, CollectiveMethod method, const char* op) {
   MPI_Datatype type = mpi_datatype(send.dtype());
   if (method == CollectiveMethod::Padded) {
-    HAP_MPI_CHECK(MPI_Allgather(send.raw_data(), l.slot, type, recv.raw_data(), l.slot, type,
-                                comm.handle()));
+    HAP_MPI_CHECK(
+        MPI_Allgather(send.raw_data(), l.slot, type, recv.raw_data(), l.slot, type, comm.handle()));
   } else {
     HAP_MPI_CHECK(MPI_Allgatherv(send.raw_data(), mpi_count(send.numel(), op), type,
                                  recv.raw_data(), l.counts.data(), l.displs.data(), type,
@@ -210,6 +212,7 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
   const Shape& local = x_local.shape();
   const int64_t row_elems = shape_numel(with_dim(local, dim, 1));  // elements per index of dim
   std::vector<int64_t> numels;
+  numels.reserve(lengths.size());
   for (int64_t len : lengths) numels.push_back(len * row_elems);
   const Layout l = make_layout(method, numels, max_of(lengths) * row_elems, op);
   const bool padded = method == CollectiveMethod::Padded;
@@ -278,7 +281,7 @@ Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveM
   const char* op = "all_reduce";
   check_tensor(x_partial, op);
   check_reducible(x_partial.dtype(), op);
-  const Shape shape = x_partial.shape();
+  const Shape& shape = x_partial.shape();
   const int64_t n = x_partial.numel();
   Tensor flat = x_partial.contiguous();
   flat = flat.as_strided({n}, {1}, flat.offset());
@@ -302,8 +305,8 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
             " (re-sharding one dim to new lengths is not an all-to-all)");
   const int me = comm.rank();
   const Shape& local = x_local.shape();
-  HAP_CHECK(local[concat_dim] == lengths_concat[me], op, ": rank ", me, "'s shard ",
-            x_local.str(), " has size ", local[concat_dim], " in concat dim ", concat_dim,
+  HAP_CHECK(local[concat_dim] == lengths_concat[me], op, ": rank ", me, "'s shard ", x_local.str(),
+            " has size ", local[concat_dim], " in concat dim ", concat_dim,
             " but its shard length is ", lengths_concat[me], " (lengths ",
             lengths_str(lengths_concat), ")");
   HAP_CHECK(local[split_dim] == sum_of(lengths_split), op, ": rank ", me, "'s shard ",
@@ -332,20 +335,21 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
   Tensor recv = new_buffer(rl.total, x_local.dtype(), false);
   exchange_alltoall(comm, send, sl, recv, rl, method);
 
-  Shape out_shape = with_dim(with_dim(local, split_dim, lengths_split[me]), concat_dim,
-                             sum_of(lengths_concat));
+  Shape out_shape =
+      with_dim(with_dim(local, split_dim, lengths_split[me]), concat_dim, sum_of(lengths_concat));
   Tensor out = Tensor::empty(out_shape, TensorOptions{}.with_dtype(x_local.dtype()));
   const std::vector<int64_t> concat_offsets = shard_offsets(lengths_concat);
   for (size_t r = 0; r < lengths_concat.size(); ++r)
-    strided_copy(narrow_view(out, concat_dim, concat_offsets[r], lengths_concat[r]),
-                 block_view(recv, with_dim(out_shape, concat_dim, lengths_concat[r]), rl.displs[r]));
+    strided_copy(
+        narrow_view(out, concat_dim, concat_offsets[r], lengths_concat[r]),
+        block_view(recv, with_dim(out_shape, concat_dim, lengths_concat[r]), rl.displs[r]));
   return out;
 }
 
 Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   const char* op = "broadcast";
-  HAP_CHECK(root >= 0 && root < comm.size(), op, ": root ", root, " out of range for ",
-            comm.size(), " ranks");
+  HAP_CHECK(root >= 0 && root < comm.size(), op, ": root ", root, " out of range for ", comm.size(),
+            " ranks");
   const bool is_root = comm.rank() == root;
 
   // Header: dtype, ndim, dims (or -1 if the root's tensor is unusable, so that every rank throws
@@ -365,10 +369,11 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   int64_t header_len = static_cast<int64_t>(header.size());
   HAP_MPI_CHECK(MPI_Bcast(&header_len, 1, MPI_INT64_T, root, comm.handle()));
   header.resize(static_cast<size_t>(header_len));
-  HAP_MPI_CHECK(MPI_Bcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root,
-                          comm.handle()));
-  HAP_CHECK(header[0] >= 0, is_root ? root_error : std::string(op) + ": the root rank " +
-                                                       std::to_string(root) + "'s tensor is unusable");
+  HAP_MPI_CHECK(
+      MPI_Bcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root, comm.handle()));
+  HAP_CHECK(header[0] >= 0, is_root ? root_error
+                                    : std::string(op) + ": the root rank " + std::to_string(root) +
+                                          "'s tensor is unusable");
   const DType dtype = static_cast<DType>(header[0]);
   const Shape shape(header.begin() + 2, header.end());
 

@@ -15,7 +15,8 @@ namespace detail {
 void throw_mpi_error(int code, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING] = {0};
   int len = 0;
-  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) std::snprintf(text, sizeof text, "code %d", code);
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+    std::snprintf(text, sizeof text, "code %d", code);
   std::ostringstream os;
   os << "MPI error in " << call << " at " << file << ":" << line << ": " << text;
   throw MpiError(os.str());
@@ -25,11 +26,16 @@ void throw_mpi_error(int code, const char* call, const char* file, int line) {
 
 MPI_Datatype mpi_datatype(DType dtype) {
   switch (dtype) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::BF16: return MPI_UINT16_T;
-    case DType::I64: return MPI_INT64_T;
-    case DType::U8: return MPI_UINT8_T;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::BF16:
+      return MPI_UINT16_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::U8:
+      return MPI_UINT8_T;
   }
   HAP_ASSERT(false, "unknown dtype");
   return MPI_DATATYPE_NULL;
@@ -48,8 +54,8 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   if (provided < MPI_THREAD_FUNNELED) {
     MPI_Finalize();
     owns_ = false;
-    HAP_CHECK(false, "MPI provides thread level ", provided,
-              " but HAP needs MPI_THREAD_FUNNELED (", MPI_THREAD_FUNNELED, ")");
+    HAP_CHECK(false, "MPI provides thread level ", provided, " but HAP needs MPI_THREAD_FUNNELED (",
+              MPI_THREAD_FUNNELED, ")");
   }
 }
 
@@ -77,14 +83,16 @@ struct Communicator::State {
 };
 
 const Communicator::State& Communicator::state() const {
-  HAP_CHECK(state_ != nullptr, "using an invalid Communicator (a rank that split() left out, or "
-                               "a default-constructed one)");
+  HAP_CHECK(state_ != nullptr,
+            "using an invalid Communicator (a rank that split() left out, or "
+            "a default-constructed one)");
   return *state_;
 }
 
 Communicator Communicator::world() {
-  HAP_CHECK(MpiSession::active(), "MPI is not initialised: create a hap::parallel::MpiSession in "
-                                  "main() before using communicators");
+  HAP_CHECK(MpiSession::active(),
+            "MPI is not initialised: create a hap::parallel::MpiSession in "
+            "main() before using communicators");
   static std::shared_ptr<State> world_state = [] {
     auto s = std::make_shared<State>();
     s->comm = MPI_COMM_WORLD;
@@ -161,9 +169,15 @@ T reduce_in_rank_order(const std::vector<T>& all, ReduceOp op) {
   T acc = all[0];
   for (size_t i = 1; i < all.size(); ++i) {
     switch (op) {
-      case ReduceOp::Sum: acc = acc + all[i]; break;
-      case ReduceOp::Max: acc = all[i] > acc ? all[i] : acc; break;
-      case ReduceOp::Min: acc = all[i] < acc ? all[i] : acc; break;
+      case ReduceOp::Sum:
+        acc = acc + all[i];
+        break;
+      case ReduceOp::Max:
+        acc = all[i] > acc ? all[i] : acc;
+        break;
+      case ReduceOp::Min:
+        acc = all[i] < acc ? all[i] : acc;
+        break;
     }
   }
   return acc;

@@ -32,10 +32,10 @@ namespace detail {
 
 }  // namespace hap::parallel
 
-#define HAP_MPI_CHECK(call)                                                        \
-  do {                                                                             \
-    int hap_mpi_rc_ = (call);                                                      \
-    if (hap_mpi_rc_ != MPI_SUCCESS)                                                \
+#define HAP_MPI_CHECK(call)                                                             \
+  do {                                                                                  \
+    int hap_mpi_rc_ = (call);                                                           \
+    if (hap_mpi_rc_ != MPI_SUCCESS)                                                     \
       ::hap::parallel::detail::throw_mpi_error(hap_mpi_rc_, #call, __FILE__, __LINE__); \
   } while (0)
 

@@ -41,7 +41,8 @@ void validate_ratios(const std::vector<double>& ratios) {
   double sum = 0.0;
   for (size_t i = 0; i < ratios.size(); ++i) {
     double r = ratios[i];
-    if (!std::isfinite(r) || r < 0.0) bad << (bad.tellp() > 0 ? ", " : "") << "ratio " << i << " = " << r;
+    if (!std::isfinite(r) || r < 0.0)
+      bad << (bad.tellp() > 0 ? ", " : "") << "ratio " << i << " = " << r;
     sum += r;
   }
   HAP_CHECK(bad.tellp() == 0, "ratios ", list_str(ratios), ": ", bad.str(),
@@ -115,7 +116,8 @@ ShardSpec::ShardSpec(int64_t dim_, std::vector<int64_t> lengths_)
     : dim(dim_), lengths(std::move(lengths_)) {
   HAP_CHECK(!lengths.empty(), "ShardSpec: expected one shard length per rank, got none");
   for (size_t i = 0; i < lengths.size(); ++i)
-    HAP_CHECK(lengths[i] >= 0, "ShardSpec: shard lengths ", list_str(lengths), " have a negative entry at rank ", i);
+    HAP_CHECK(lengths[i] >= 0, "ShardSpec: shard lengths ", list_str(lengths),
+              " have a negative entry at rank ", i);
   offsets = shard_offsets(lengths);
 }
 
@@ -166,7 +168,8 @@ LogicalSlice ShardSpec::logical_slice(const Shape& logical_shape, int rank) cons
 Tensor ShardSpec::slice_of(const Tensor& logical, int rank) const {
   int64_t d = wrap_dim(dim, logical.dim(), "ShardSpec dim");
   Shape s = local_shape(logical.shape(), rank);
-  return logical.as_strided(s, logical.strides(), logical.offset() + offset(rank) * logical.strides()[d]);
+  return logical.as_strided(s, logical.strides(),
+                            logical.offset() + offset(rank) * logical.strides()[d]);
 }
 
 }  // namespace hap::parallel

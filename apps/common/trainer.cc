@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "apps/common/data.h"
+#include "apps/common/model_graph.h"
 #include "autograd/grad_mode.h"
 #include "models/clip.h"
 #include "models/gpt.h"
@@ -47,19 +48,6 @@ class JsonlLog {
  private:
   std::ofstream out_;
 };
-
-nn::GPTConfig gpt_config(const TrainRunConfig& c) {
-  nn::GPTConfig g;
-  g.vocab_size = c.model.vocab_size;
-  g.block_size = c.model.block_size;
-  g.n_layer = c.model.n_layer;
-  g.n_head = c.model.n_head;
-  g.n_embd = c.model.n_embd;
-  g.dropout = c.model.dropout;
-  g.bias = c.model.bias;
-  g.seed = c.train.seed;
-  return g;
-}
 
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t, const nn::Module& model) {
   auto groups = optim::weight_decay_groups(model.named_parameters(), t.weight_decay);

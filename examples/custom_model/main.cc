@@ -15,8 +15,10 @@ namespace {
 class Regressor : public hap::nn::Module {
  public:
   Regressor(int64_t in, int64_t hidden) : Module("Regressor") {
-    fc1 = register_module("fc1", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(in, hidden)));
-    fc2 = register_module("fc2", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(hidden, 1)));
+    fc1 = register_module("fc1",
+                          std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(in, hidden)));
+    fc2 = register_module("fc2",
+                          std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(hidden, 1)));
   }
 
   hap::Tensor forward(const hap::Tensor& x) const {
@@ -57,8 +59,8 @@ int main() {
 
   hap::optim::AdamW opt(hap::optim::weight_decay_groups(model->named_parameters(), 1e-4),
                         {.lr = 1e-2, .betas = {0.9, 0.999}, .eps = 1e-8, .weight_decay = 1e-4});
-  hap::optim::WarmupCosineSchedule schedule{.lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 10,
-                                            .total_steps = kSteps};
+  hap::optim::WarmupCosineSchedule schedule{
+      .lr = 1e-2, .min_lr = 1e-3, .warmup_steps = 10, .total_steps = kSteps};
   double initial = 0, last = 0;
   for (int64_t step = 0; step < kSteps; ++step) {
     opt.zero_grad();

@@ -3,13 +3,11 @@
 //   #include <hap/hap.h>   and link hap::hap (find_package(hap)).
 #pragma once
 
-#include "core/rng.h"
-#include "core/tensor.h"
-#include "ops/functional.h"
-#include "ops/threads.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
+#include "core/rng.h"
+#include "core/tensor.h"
 #include "models/clip.h"
 #include "models/gpt.h"
 #include "models/init.h"
@@ -18,3 +16,5 @@
 #include "models/module.h"
 #include "models/optim.h"
 #include "models/serialize.h"
+#include "ops/functional.h"
+#include "ops/threads.h"

@@ -155,9 +155,11 @@ Metas infer_linear(const Metas& in, const Attrs&) {
   HAP_CHECK(x.back() == w[1], "linear: input ", shape_str(x), " has ", x.back(),
             " features but weight ", shape_str(w), " expects ", w[1]);
   check_same_dtype("linear", in, 0, 1);
-  if (in[2].defined)
+  if (in[2].defined) {
     HAP_CHECK(in[2].shape == Shape{w[0]}, "linear: bias ", shape_str(in[2].shape),
               " does not match weight ", shape_str(w), " (expected [", w[0], "])");
+    check_same_dtype("linear", in, 0, 2);
+  }
   Shape out = x;
   out.back() = w[0];
   return {{out, in[0].dtype}};

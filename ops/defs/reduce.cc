@@ -18,6 +18,10 @@ std::vector<int64_t> reduce_dims(const Shape& s, const std::vector<int64_t>& dim
     std::iota(out.begin(), out.end(), 0);
     return out;
   }
+  if (nd == 0) {  // a scalar accepts dim 0 or -1 and reduces over nothing
+    for (int64_t d : dims) wrap_dim(d, nd, op);
+    return out;
+  }
   for (int64_t d : dims) out.push_back(wrap_dim(d, nd, op));
   std::sort(out.begin(), out.end());
   HAP_CHECK(std::adjacent_find(out.begin(), out.end()) == out.end(), op,

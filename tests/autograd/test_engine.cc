@@ -30,9 +30,12 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
-TensorOptions f64(bool rg = false) { return TensorOptions{}.with_dtype(DType::F64).with_requires_grad(rg); }
+TensorOptions f64(bool rg = false) {
+  return TensorOptions{}.with_dtype(DType::F64).with_requires_grad(rg);
+}
 
 Tensor vec(std::vector<double> v, bool rg = true) {
   int64_t n = static_cast<int64_t>(v.size());
@@ -103,10 +106,11 @@ TEST(Engine, DiamondGraphsRunEachNodeOnceWithAllItsGradient) {
   Tensor a = vec({0.2, -0.4});
   int calls = 0;
   Tensor eb = exp(a.detach());
-  Tensor b = autograd::record_custom("counted_exp", {a}, {eb}, [&calls, eb](const std::vector<Tensor>& g) {
-    ++calls;
-    return std::vector<Tensor>{mul(g[0], eb)};
-  })[0];
+  Tensor b =
+      autograd::record_custom("counted_exp", {a}, {eb}, [&calls, eb](const std::vector<Tensor>& g) {
+        ++calls;
+        return std::vector<Tensor>{mul(g[0], eb)};
+      })[0];
   Tensor e = mul(mul(b, 2.0), pow(b, 2.0));
   sum(e).backward();
   std::vector<double> want;
@@ -157,9 +161,9 @@ TEST(Engine, BroadcastGradientsAreReducedToTheInputShape) {
 
 TEST(Engine, ViewsOfALeafRouteGradientsToTheRightElements) {
   Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, f64(true));
-  Tensor t = transpose(x, 0, 1);                  // [3, 2]
-  Tensor s = slice(t, 0, 1, 3);                   // rows 1, 2 of the transpose = columns 1, 2 of x
-  Tensor r = reshape(s, {4});                     // a copy (non-contiguous)
+  Tensor t = transpose(x, 0, 1);  // [3, 2]
+  Tensor s = slice(t, 0, 1, 3);   // rows 1, 2 of the transpose = columns 1, 2 of x
+  Tensor r = reshape(s, {4});     // a copy (non-contiguous)
   Tensor w = Tensor::from_vector(std::vector<double>{1, 10, 100, 1000}, {4}, f64());
   sum(mul(r, w)).backward();
   // r = [x01, x11, x02, x12]
@@ -260,7 +264,8 @@ TEST(Engine, BackwardOnATensorWithoutHistoryIsAnError) {
   Tensor c = Tensor::ones({1}, f64());
   EXPECT_HAS(error_of([&] { c.backward(); }), "does not require grad");
   EXPECT_HAS(error_of([] { Tensor().backward(); }), "undefined");
-  EXPECT_HAS(error_of([] { autograd::backward({Tensor::ones({1}, f64(true))}, {}); }), "1 roots but 0 gradients");
+  EXPECT_HAS(error_of([] { autograd::backward({Tensor::ones({1}, f64(true))}, {}); }),
+             "1 roots but 0 gradients");
 }
 
 TEST(Engine, BackwardOfALeafAccumulatesTheGradOutput) {
@@ -323,7 +328,8 @@ TEST(Engine, LeafGradientsNeverAliasEachOtherOrTheGradOutput) {
 }
 
 TEST(Engine, GradientsAreContiguousAndOfTheLeafDtype) {
-  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, TensorOptions{}.with_requires_grad(true));
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3},
+                                 TensorOptions{}.with_requires_grad(true));
   sum(transpose(x, 0, 1)).backward();
   EXPECT_TRUE(x.grad().is_contiguous());
   EXPECT_EQ(x.grad().dtype(), DType::F32);

@@ -29,9 +29,12 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
-TensorOptions f64(bool rg = true) { return TensorOptions{}.with_dtype(DType::F64).with_requires_grad(rg); }
+TensorOptions f64(bool rg = true) {
+  return TensorOptions{}.with_dtype(DType::F64).with_requires_grad(rg);
+}
 
 Tensor uni(const Shape& s, uint64_t seed, bool rg = true) {
   Tensor t = Tensor::empty(s, f64(false));
@@ -43,7 +46,8 @@ Tensor uni(const Shape& s, uint64_t seed, bool rg = true) {
 TEST(Gradcheck, PassesCorrectGradientsWithASmallError) {
   Tensor a = uni({3, 4}, 1), b = uni({4}, 2);
   GradcheckResult r = gradcheck(
-      [](const std::vector<Tensor>& in) { return div(exp(mul(in[0], in[1])), add(in[1], 1.0)); }, {a, b});
+      [](const std::vector<Tensor>& in) { return div(exp(mul(in[0], in[1])), add(in[1], 1.0)); },
+      {a, b});
   EXPECT_TRUE(r.ok) << r.message;
   EXPECT_TRUE(r.message.empty());
   EXPECT_GT(r.max_abs_error, 0.0);  // finite differences are never exact
@@ -54,9 +58,11 @@ TEST(Gradcheck, DetectsAWrongGradientAndNamesInputAndElement) {
   // x * detach(x): the analytic gradient misses the detached path (x instead of 2x), but the
   // perturbation reaches both factors because detach shares storage.
   Tensor a = uni({2, 3}, 3, false), x = uni({5}, 4);
-  GradcheckResult r = gradcheck([](const std::vector<Tensor>& in) { return mul(in[1], in[1].detach()); }, {a, x});
+  GradcheckResult r =
+      gradcheck([](const std::vector<Tensor>& in) { return mul(in[1], in[1].detach()); }, {a, x});
   EXPECT_FALSE(r.ok);
-  EXPECT_HAS(r.message, "input 1");  // its position among all inputs, not among those requiring grad
+  EXPECT_HAS(r.message,
+             "input 1");  // its position among all inputs, not among those requiring grad
   EXPECT_HAS(r.message, "f64[5]");
   EXPECT_HAS(r.message, "element 0");
   EXPECT_HAS(r.message, "analytic");
@@ -67,8 +73,8 @@ TEST(Gradcheck, DetectsAWrongGradientAndNamesInputAndElement) {
 TEST(Gradcheck, DetectsAMissingGradient) {
   // The output depends on x only through a detached copy: analytic 0, numeric 1.
   Tensor x = uni({3}, 5), y = uni({3}, 6);
-  GradcheckResult r =
-      gradcheck([](const std::vector<Tensor>& in) { return add(in[0].detach(), mul(in[1], 2.0)); }, {x, y});
+  GradcheckResult r = gradcheck(
+      [](const std::vector<Tensor>& in) { return add(in[0].detach(), mul(in[1], 2.0)); }, {x, y});
   EXPECT_FALSE(r.ok);
   EXPECT_HAS(r.message, "input 0");
 }
@@ -82,7 +88,8 @@ TEST(Gradcheck, NaNGradientsFail) {
   EXPECT_HAS(r.message, "element 0");
   // A NaN only in the analytic gradient: sqrt'(0) = inf * 0 style rules.
   Tensor z = Tensor::from_vector(std::vector<double>{0.0}, {1}, f64());
-  GradcheckResult r2 = gradcheck([](const std::vector<Tensor>& in) { return mul(sqrt(in[0]), 0.0); }, {z});
+  GradcheckResult r2 =
+      gradcheck([](const std::vector<Tensor>& in) { return mul(sqrt(in[0]), 0.0); }, {z});
   EXPECT_FALSE(r2.ok);
 }
 
@@ -97,20 +104,25 @@ TEST(Gradcheck, InputsAreRestoredAfterTheCheck) {
 
 TEST(Gradcheck, UnusedInputsHaveZeroGradient) {
   Tensor x = uni({3}, 9), unused = uni({2}, 10);
-  GradcheckResult r = gradcheck([](const std::vector<Tensor>& in) { return exp(in[0]); }, {x, unused});
+  GradcheckResult r =
+      gradcheck([](const std::vector<Tensor>& in) { return exp(in[0]); }, {x, unused});
   EXPECT_TRUE(r.ok) << r.message;
 }
 
 TEST(Gradcheck, BadCallsAreUserErrors) {
   Tensor f = Tensor::ones({2}, TensorOptions{}.with_requires_grad(true));
-  std::string msg = error_of([&] { gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {f}); });
+  std::string msg =
+      error_of([&] { gradcheck([](const std::vector<Tensor>& in) { return in[0]; }, {f}); });
   EXPECT_HAS(msg, "f64");
   EXPECT_HAS(msg, "f32[2]");
   Tensor c = uni({2}, 11, false);
-  EXPECT_HAS(error_of([&] { gradcheck([](const std::vector<Tensor>& in) { return exp(in[0]); }, {c}); }),
-             "no input requires grad");
+  EXPECT_HAS(
+      error_of([&] { gradcheck([](const std::vector<Tensor>& in) { return exp(in[0]); }, {c}); }),
+      "no input requires grad");
   Tensor x = uni({2}, 12);
-  msg = error_of([&] { gradcheck([](const std::vector<Tensor>& in) { return cast(in[0], DType::F32); }, {x}); });
+  msg = error_of([&] {
+    gradcheck([](const std::vector<Tensor>& in) { return cast(in[0], DType::F32); }, {x});
+  });
   EXPECT_HAS(msg, "output must be f64");
   // Integer inputs (indices) are allowed alongside f64 ones.
   Tensor idx = Tensor::from_vector(std::vector<int64_t>{1, 0}, {2});

@@ -52,7 +52,8 @@ TEST(Allocator, FreedLargeBlocksAreReusedForTheSameSize) {
   }
   AllocatorStats cached = cpu_allocator_stats();
   EXPECT_GE(cached.cached_bytes, kLarge);
-  Tensor again = Tensor::empty({static_cast<int64_t>(kLarge / 8)}, TensorOptions{}.with_dtype(DType::F64));
+  Tensor again =
+      Tensor::empty({static_cast<int64_t>(kLarge / 8)}, TensorOptions{}.with_dtype(DType::F64));
   EXPECT_EQ(again.raw_data(), first);
   AllocatorStats reused = cpu_allocator_stats();
   EXPECT_EQ(reused.cached_bytes, cached.cached_bytes - kLarge);
@@ -65,11 +66,13 @@ TEST(Allocator, NearbySizesShareARoundedBlock) {
   size_t allocated_with = 0;
   {
     // 1 MiB + 1000 bytes rounds up to 1.25 MiB (steps of 1/8 of the next power of two, 2 MiB).
-    Tensor t = Tensor::empty({static_cast<int64_t>(kLarge + 1000)}, TensorOptions{}.with_dtype(DType::U8));
+    Tensor t =
+        Tensor::empty({static_cast<int64_t>(kLarge + 1000)}, TensorOptions{}.with_dtype(DType::U8));
     first = t.raw_data();
     allocated_with = cpu_allocator_stats().allocated_bytes;
   }
-  Tensor u = Tensor::empty({static_cast<int64_t>(kLarge + 5000)}, TensorOptions{}.with_dtype(DType::U8));
+  Tensor u =
+      Tensor::empty({static_cast<int64_t>(kLarge + 5000)}, TensorOptions{}.with_dtype(DType::U8));
   EXPECT_EQ(u.raw_data(), first);
   EXPECT_EQ(cpu_allocator_stats().allocated_bytes, allocated_with);
 }

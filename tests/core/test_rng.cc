@@ -26,8 +26,8 @@ void bernoulli(const Tensor& t, uint64_t seed, uint64_t stream, const LogicalSli
 }
 
 // The box [offset, offset + local) of a row-major logical tensor, in row-major order.
-std::vector<double> box_of(const std::vector<double>& whole, const Shape& logical, const Shape& local,
-                           const std::vector<int64_t>& offset) {
+std::vector<double> box_of(const std::vector<double>& whole, const Shape& logical,
+                           const Shape& local, const std::vector<int64_t>& offset) {
   Strides st = contiguous_strides(logical);
   std::vector<double> out;
   int64_t n = shape_numel(local);
@@ -50,17 +50,22 @@ struct SliceCase {
 
 TEST(Philox, MatchesRandom123KnownAnswers) {
   using W = std::array<uint32_t, 4>;
-  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}), (W{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
-  EXPECT_EQ(philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
-            (W{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  EXPECT_EQ(philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
-            (W{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  EXPECT_EQ(philox4x32({0, 0, 0, 0}, {0, 0}),
+            (W{0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
+  EXPECT_EQ(
+      philox4x32({0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu}, {0xffffffffu, 0xffffffffu}),
+      (W{0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
+  EXPECT_EQ(
+      philox4x32({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, {0xa4093822u, 0x299f31d0u}),
+      (W{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
 }
 
 TEST(Philox, WordsUseIndexStreamAndSeedAsCounterAndKey) {
-  uint64_t seed = 0x0123456789abcdefull, stream = 0xfedcba9876543210ull, index = 0x1122334455667788ull;
+  uint64_t seed = 0x0123456789abcdefull, stream = 0xfedcba9876543210ull,
+           index = 0x1122334455667788ull;
   auto w = philox_words(seed, stream, index);
-  auto want = philox4x32({0x55667788u, 0x11223344u, 0x76543210u, 0xfedcba98u}, {0x89abcdefu, 0x01234567u});
+  auto want =
+      philox4x32({0x55667788u, 0x11223344u, 0x76543210u, 0xfedcba98u}, {0x89abcdefu, 0x01234567u});
   EXPECT_EQ(w, want);
   float u = philox_uniform(seed, stream, index);
   EXPECT_EQ(u, static_cast<float>(want[0] >> 8) / 16777216.0f);
@@ -68,14 +73,14 @@ TEST(Philox, WordsUseIndexStreamAndSeedAsCounterAndKey) {
 
 TEST(Rng, SliceOfTheLogicalTensorEqualsTheWholeTensorsSlice) {
   const std::vector<SliceCase> cases = {
-      {{37}, {11}, {13}},                      // 1-D interior
-      {{37}, {37}, {0}},                       // the whole, as a slice
-      {{9, 14}, {3, 14}, {6, 0}},              // a row block (Sharded(0))
-      {{9, 14}, {9, 5}, {0, 7}},               // a column block (Sharded(1))
-      {{9, 14}, {4, 6}, {2, 3}},               // a 2-D box
-      {{5, 6, 7}, {2, 3, 4}, {3, 2, 1}},       // a 3-D box
-      {{5, 6, 7}, {1, 1, 7}, {4, 5, 0}},       // the last row
-      {{5, 6, 7}, {5, 0, 7}, {0, 6, 0}},       // empty at the end of a dim
+      {{37}, {11}, {13}},                 // 1-D interior
+      {{37}, {37}, {0}},                  // the whole, as a slice
+      {{9, 14}, {3, 14}, {6, 0}},         // a row block (Sharded(0))
+      {{9, 14}, {9, 5}, {0, 7}},          // a column block (Sharded(1))
+      {{9, 14}, {4, 6}, {2, 3}},          // a 2-D box
+      {{5, 6, 7}, {2, 3, 4}, {3, 2, 1}},  // a 3-D box
+      {{5, 6, 7}, {1, 1, 7}, {4, 5, 0}},  // the last row
+      {{5, 6, 7}, {5, 0, 7}, {0, 6, 0}},  // empty at the end of a dim
   };
   for (Fill fill : {&normal, &uniform, &bernoulli}) {
     for (DType dt : {DType::F32, DType::F64, DType::BF16}) {
@@ -116,10 +121,12 @@ TEST(Rng, ValueDependsOnlyOnSeedStreamAndLogicalIndex) {
   Tensor b = Tensor::empty({20}, TensorOptions{}.with_dtype(DType::F64));
   fill_normal(b, 5, 2, 0.0, 1.0);
   EXPECT_EQ(a.to_vector(), b.to_vector());
-  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(b.item_at(i), philox_normal(5, 2, static_cast<uint64_t>(i)));
+  for (int64_t i = 0; i < 20; ++i)
+    EXPECT_EQ(b.item_at(i), philox_normal(5, 2, static_cast<uint64_t>(i)));
   Tensor u = Tensor::empty({20}, TensorOptions{}.with_dtype(DType::F64));
   fill_uniform(u, 5, 2, 0.0, 1.0);
-  for (int64_t i = 0; i < 20; ++i) EXPECT_EQ(u.item_at(i), static_cast<double>(philox_uniform(5, 2, static_cast<uint64_t>(i))));
+  for (int64_t i = 0; i < 20; ++i)
+    EXPECT_EQ(u.item_at(i), static_cast<double>(philox_uniform(5, 2, static_cast<uint64_t>(i))));
 }
 
 TEST(Rng, SameSeedAndStreamReproduceDifferentOnesDiffer) {
@@ -137,7 +144,8 @@ TEST(Rng, SameSeedAndStreamReproduceDifferentOnesDiffer) {
   EXPECT_EQ(count_equal(b, c), 0);
   // Streams that differ only in their high 32 bits and seeds that differ only in their high bits
   // are different generators too.
-  Tensor hs = randn({1000}, 1, uint64_t(1) << 32), hseed = randn({1000}, 1 + (uint64_t(1) << 32), 0);
+  Tensor hs = randn({1000}, 1, uint64_t(1) << 32),
+         hseed = randn({1000}, 1 + (uint64_t(1) << 32), 0);
   EXPECT_EQ(count_equal(a, hs), 0);
   EXPECT_EQ(count_equal(a, hseed), 0);
 }

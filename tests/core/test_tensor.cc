@@ -32,7 +32,8 @@ std::string error_of(F&& f) {
   return "";
 }
 
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
 uint32_t float_bits(float f) {
   uint32_t u;
@@ -140,7 +141,8 @@ TEST(Tensor, FactoriesFillValuesAndMetadata) {
 }
 
 TEST(Tensor, FromVectorConvertsAndChecksTheCount) {
-  Tensor t = Tensor::from_vector(std::vector<double>{1.5, -2, 3}, {3}, TensorOptions{}.with_dtype(DType::I64));
+  Tensor t = Tensor::from_vector(std::vector<double>{1.5, -2, 3}, {3},
+                                 TensorOptions{}.with_dtype(DType::I64));
   EXPECT_EQ(t.dtype(), DType::I64);
   EXPECT_EQ(t.to_vector(), (std::vector<double>{1, -2, 3}));  // truncation toward zero
   Tensor i = Tensor::from_vector(std::vector<int64_t>{4, 5}, {2});
@@ -214,14 +216,16 @@ TEST(Tensor, OnlyFloatingTensorsCanRequireGrad) {
 }
 
 TEST(Tensor, CudaStorageIsRejectedWithTheDeviceNamed) {
-  std::string msg = error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(1))); });
+  std::string msg =
+      error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(1))); });
   EXPECT_HAS(msg, "cuda:1");
 }
 
 // ---------------------------------------------------------------- views share storage
 
 TEST(Tensor, AsStridedAndDetachShareStorage) {
-  Tensor t = Tensor::from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3}, TensorOptions{}.with_dtype(DType::F64));
+  Tensor t = Tensor::from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3},
+                                 TensorOptions{}.with_dtype(DType::F64));
   Tensor row1 = t.as_strided({3}, {1}, 3);
   EXPECT_EQ(row1.to_vector(), (std::vector<double>{3, 4, 5}));
   row1.fill_(9);
@@ -291,7 +295,8 @@ TEST(Tensor, StridedCopyHandlesEveryLayoutPairAndConvertsDtype) {
   Tensor dst = dst_base.as_strided({4, 5, 3}, {3, 12, 1}, 0);  // transposed destination
   dst.copy_from(src);
   std::vector<double> got = dst.to_vector();
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], static_cast<double>(static_cast<float>(want[i])));
+  for (size_t i = 0; i < want.size(); ++i)
+    EXPECT_EQ(got[i], static_cast<double>(static_cast<float>(want[i])));
   EXPECT_HAS(error_of([&] { dst.copy_from(base); }), "[4, 5, 6]");
 }
 
@@ -306,8 +311,10 @@ TEST(Tensor, ToDtypeSameTypeIsANoOpAndOtherTypesConvert) {
   EXPECT_EQ(d.to_vector(), (std::vector<double>{-1.75, 0.5, 3.0}));
   // A non-contiguous view converts in logical order.
   Tensor m = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2});
-  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F64).to_vector(), (std::vector<double>{1, 3, 2, 4}));
-  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F32).to_vector(), (std::vector<double>{1, 3, 2, 4}));
+  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F64).to_vector(),
+            (std::vector<double>{1, 3, 2, 4}));
+  EXPECT_EQ(m.as_strided({2, 2}, {1, 2}, 0).to(DType::F32).to_vector(),
+            (std::vector<double>{1, 3, 2, 4}));
 }
 
 // ---------------------------------------------------------------- bf16
@@ -371,7 +378,8 @@ TEST(BF16, F64SourcesRoundOnceToTheNearestBf16) {
   for (double v : {above, below, tie, -above, 3.0e-39, 1.0e38, -7.123456789})
     EXPECT_EQ(convert<bf16>(v).bits, reference_bf16_bits(v)) << v;
   // from_vector straight into bf16 takes the same path.
-  Tensor h2 = Tensor::from_vector(std::vector<double>{above}, {1}, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor h2 =
+      Tensor::from_vector(std::vector<double>{above}, {1}, TensorOptions{}.with_dtype(DType::BF16));
   EXPECT_EQ(h2.item(), 1.0078125);
 }
 

@@ -7,14 +7,14 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradcheck.h"
 #include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
 #include "core/rng.h"
+#include "model_test_util.h"
 #include "models/clip.h"
 #include "models/gpt.h"
 #include "models/optim.h"
 #include "ops/functional.h"
-#include "model_test_util.h"
 
 namespace hap::nn {
 namespace {
@@ -169,6 +169,7 @@ TEST(GPT, LossIgnoresTargetsOfMinus100) {
   double partial = model.loss(idx, ids({5, -100, 7, -100}, 1, 4)).item();
   auto nll = [&](int t, int target) {
     std::vector<double> row;
+    row.reserve(11);
     for (int v = 0; v < 11; ++v) row.push_back(logits.item_at(t * 11 + v));
     double m = *std::max_element(row.begin(), row.end()), z = 0;
     for (double x : row) z += std::exp(x - m);
@@ -182,13 +183,22 @@ TEST(GPT, RejectsBadInputsWithClearMessages) {
   GPT model(gpt_tiny());
   EXPECT_HAS(error_of([&] { model.forward(token_batch(1, 9, 11, 1)); }),
              "GPT: sequence length T=9 must be in [1, block_size=8]");
-  EXPECT_HAS(error_of([&] { model.forward(ids({1, 2, 11, 3}, 2, 2)); }),
+  EXPECT_HAS(error_of([&] {
+               model.forward(ids({1, 2, 11, 3}, 2, 2));
+             }),
              "GPT: token id 11 at position [1, 0] of idx is outside [0, vocab_size=11)");
-  EXPECT_HAS(error_of([&] { model.forward(ids({1, -1}, 1, 2)); }), "token id -1 at position [0, 1]");
+  EXPECT_HAS(error_of([&] {
+               model.forward(ids({1, -1}, 1, 2));
+             }),
+             "token id -1 at position [0, 1]");
   EXPECT_HAS(error_of([&] { model.forward(Tensor::zeros({1, 2})); }), "idx must be i64 [B, T]");
-  EXPECT_HAS(error_of([&] { model.loss(ids({1, 2}, 1, 2), ids({1, 2, 3}, 1, 3)); }),
+  EXPECT_HAS(error_of([&] {
+               model.loss(ids({1, 2}, 1, 2), ids({1, 2, 3}, 1, 3));
+             }),
              "targets shape [1, 3] differs from idx shape [1, 2]");
-  EXPECT_HAS(error_of([&] { model.loss(ids({1, 2}, 1, 2), ids({1, 12}, 1, 2)); }),
+  EXPECT_HAS(error_of([&] {
+               model.loss(ids({1, 2}, 1, 2), ids({1, 12}, 1, 2));
+             }),
              "target 12 at position [0, 1] is outside [0, vocab_size=11) and is not -100");
   GPTConfig bad = gpt_tiny();
   bad.n_head = 3;
@@ -260,9 +270,9 @@ TEST(GPT, GradientsMatchFiniteDifferencesInF64) {
   Tensor idx = ids({0, 3, 6, 2, 5, 1, 1, 4}, 2, 4);
   Tensor targets = ids({3, 6, 2, 5, 1, -100, 4, 0}, 2, 4);
   std::vector<Tensor> checked;
-  for (const char* name : {"wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.attn.qkv.weight",
-                           "blocks.0.attn.proj.bias", "blocks.0.mlp.fc.bias", "blocks.0.mlp.proj.weight",
-                           "ln_f.bias"})
+  for (const char* name :
+       {"wte.weight", "wpe.weight", "blocks.0.ln1.weight", "blocks.0.attn.qkv.weight",
+        "blocks.0.attn.proj.bias", "blocks.0.mlp.fc.bias", "blocks.0.mlp.proj.weight", "ln_f.bias"})
     checked.push_back(model.parameter(name));
   auto f = [&](const std::vector<Tensor>&) { return model.loss(idx, targets); };
   autograd::GradcheckOptions opt;

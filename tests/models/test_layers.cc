@@ -7,9 +7,9 @@
 
 #include "autograd/grad_mode.h"
 #include "core/rng.h"
+#include "model_test_util.h"
 #include "models/layers.h"
 #include "ops/functional.h"
-#include "model_test_util.h"
 
 namespace hap::nn {
 namespace {
@@ -29,7 +29,8 @@ TEST(Linear, ComputesXWTransposePlusBias) {
 
 TEST(Embedding, PicksRows) {
   Embedding emb(EmbeddingOptions(4, 2));
-  emb.weight.copy_from(Tensor::from_vector(std::vector<double>{0, 1, 10, 11, 20, 21, 30, 31}, {4, 2}));
+  emb.weight.copy_from(
+      Tensor::from_vector(std::vector<double>{0, 1, 10, 11, 20, 21, 30, 31}, {4, 2}));
   Tensor ids = Tensor::from_vector(std::vector<int64_t>{3, 0, 2}, {1, 3});
   Tensor y = emb.forward(ids);
   EXPECT_EQ(y.shape(), (Shape{1, 3, 2}));
@@ -109,7 +110,7 @@ TEST(Dropout, InAModelMasksFollowTheSeedStepAndModuleIndex) {
   m.set_random_seed(1234);
   Tensor x = ones_input();
   Tensor y1 = m.d1->forward(x), y2 = m.d2->forward(x);
-  EXPECT_FALSE(same_values(y1, y2));  // per layer
+  EXPECT_FALSE(same_values(y1, y2));               // per layer
   EXPECT_TRUE(same_values(y1, m.d1->forward(x)));  // same step: same mask
   EXPECT_TRUE(same_values(y2, dropout(x, 0.5, true, 1234, 2)));
   m.advance_random_step();
@@ -146,7 +147,9 @@ TEST(CausalSelfAttention, OutputsDoNotDependOnLaterPositions) {
         }
       }
   EXPECT_TRUE(last_changed);
-  EXPECT_HAS(error_of([&] { attn.forward(randn({2, 5, 6}, 1)); }),
+  EXPECT_HAS(error_of([&] {
+               attn.forward(randn({2, 5, 6}, 1));
+             }),
              "expected x of shape [B, T, 8], got [2, 5, 6]");
 }
 

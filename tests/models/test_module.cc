@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "model_test_util.h"
 #include "models/layers.h"
 #include "models/module.h"
-#include "model_test_util.h"
 
 namespace hap::nn {
 namespace {
@@ -75,9 +75,13 @@ TEST(Module, RejectsEmptyAndDuplicateNames) {
 TEST(Module, RejectsUndefinedIntegerGradAndCyclicRegistrations) {
   Module m("Custom");
   EXPECT_HAS(error_of([&] { m.register_parameter("u", Tensor()); }), "undefined tensor");
-  EXPECT_HAS(error_of([&] { m.register_parameter("ids", Tensor::arange(4, TensorOptions{}.with_dtype(DType::I64))); }),
+  EXPECT_HAS(error_of([&] {
+               m.register_parameter("ids",
+                                    Tensor::arange(4, TensorOptions{}.with_dtype(DType::I64)));
+             }),
              "only floating-point parameters can require grad");
-  Tensor ids = m.register_parameter("ids", Tensor::arange(4, TensorOptions{}.with_dtype(DType::I64)), /*requires_grad=*/false);
+  Tensor ids = m.register_parameter(
+      "ids", Tensor::arange(4, TensorOptions{}.with_dtype(DType::I64)), /*requires_grad=*/false);
   EXPECT_FALSE(ids.requires_grad());
   EXPECT_HAS(error_of([&] { m.register_module("null", std::shared_ptr<Module>()); }), "is null");
   auto child = std::make_shared<Module>("Child");
@@ -98,14 +102,17 @@ TEST(Module, RegisterParameterSetsRequiresGradAndReturnsTheSameTensor) {
 
 TEST(Module, NamedParametersAreDottedOwnFirstThenChildrenInRegistrationOrder) {
   Pair a_first(true), b_first(false);
-  EXPECT_EQ(names_of(a_first), (std::vector<std::string>{"scale", "a.weight", "a.bias", "b.weight"}));
-  EXPECT_EQ(names_of(b_first), (std::vector<std::string>{"scale", "b.weight", "a.weight", "a.bias"}));
+  EXPECT_EQ(names_of(a_first),
+            (std::vector<std::string>{"scale", "a.weight", "a.bias", "b.weight"}));
+  EXPECT_EQ(names_of(b_first),
+            (std::vector<std::string>{"scale", "b.weight", "a.weight", "a.bias"}));
   EXPECT_EQ(a_first.parameters().size(), 4u);
   EXPECT_EQ(a_first.named_parameters(/*recurse=*/false).size(), 1u);
   EXPECT_EQ(a_first.num_parameters(), 3 + 12 + 4 + 8);
   EXPECT_TRUE(a_first.parameter("a.weight").same(a_first.a->weight));
-  EXPECT_HAS(error_of([&] { a_first.parameter("c.weight"); }),
-             "Pair has no parameter named 'c.weight' (it has 4: scale, a.weight, a.bias, b.weight)");
+  EXPECT_HAS(
+      error_of([&] { a_first.parameter("c.weight"); }),
+      "Pair has no parameter named 'c.weight' (it has 4: scale, a.weight, a.bias, b.weight)");
 }
 
 TEST(Module, TiedParametersAndSharedSubmodulesAreListedOnceUnderTheirFirstName) {
@@ -116,21 +123,20 @@ TEST(Module, TiedParametersAndSharedSubmodulesAreListedOnceUnderTheirFirstName) 
   auto shared = std::make_shared<Linear>(LinearOptions(3, 3));
   root.register_module("first", shared);
   root.register_module("second", shared);
-  EXPECT_EQ(names_of(root),
-            (std::vector<std::string>{"emb.weight", "first.weight", "first.bias"}));
+  EXPECT_EQ(names_of(root), (std::vector<std::string>{"emb.weight", "first.weight", "first.bias"}));
   std::vector<std::string> modules;
   for (const auto& [n, m] : root.named_modules()) modules.push_back(n + ":" + m->type_name());
-  EXPECT_EQ(modules, (std::vector<std::string>{":Root", "emb:Embedding", "head:Head",
-                                               "first:Linear"}));
+  EXPECT_EQ(modules,
+            (std::vector<std::string>{":Root", "emb:Embedding", "head:Head", "first:Linear"}));
 }
 
 TEST(Module, NamedModulesIsPreOrderWithFullNames) {
   TransformerBlock block(TransformerBlockOptions(8, 2));
   std::vector<std::string> names;
   for (const auto& [n, _] : block.named_modules()) names.push_back(n);
-  EXPECT_EQ(names, (std::vector<std::string>{"", "ln1", "attn", "attn.qkv", "attn.proj",
-                                             "attn.resid_drop", "ln2", "mlp", "mlp.fc",
-                                             "mlp.proj", "mlp.drop"}));
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"", "ln1", "attn", "attn.qkv", "attn.proj", "attn.resid_drop",
+                                      "ln2", "mlp", "mlp.fc", "mlp.proj", "mlp.drop"}));
   EXPECT_EQ(block.named_children().size(), 4u);
 }
 
@@ -293,7 +299,8 @@ TEST(Module, OptionsChainAndValidate) {
   EXPECT_EQ(o.in_features(), 3);
   EXPECT_FALSE(o.bias());
   EXPECT_DOUBLE_EQ(LayerNormOptions(8).eps(1e-6).eps(), 1e-6);
-  EXPECT_HAS(error_of([] { Linear(LinearOptions(0, 4)); }), "in_features and out_features must be >= 1");
+  EXPECT_HAS(error_of([] { Linear(LinearOptions(0, 4)); }),
+             "in_features and out_features must be >= 1");
   EXPECT_HAS(error_of([] { Dropout(DropoutOptions(1.0)); }), "p must be in [0, 1), got 1");
   EXPECT_HAS(error_of([] { CausalSelfAttention(CausalSelfAttentionOptions(10, 3)); }),
              "dim (10) must be divisible by n_head (3)");

@@ -6,11 +6,11 @@
 #include <numbers>
 #include <vector>
 
+#include "model_test_util.h"
 #include "models/clip.h"
 #include "models/layers.h"
 #include "models/lr_schedule.h"
 #include "models/optim.h"
-#include "model_test_util.h"
 
 namespace hap::optim {
 namespace {
@@ -122,7 +122,9 @@ TEST(AdamW, SkipsParametersWithoutGradientAndHonoursSetLr) {
 TEST(AdamW, RejectsBadOptionsAndDuplicateParameters) {
   Tensor a = param({1.0}, {1});
   EXPECT_HAS(error_of([&] { AdamW({a, a}, {}); }), "appears more than once");
-  EXPECT_HAS(error_of([&] { AdamW({a}, {.lr = 1e-3, .betas = {1.0, 0.9}}); }),
+  EXPECT_HAS(error_of([&] {
+               AdamW({a}, {.lr = 1e-3, .betas = {1.0, 0.9}});
+             }),
              "betas must be in [0, 1), got (1, 0.9)");
   EXPECT_HAS(error_of([&] { AdamW({a}, {.lr = -1}); }), "learning rate of group 0 must be >= 0");
   Tensor bf = Tensor::zeros({2}, TensorOptions{}.with_dtype(DType::BF16));
@@ -162,7 +164,8 @@ TEST(SGD, ThreeStepsWithMomentumNesterovAndWeightDecay) {
     }
     expect_near(p, sgd_reference(0.1, c.momentum, c.wd, c.nesterov, 3), 1e-14);
   }
-  // By hand, element 0, momentum 0.9, no decay: bufs 0.5, 0.7, -0.12; p = 1 - 0.1 (0.5 + 0.7 - 0.12).
+  // By hand, element 0, momentum 0.9, no decay: bufs 0.5, 0.7, -0.12; p = 1 - 0.1 (0.5 + 0.7 -
+  // 0.12).
   Tensor p = param(kInit, {4});
   SGD opt({p}, {.lr = 0.1, .momentum = 0.9});
   for (int s = 0; s < 3; ++s) {
@@ -205,14 +208,14 @@ TEST(ClipGradNorm, SharedGradientStorageIsScaledOnce) {
 
 TEST(LrSchedule, WarmupPeakAndCosineEnd) {
   WarmupCosineSchedule s{.lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
-  EXPECT_DOUBLE_EQ(s.at(0), 0.1);    // (0 + 1) / 10
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);  // (0 + 1) / 10
   EXPECT_DOUBLE_EQ(s.at(4), 0.5);
   EXPECT_DOUBLE_EQ(s.at(9), 1.0);    // the end of warmup reaches the peak
   EXPECT_DOUBLE_EQ(s.at(10), 1.0);   // ratio 0: the peak
   EXPECT_DOUBLE_EQ(s.at(60), 0.55);  // ratio 1/2: halfway between peak and floor
   EXPECT_NEAR(s.at(35), 0.1 + 0.5 * (1 + std::cos(std::numbers::pi * 0.25)) * 0.9, 1e-15);
-  EXPECT_DOUBLE_EQ(s.at(110), 0.1);  // ratio 1: the floor
-  EXPECT_DOUBLE_EQ(s.at(500), 0.1);  // stays there
+  EXPECT_DOUBLE_EQ(s.at(110), 0.1);                                 // ratio 1: the floor
+  EXPECT_DOUBLE_EQ(s.at(500), 0.1);                                 // stays there
   EXPECT_DOUBLE_EQ(warmup_cosine_lr(0, 3e-4, 3e-5, 0, 100), 3e-4);  // no warmup
   EXPECT_DOUBLE_EQ(warmup_cosine_lr(7, 1.0, 1.0, 2, 5), 1.0);
   EXPECT_HAS(error_of([] { warmup_cosine_lr(-1, 1, 0, 0, 10); }), "step must be >= 0, got -1");

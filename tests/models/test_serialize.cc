@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "model_test_util.h"
 #include "models/gpt.h"
 #include "models/optim.h"
 #include "models/serialize.h"
-#include "model_test_util.h"
 
 namespace hap {
 namespace {
@@ -80,11 +80,12 @@ TEST_F(SerializeTest, WritesTheDocumentedByteLayout) {
   Tensor t = Tensor::from_vector(std::vector<float>{1.0f, -2.0f}, {1, 2});
   save_tensors(path("one.hapt"), {{"w", t}});
   std::vector<char> b = read_bytes(path("one.hapt"));
-  std::vector<char> expected = {'H', 'A', 'P', 'T', 1, 0, 0, 0, 1, 0, 0, 0,  // magic, version, count
-                                1,   0,   0,   0,   'w',                      // name
-                                0,                                            // f32
-                                2,   0,   0,   0,                             // ndim
-                                1,   0,   0,   0,   0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0};
+  std::vector<char> expected = {
+      'H', 'A', 'P', 'T', 1,   0, 0, 0, 1, 0, 0, 0,  // magic, version, count
+      1,   0,   0,   0,   'w',                       // name
+      0,                                             // f32
+      2,   0,   0,   0,                              // ndim
+      1,   0,   0,   0,   0,   0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0};
   float data[2] = {1.0f, -2.0f};
   expected.insert(expected.end(), reinterpret_cast<char*>(data), reinterpret_cast<char*>(data) + 8);
   EXPECT_EQ(b, expected);
@@ -139,10 +140,14 @@ TEST_F(SerializeTest, RejectsUnknownDtypesDuplicatesAndHugeDims) {
   EXPECT_HAS(error_of([&] { load_tensors(path("huge.hapt")); }),
              "is truncated while reading the data of 'x'");
   Tensor t = Tensor::zeros({1});
-  EXPECT_HAS(error_of([&] { save_tensors(path("dup.hapt"), {{"a", t}, {"a", t}}); }),
+  EXPECT_HAS(error_of([&] {
+               save_tensors(path("dup.hapt"), {{"a", t}, {"a", t}});
+             }),
              "tensor name 'a' appears twice");
   EXPECT_HAS(error_of([&] { save_tensors(path("noname.hapt"), {{"", t}}); }), "non-empty");
-  EXPECT_HAS(error_of([&] { save_tensors(path("meta.hapt"), {{"m", Tensor::meta({2}, DType::F32)}}); }),
+  EXPECT_HAS(error_of([&] {
+               save_tensors(path("meta.hapt"), {{"m", Tensor::meta({2}, DType::F32)}});
+             }),
              "has no storage");
   EXPECT_FALSE(fs::exists(path("dup.hapt")));
 }
@@ -159,7 +164,9 @@ TEST_F(SerializeTest, SavesAtomicallyAndLeavesNoTemporaryFiles) {
     EXPECT_EQ(entry.path().filename(), "ckpt.hapt");
   }
   EXPECT_EQ(files, 1);
-  EXPECT_HAS(error_of([&] { save_tensors(path("no/such/dir/x.hapt"), {{"a", Tensor::ones({1})}}); }),
+  EXPECT_HAS(error_of([&] {
+               save_tensors(path("no/such/dir/x.hapt"), {{"a", Tensor::ones({1})}});
+             }),
              "save_tensors: cannot create");
 }
 
@@ -179,9 +186,9 @@ struct TrainingRun {
   std::shared_ptr<nn::GPT> model;
   std::unique_ptr<optim::AdamW> opt;
   explicit TrainingRun(uint64_t seed) : model(std::make_shared<nn::GPT>(tiny(seed))) {
-    opt = std::make_unique<optim::AdamW>(optim::weight_decay_groups(model->named_parameters(), 0.1),
-                                         optim::AdamWOptions{.lr = 1e-2, .betas = {0.9, 0.95},
-                                                             .eps = 1e-8, .weight_decay = 0.1});
+    opt = std::make_unique<optim::AdamW>(
+        optim::weight_decay_groups(model->named_parameters(), 0.1),
+        optim::AdamWOptions{.lr = 1e-2, .betas = {0.9, 0.95}, .eps = 1e-8, .weight_decay = 0.1});
   }
   void train_step() {
     Tensor idx = Tensor::from_vector(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}, {2, 4});

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "autograd/gradcheck.h"
 #include "autograd/grad_mode.h"
+#include "autograd/gradcheck.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/dispatch.h"
@@ -33,21 +33,24 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
 TensorOptions opts(DType dt, bool rg = false) {
   return TensorOptions{}.with_dtype(dt).with_requires_grad(rg);
 }
 
 // Uniform in [lo, hi).
-Tensor uni(const Shape& s, uint64_t seed, double lo, double hi, DType dt = DType::F64, bool rg = false) {
+Tensor uni(const Shape& s, uint64_t seed, double lo, double hi, DType dt = DType::F64,
+           bool rg = false) {
   Tensor t = Tensor::empty(s, opts(dt));
   fill_uniform(t, seed, 0, lo, hi);
   if (rg) t.set_requires_grad(true);
   return t;
 }
 // Values in [-hi, -lo] U [lo, hi]: kinks of relu and friends stay far from finite differences.
-Tensor away_from_zero(const Shape& s, uint64_t seed, double lo = 0.1, double hi = 2.0, bool rg = false) {
+Tensor away_from_zero(const Shape& s, uint64_t seed, double lo = 0.1, double hi = 2.0,
+                      bool rg = false) {
   std::vector<double> v = uni(s, seed, -1.0, 1.0).to_vector();
   for (double& x : v) x = (x < 0 ? -1 : 1) * (lo + (hi - lo) * std::fabs(x));
   return Tensor::from_vector(v, s, opts(DType::F64, rg));
@@ -116,14 +119,13 @@ struct BinaryCase {
   Shape a, b;
 };
 const std::vector<BinaryCase> kBinaryCases = {
-    {{7, 13}, {7, 13}},       // same shape, odd sizes
-    {{5, 1, 7}, {3, 1}},      // both sides broadcast, different ranks
-    {{}, {4, 3}},             // 0-d scalar tensor
-    {{6, 5}, {1}},            // one-element tensor
-    {{2, 3, 4}, {4}},         // row vector
-    {{3, 1}, {1, 5}},         // outer product shape
-    {{1, 1, 9}, {2, 3, 9}},
-    {{0, 3}, {3}},            // empty
+    {{7, 13}, {7, 13}},                     // same shape, odd sizes
+    {{5, 1, 7}, {3, 1}},                    // both sides broadcast, different ranks
+    {{}, {4, 3}},                           // 0-d scalar tensor
+    {{6, 5}, {1}},                          // one-element tensor
+    {{2, 3, 4}, {4}},                       // row vector
+    {{3, 1}, {1, 5}},                       // outer product shape
+    {{1, 1, 9}, {2, 3, 9}}, {{0, 3}, {3}},  // empty
 };
 
 struct BinaryOp {
@@ -132,10 +134,14 @@ struct BinaryOp {
   double (*ref)(double, double);
 };
 const BinaryOp kBinaryOps[] = {
-    {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); }, [](double x, double y) { return x + y; }},
-    {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); }, [](double x, double y) { return x - y; }},
-    {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); }, [](double x, double y) { return x * y; }},
-    {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); }, [](double x, double y) { return x / y; }},
+    {"add", [](const Tensor& a, const Tensor& b) { return add(a, b); },
+     [](double x, double y) { return x + y; }},
+    {"sub", [](const Tensor& a, const Tensor& b) { return sub(a, b); },
+     [](double x, double y) { return x - y; }},
+    {"mul", [](const Tensor& a, const Tensor& b) { return mul(a, b); },
+     [](double x, double y) { return x * y; }},
+    {"div", [](const Tensor& a, const Tensor& b) { return div(a, b); },
+     [](double x, double y) { return x / y; }},
 };
 
 TEST(ElementwiseForward, BinaryOpsBroadcastLikeNumpy) {
@@ -151,7 +157,8 @@ TEST(ElementwiseForward, BinaryOpsBroadcastLikeNumpy) {
         EXPECT_EQ(y.dtype(), dt) << op.name;
         // bf16: the reference is computed from the bf16 inputs, the result rounded once.
         expect_close(y.to_vector(), ref_binary(a, b, out, op.ref), rtol_for(dt), atol_for(dt),
-                     std::string(op.name) + " " + shape_str(c.a) + " " + shape_str(c.b) + " " + dtype_name(dt));
+                     std::string(op.name) + " " + shape_str(c.a) + " " + shape_str(c.b) + " " +
+                         dtype_name(dt));
         // Swapped operands broadcast the same way.
         Tensor z = op.op(b, a);
         expect_close(z.to_vector(), ref_binary(b, a, out, op.ref), rtol_for(dt), atol_for(dt),
@@ -165,22 +172,22 @@ TEST(ElementwiseForward, BinaryOpsReadStridedAndExpandedInputs) {
   for (const BinaryOp& op : kBinaryOps) {
     for (DType dt : {DType::F64, DType::F32}) {
       Tensor base = uni({9, 7}, 3, 0.5, 2, dt);
-      Tensor at = transpose(base, 0, 1);                         // [7, 9], strides [1, 7]
+      Tensor at = transpose(base, 0, 1);  // [7, 9], strides [1, 7]
       Tensor b = uni({7, 9}, 4, 0.5, 2, dt);
-      expect_close(op.op(at, b).to_vector(), ref_binary(at, b, {7, 9}, op.ref), rtol_for(dt), atol_for(dt),
-                   std::string(op.name) + " transposed lhs");
-      expect_close(op.op(b, at).to_vector(), ref_binary(b, at, {7, 9}, op.ref), rtol_for(dt), atol_for(dt),
-                   std::string(op.name) + " transposed rhs");
-      Tensor sl = slice(base, 1, 2, 5);                          // [9, 3], row stride 7
+      expect_close(op.op(at, b).to_vector(), ref_binary(at, b, {7, 9}, op.ref), rtol_for(dt),
+                   atol_for(dt), std::string(op.name) + " transposed lhs");
+      expect_close(op.op(b, at).to_vector(), ref_binary(b, at, {7, 9}, op.ref), rtol_for(dt),
+                   atol_for(dt), std::string(op.name) + " transposed rhs");
+      Tensor sl = slice(base, 1, 2, 5);  // [9, 3], row stride 7
       Tensor row = uni({3}, 5, 0.5, 2, dt);
-      expect_close(op.op(sl, row).to_vector(), ref_binary(sl, row, {9, 3}, op.ref), rtol_for(dt), atol_for(dt),
-                   std::string(op.name) + " sliced with broadcast row");
-      Tensor ex = expand(uni({1, 9}, 6, 0.5, 2, dt), {7, 9});    // stride 0 rows
-      expect_close(op.op(ex, at).to_vector(), ref_binary(ex, at, {7, 9}, op.ref), rtol_for(dt), atol_for(dt),
-                   std::string(op.name) + " expanded lhs");
+      expect_close(op.op(sl, row).to_vector(), ref_binary(sl, row, {9, 3}, op.ref), rtol_for(dt),
+                   atol_for(dt), std::string(op.name) + " sliced with broadcast row");
+      Tensor ex = expand(uni({1, 9}, 6, 0.5, 2, dt), {7, 9});  // stride 0 rows
+      expect_close(op.op(ex, at).to_vector(), ref_binary(ex, at, {7, 9}, op.ref), rtol_for(dt),
+                   atol_for(dt), std::string(op.name) + " expanded lhs");
       Tensor col = transpose(uni({1, 7}, 7, 0.5, 2, dt), 0, 1);  // [7, 1] column, broadcast along 1
-      expect_close(op.op(at, col).to_vector(), ref_binary(at, col, {7, 9}, op.ref), rtol_for(dt), atol_for(dt),
-                   std::string(op.name) + " column broadcast");
+      expect_close(op.op(at, col).to_vector(), ref_binary(at, col, {7, 9}, op.ref), rtol_for(dt),
+                   atol_for(dt), std::string(op.name) + " column broadcast");
     }
   }
 }
@@ -188,17 +195,22 @@ TEST(ElementwiseForward, BinaryOpsReadStridedAndExpandedInputs) {
 TEST(ElementwiseForward, LargeInputsTakeTheParallelPathsCorrectly) {
   Tensor a = uni({301, 257}, 8, -1, 1, DType::F32);
   Tensor b = uni({257}, 9, -1, 1, DType::F32);
-  expect_close(mul(a, b).to_vector(), ref_binary(a, b, {301, 257}, [](double x, double y) { return x * y; }),
-               1e-6, 1e-7, "large broadcast mul");
+  expect_close(mul(a, b).to_vector(),
+               ref_binary(a, b, {301, 257}, [](double x, double y) { return x * y; }), 1e-6, 1e-7,
+               "large broadcast mul");
   Tensor at = transpose(uni({257, 301}, 10, -1, 1, DType::F32), 0, 1);
-  expect_close(add(at, a).to_vector(), ref_binary(at, a, {301, 257}, [](double x, double y) { return x + y; }),
-               1e-6, 1e-7, "large strided add");
-  expect_close(exp(at).to_vector(), ref_unary(at, [](double x) { return std::exp(x); }), 4e-7, 0, "large exp");
+  expect_close(add(at, a).to_vector(),
+               ref_binary(at, a, {301, 257}, [](double x, double y) { return x + y; }), 1e-6, 1e-7,
+               "large strided add");
+  expect_close(exp(at).to_vector(), ref_unary(at, [](double x) { return std::exp(x); }), 4e-7, 0,
+               "large exp");
 }
 
 TEST(ElementwiseForward, OperatorOverloadsMatchTheirFunctions) {
   Tensor a = uni({3, 5}, 11, 0.5, 2), b = uni({5}, 12, 0.5, 2);
-  auto same = [](const Tensor& x, const std::vector<double>& want) { expect_close(x.to_vector(), want, 1e-15, 1e-15, "operator"); };
+  auto same = [](const Tensor& x, const std::vector<double>& want) {
+    expect_close(x.to_vector(), want, 1e-15, 1e-15, "operator");
+  };
   same(a + b, add(a, b).to_vector());
   same(a - b, sub(a, b).to_vector());
   same(a * b, mul(a, b).to_vector());
@@ -251,21 +263,34 @@ struct UnaryOp {
 std::vector<UnaryOp> unary_ops() {
   return {
       {"neg", [](const Tensor& x) { return neg(x); }, [](double x) { return -x; }, -3, 3},
-      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -10, 10},
-      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 1e-3, 50},
-      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0, 50},
-      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); }, 1e-3, 50},
-      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -5, 5},
-      {"sigmoid", [](const Tensor& x) { return sigmoid(x); }, [](double x) { return 1 / (1 + std::exp(-x)); }, -12, 12},
-      {"relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0.0; }, -3, 3},
-      {"gelu_tanh", [](const Tensor& x) { return gelu(x, GeluApprox::Tanh); }, gelu_tanh_ref, -6, 6},
+      {"exp", [](const Tensor& x) { return exp(x); }, [](double x) { return std::exp(x); }, -10,
+       10},
+      {"log", [](const Tensor& x) { return log(x); }, [](double x) { return std::log(x); }, 1e-3,
+       50},
+      {"sqrt", [](const Tensor& x) { return sqrt(x); }, [](double x) { return std::sqrt(x); }, 0,
+       50},
+      {"rsqrt", [](const Tensor& x) { return rsqrt(x); }, [](double x) { return 1 / std::sqrt(x); },
+       1e-3, 50},
+      {"tanh", [](const Tensor& x) { return tanh(x); }, [](double x) { return std::tanh(x); }, -5,
+       5},
+      {"sigmoid", [](const Tensor& x) { return sigmoid(x); },
+       [](double x) { return 1 / (1 + std::exp(-x)); }, -12, 12},
+      {"relu", [](const Tensor& x) { return relu(x); }, [](double x) { return x > 0 ? x : 0.0; },
+       -3, 3},
+      {"gelu_tanh", [](const Tensor& x) { return gelu(x, GeluApprox::Tanh); }, gelu_tanh_ref, -6,
+       6},
       {"gelu_erf", [](const Tensor& x) { return gelu(x, GeluApprox::None); }, gelu_erf_ref, -6, 6},
-      {"add_scalar", [](const Tensor& x) { return add(x, -1.25); }, [](double x) { return x - 1.25; }, -3, 3},
-      {"mul_scalar", [](const Tensor& x) { return mul(x, 0.3); }, [](double x) { return 0.3 * x; }, -3, 3},
+      {"add_scalar", [](const Tensor& x) { return add(x, -1.25); },
+       [](double x) { return x - 1.25; }, -3, 3},
+      {"mul_scalar", [](const Tensor& x) { return mul(x, 0.3); }, [](double x) { return 0.3 * x; },
+       -3, 3},
       {"pow2", [](const Tensor& x) { return pow(x, 2.0); }, [](double x) { return x * x; }, -3, 3},
-      {"pow3", [](const Tensor& x) { return pow(x, 3.0); }, [](double x) { return x * x * x; }, -3, 3},
-      {"pow0.5", [](const Tensor& x) { return pow(x, 0.5); }, [](double x) { return std::sqrt(x); }, 0, 9},
-      {"pow-1.5", [](const Tensor& x) { return pow(x, -1.5); }, [](double x) { return std::pow(x, -1.5); }, 0.1, 9},
+      {"pow3", [](const Tensor& x) { return pow(x, 3.0); }, [](double x) { return x * x * x; }, -3,
+       3},
+      {"pow0.5", [](const Tensor& x) { return pow(x, 0.5); }, [](double x) { return std::sqrt(x); },
+       0, 9},
+      {"pow-1.5", [](const Tensor& x) { return pow(x, -1.5); },
+       [](double x) { return std::pow(x, -1.5); }, 0.1, 9},
   };
 }
 
@@ -277,10 +302,12 @@ TEST(ElementwiseForward, UnaryAndScalarOpsMatchLibm) {
       double rtol = dt == DType::F64 ? 1e-13 : 4e-6, atol = dt == DType::F64 ? 1e-15 : 1e-6;
       Tensor y = op.op(x);
       EXPECT_EQ(y.dtype(), dt);
-      expect_close(y.to_vector(), ref_unary(x, op.ref), rtol, atol, std::string(op.name) + " " + dtype_name(dt));
+      expect_close(y.to_vector(), ref_unary(x, op.ref), rtol, atol,
+                   std::string(op.name) + " " + dtype_name(dt));
       // Non-contiguous input: a transposed view.
       Tensor xt = transpose(uni({17, 11}, 22, op.lo, op.hi, dt), 0, 1);
-      expect_close(op.op(xt).to_vector(), ref_unary(xt, op.ref), rtol, atol, std::string(op.name) + " transposed");
+      expect_close(op.op(xt).to_vector(), ref_unary(xt, op.ref), rtol, atol,
+                   std::string(op.name) + " transposed");
       // 0-d and empty inputs keep their shape.
       EXPECT_EQ(op.op(uni({}, 23, op.lo, op.hi, dt)).shape(), Shape{});
       EXPECT_EQ(op.op(Tensor::zeros({0, 4}, opts(dt))).shape(), (Shape{0, 4}));
@@ -290,13 +317,15 @@ TEST(ElementwiseForward, UnaryAndScalarOpsMatchLibm) {
 
 TEST(ElementwiseForward, SpecialValuesFollowIeee) {
   double inf = std::numeric_limits<double>::infinity();
-  Tensor x = Tensor::from_vector(std::vector<double>{-inf, -800, 0, 800, inf}, {5}, opts(DType::F64));
+  Tensor x =
+      Tensor::from_vector(std::vector<double>{-inf, -800, 0, 800, inf}, {5}, opts(DType::F64));
   EXPECT_EQ(exp(x).to_vector(), (std::vector<double>{0, 0, 1, inf, inf}));
   expect_close(sigmoid(x).to_vector(), {0, 0, 0.5, 1, 1}, 0, 0, "sigmoid saturates");
   expect_close(tanh(x).to_vector(), {-1, -1, 0, 1, 1}, 0, 0, "tanh saturates");
   EXPECT_EQ(relu(x).to_vector(), (std::vector<double>{0, 0, 0, 800, inf}));
   Tensor f = Tensor::from_vector(std::vector<double>{-100, -20, 0, 20, 100}, {5});
-  expect_close(sigmoid(f).to_vector(), ref_unary(f, [](double v) { return 1 / (1 + std::exp(-v)); }), 1e-6, 1e-30,
+  expect_close(sigmoid(f).to_vector(),
+               ref_unary(f, [](double v) { return 1 / (1 + std::exp(-v)); }), 1e-6, 1e-30,
                "f32 sigmoid tails");
   expect_close(gelu(f).to_vector(), {0, 0, 0, 20, 100}, 1e-6, 1e-6, "f32 gelu tails");
   EXPECT_TRUE(std::isnan(log(Tensor::scalar(-1.0)).item()));
@@ -352,7 +381,8 @@ TEST(ElementwiseForward, CastConvertsAndIsANoOpForTheSameDtype) {
   Tensor f = cast(x, DType::F32);
   EXPECT_EQ(f.dtype(), DType::F32);
   std::vector<double> vx = x.to_vector(), vf = f.to_vector();
-  for (size_t i = 0; i < vx.size(); ++i) EXPECT_EQ(vf[i], static_cast<double>(static_cast<float>(vx[i])));
+  for (size_t i = 0; i < vx.size(); ++i)
+    EXPECT_EQ(vf[i], static_cast<double>(static_cast<float>(vx[i])));
   Tensor h = cast(transpose(x, 0, 1), DType::BF16);
   EXPECT_EQ(h.to_vector(), transpose(x, 0, 1).to(DType::BF16).to_vector());
   Tensor i = cast(x, DType::I64);
@@ -395,7 +425,8 @@ TEST(Dropout, AShardDropsExactlyItsSliceOfTheSingleDeviceMask) {
   std::vector<double> whole = dropout(x, 0.4, true, 99, 2).to_vector();
   // Rank holding columns [3, 10) of the logical [6, 10] tensor, from a strided view of x.
   Tensor shard = slice(x, 1, 3, 10);
-  std::vector<double> local = dropout(shard, 0.4, true, 99, 2, LogicalSlice{{6, 10}, {0, 3}}).to_vector();
+  std::vector<double> local =
+      dropout(shard, 0.4, true, 99, 2, LogicalSlice{{6, 10}, {0, 3}}).to_vector();
   for (int64_t r = 0; r < 6; ++r)
     for (int64_t c = 0; c < 7; ++c) EXPECT_EQ(local[r * 7 + c], whole[r * 10 + c + 3]);
 }
@@ -429,7 +460,8 @@ TEST(ElementwiseGrad, BinaryOpsWithBroadcasting) {
   struct Shapes {
     Shape a, b;
   };
-  for (const Shapes& s : std::vector<Shapes>{{{3, 4}, {3, 4}}, {{3, 1, 4}, {2, 4}}, {{}, {2, 3}}, {{2, 3}, {1}}, {{5, 1}, {1, 3}}}) {
+  for (const Shapes& s : std::vector<Shapes>{
+           {{3, 4}, {3, 4}}, {{3, 1, 4}, {2, 4}}, {{}, {2, 3}}, {{2, 3}, {1}}, {{5, 1}, {1, 3}}}) {
     for (const BinaryOp& op : kBinaryOps) {
       Tensor a = uni(s.a, 81, -2, 2, DType::F64, true);
       Tensor b = uni(s.b, 82, 0.5, 2, DType::F64, true);
@@ -443,7 +475,8 @@ TEST(ElementwiseGrad, OnlyTheInputsThatRequireGrad) {
   Tensor a = uni({3, 4}, 83, -2, 2, DType::F64, true);
   Tensor b = uni({4}, 84, 0.5, 2, DType::F64, false);
   for (const BinaryOp& op : kBinaryOps) {
-    expect_gradcheck([&](const std::vector<Tensor>& in) { return op.op(in[0], in[1]); }, {a, b}, op.name);
+    expect_gradcheck([&](const std::vector<Tensor>& in) { return op.op(in[0], in[1]); }, {a, b},
+                     op.name);
     expect_gradcheck([&](const std::vector<Tensor>& in) { return op.op(in[1], in[0]); }, {a, b},
                      std::string(op.name) + " swapped");
   }
@@ -460,8 +493,8 @@ TEST(ElementwiseGrad, UnaryAndScalarOps) {
     // Through a non-contiguous view of the input.
     Tensor x2 = op.name == std::string("relu") ? away_from_zero({5, 3}, 92, 0.1, 2.0, true)
                                                : uni({5, 3}, 92, lo, hi, DType::F64, true);
-    expect_gradcheck([&](const std::vector<Tensor>& in) { return op.op(transpose(in[0], 0, 1)); }, {x2},
-                     std::string(op.name) + " transposed");
+    expect_gradcheck([&](const std::vector<Tensor>& in) { return op.op(transpose(in[0], 0, 1)); },
+                     {x2}, std::string(op.name) + " transposed");
   }
 }
 
@@ -476,12 +509,14 @@ TEST(ElementwiseGrad, GeluBothApproximationsAcrossTheRange) {
 TEST(ElementwiseGrad, MaskedFill) {
   Tensor x = uni({2, 4, 4}, 93, -1, 1, DType::F64, true);
   Tensor m = causal_mask(4);
-  expect_gradcheck([&](const std::vector<Tensor>& in) { return masked_fill(in[0], m, -3.0); }, {x}, "masked_fill");
+  expect_gradcheck([&](const std::vector<Tensor>& in) { return masked_fill(in[0], m, -3.0); }, {x},
+                   "masked_fill");
 }
 
 TEST(ElementwiseGrad, DropoutWithAFixedSeed) {
   Tensor x = uni({5, 7}, 94, -1, 1, DType::F64, true);
-  expect_gradcheck([&](const std::vector<Tensor>& in) { return dropout(in[0], 0.35, true, 17, 3); }, {x}, "dropout");
+  expect_gradcheck([&](const std::vector<Tensor>& in) { return dropout(in[0], 0.35, true, 17, 3); },
+                   {x}, "dropout");
   Tensor x2 = uni({7, 5}, 95, -1, 1, DType::F64, true);
   expect_gradcheck(
       [&](const std::vector<Tensor>& in) {

@@ -31,9 +31,12 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
-TensorOptions opts(DType dt, bool rg = false) { return TensorOptions{}.with_dtype(dt).with_requires_grad(rg); }
+TensorOptions opts(DType dt, bool rg = false) {
+  return TensorOptions{}.with_dtype(dt).with_requires_grad(rg);
+}
 
 Tensor uni(const Shape& s, uint64_t seed, DType dt = DType::F64, bool rg = false) {
   Tensor t = Tensor::empty(s, opts(dt));
@@ -133,15 +136,15 @@ TEST(MatMul, TwoDimOddSizes) {
 
 TEST(MatMul, TransposedAndSlicedViewsWithoutCopies) {
   for (DType dt : {DType::F64, DType::F32}) {
-    Tensor at = transpose(uni({5, 7}, 11, dt), 0, 1);          // [7, 5], column-major
-    Tensor bt = transpose(uni({9, 5}, 12, dt), 0, 1);          // [5, 9], column-major
+    Tensor at = transpose(uni({5, 7}, 11, dt), 0, 1);  // [7, 5], column-major
+    Tensor bt = transpose(uni({9, 5}, 12, dt), 0, 1);  // [5, 9], column-major
     Tensor a = uni({7, 5}, 13, dt), b = uni({5, 9}, 14, dt);
     check_matmul(at, b, "a^T b");
     check_matmul(a, bt, "a b^T");
     check_matmul(at, bt, "a^T b^T");
     // Column slices: rows with a leading dimension larger than the row length.
-    Tensor as = slice(uni({7, 12}, 15, dt), 1, 3, 8);         // [7, 5], ld 12
-    Tensor bs = slice(uni({5, 20}, 16, dt), 1, 4, 13);        // [5, 9], ld 20
+    Tensor as = slice(uni({7, 12}, 15, dt), 1, 3, 8);   // [7, 5], ld 12
+    Tensor bs = slice(uni({5, 20}, 16, dt), 1, 4, 13);  // [5, 9], ld 20
     check_matmul(as, bs, "sliced columns");
     // Slices of transposed storage.
     Tensor ats = slice(transpose(uni({8, 7}, 17, dt), 0, 1), 1, 2, 7);  // [7, 5], trans ld 7
@@ -149,16 +152,19 @@ TEST(MatMul, TransposedAndSlicedViewsWithoutCopies) {
     // Views with a large leading dimension, row-major and column-major.
     Tensor strided = reshape(slice(uni({7, 2, 5}, 19, dt), 1, 0, 1), {7, 5});  // strides [10, 1]
     check_matmul(strided, b, "row stride 10");
-    Tensor cm = reshape(slice(permute(uni({5, 2, 7}, 20, dt), {2, 1, 0}), 1, 1, 2), {7, 5});  // [1, 14]
+    Tensor cm =
+        reshape(slice(permute(uni({5, 2, 7}, 20, dt), {2, 1, 0}), 1, 1, 2), {7, 5});  // [1, 14]
     check_matmul(cm, b, "column-major with ld 14");
     // Layouts BLAS cannot read, copied first: an expanded (stride 0) operand, and one strided in
     // both dims.
     Tensor ae = expand(uni({1, 5}, 18, dt), {7, 5});
     check_matmul(ae, b, "expanded rows");
-    Tensor both = reshape(slice(slice(uni({7, 2, 5, 2}, 21, dt), 1, 0, 1), 3, 1, 2), {7, 5});  // [20, 2]
+    Tensor both =
+        reshape(slice(slice(uni({7, 2, 5, 2}, 21, dt), 1, 0, 1), 3, 1, 2), {7, 5});  // [20, 2]
     ASSERT_EQ(both.strides(), (Strides{20, 2}));
     check_matmul(both, b, "strided in both dims");
-    Tensor rhs = reshape(slice(slice(uni({5, 2, 9, 2}, 22, dt), 1, 0, 1), 3, 0, 1), {5, 9});  // [36, 2]
+    Tensor rhs =
+        reshape(slice(slice(uni({5, 2, 9, 2}, 22, dt), 1, 0, 1), 3, 0, 1), {5, 9});  // [36, 2]
     check_matmul(a, rhs, "rhs strided in both dims");
   }
 }
@@ -174,7 +180,8 @@ TEST(MatMul, BatchedWithBroadcastBatchDims) {
     Tensor bp = permute(uni({3, 6, 5}, 30, dt), {0, 2, 1});  // [3, 5, 6]
     check_matmul(ap, bp, "permuted batches");
     // An expanded batch dim (stride 0) on one side.
-    check_matmul(expand(uni({1, 7, 5}, 31, dt), {4, 7, 5}), uni({4, 5, 3}, 32, dt), "expanded batch");
+    check_matmul(expand(uni({1, 7, 5}, 31, dt), {4, 7, 5}), uni({4, 5, 3}, 32, dt),
+                 "expanded batch");
   }
 }
 
@@ -250,14 +257,15 @@ TEST(Linear, WithAndWithoutBias) {
 
 TEST(Linear, StridedInputsWeightsAndBias) {
   for (DType dt : {DType::F64, DType::F32}) {
-    Tensor x = transpose(uni({5, 3, 7}, 81, dt), 0, 2);       // [7, 3, 5], non-contiguous
-    Tensor w = transpose(uni({5, 4}, 82, dt), 0, 1);          // [4, 5], column-major weight
-    Tensor b = slice(uni({9}, 83, dt), 0, 2, 6);              // offset view
+    Tensor x = transpose(uni({5, 3, 7}, 81, dt), 0, 2);  // [7, 3, 5], non-contiguous
+    Tensor w = transpose(uni({5, 4}, 82, dt), 0, 1);     // [4, 5], column-major weight
+    Tensor b = slice(uni({9}, 83, dt), 0, 2, 6);         // offset view
     expect_close(linear(x, w, b).to_vector(), ref_linear(x, w, b), tol_for(dt), "strided");
-    Tensor ws = slice(uni({4, 11}, 84, dt), 1, 3, 8);         // [4, 5], ld 11
+    Tensor ws = slice(uni({4, 11}, 84, dt), 1, 3, 8);  // [4, 5], ld 11
     expect_close(linear(x, ws, b).to_vector(), ref_linear(x, ws, b), tol_for(dt), "sliced weight");
-    Tensor be = expand(uni({1}, 85, dt), {4});                // stride-0 bias
-    expect_close(linear(x, ws, be).to_vector(), ref_linear(x, ws, be), tol_for(dt), "expanded bias");
+    Tensor be = expand(uni({1}, 85, dt), {4});  // stride-0 bias
+    expect_close(linear(x, ws, be).to_vector(), ref_linear(x, ws, be), tol_for(dt),
+                 "expanded bias");
   }
 }
 
@@ -282,6 +290,10 @@ TEST(Linear, ErrorsNameShapesAndExpectations) {
   EXPECT_HAS(msg, "bias");
   EXPECT_HAS(msg, "[5]");
   EXPECT_HAS(msg, "[4]");
+  msg = error_of([] { linear(uni({3, 5}, 1), uni({4, 5}, 2), uni({4}, 3, DType::F32)); });
+  EXPECT_HAS(msg, "linear");
+  EXPECT_HAS(msg, "f32");
+  EXPECT_HAS(msg, "f64");
   msg = error_of([] { linear(Tensor::scalar(1.0, opts(DType::F64)), uni({4, 1}, 2)); });
   EXPECT_HAS(msg, "scalar");
 }
@@ -309,25 +321,32 @@ TEST(MatMulGrad, AllShapeCombinations) {
 TEST(MatMulGrad, TransposedOperands) {
   Tensor a = uni({4, 3}, 103, DType::F64, true), b = uni({5, 4}, 104, DType::F64, true);
   expect_gradcheck(
-      [](const std::vector<Tensor>& in) { return matmul(transpose(in[0], 0, 1), transpose(in[1], 0, 1)); }, {a, b},
-      "a^T b^T");
+      [](const std::vector<Tensor>& in) {
+        return matmul(transpose(in[0], 0, 1), transpose(in[1], 0, 1));
+      },
+      {a, b}, "a^T b^T");
   Tensor c = uni({2, 4, 3}, 105, DType::F64, true), d = uni({4, 5}, 106, DType::F64, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return matmul(transpose(in[0], 1, 2), in[1]); }, {c, d},
-                   "permuted 3-D x 2-D");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return matmul(transpose(in[0], 1, 2), in[1]); }, {c, d},
+      "permuted 3-D x 2-D");
 }
 
 TEST(LinearGrad, WithAndWithoutBias) {
   Tensor x = uni({2, 3, 4}, 111, DType::F64, true), w = uni({5, 4}, 112, DType::F64, true),
          b = uni({5}, 113, DType::F64, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x, w, b}, "with bias");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1]); }, {x, w}, "without bias");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+                   {x, w, b}, "with bias");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1]); }, {x, w},
+                   "without bias");
   Tensor x1 = uni({4}, 114, DType::F64, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); }, {x1, w, b}, "1-D input");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], in[1], in[2]); },
+                   {x1, w, b}, "1-D input");
   // Only the weight requires grad (frozen input), and a transposed weight view.
   Tensor xf = uni({3, 4}, 115);
   Tensor wt = uni({4, 5}, 116, DType::F64, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return linear(in[0], transpose(in[1], 0, 1), in[2]); },
-                   {xf, wt, b}, "transposed weight, frozen input");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return linear(in[0], transpose(in[1], 0, 1), in[2]); },
+      {xf, wt, b}, "transposed weight, frozen input");
 }
 
 }  // namespace

@@ -34,9 +34,12 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
-TensorOptions opts(DType dt, bool rg = false) { return TensorOptions{}.with_dtype(dt).with_requires_grad(rg); }
+TensorOptions opts(DType dt, bool rg = false) {
+  return TensorOptions{}.with_dtype(dt).with_requires_grad(rg);
+}
 
 Tensor uni(const Shape& s, uint64_t seed, DType dt = DType::F64, bool rg = false) {
   Tensor t = Tensor::empty(s, opts(dt));
@@ -106,9 +109,9 @@ struct ReduceCase {
   bool keepdim;
 };
 const std::vector<ReduceCase> kReduceCases = {
-    {{}, false},     {{}, true},       {{0}, false},    {{1}, true},     {{2}, false},
-    {{-1}, true},    {{0, 1}, false},  {{1, 2}, true},  {{0, 2}, false}, {{2, 0}, true},
-    {{-3, -1}, false}, {{0, 1, 2}, true},
+    {{}, false},     {{}, true},     {{0}, false},      {{1}, true},
+    {{2}, false},    {{-1}, true},   {{0, 1}, false},   {{1, 2}, true},
+    {{0, 2}, false}, {{2, 0}, true}, {{-3, -1}, false}, {{0, 1, 2}, true},
 };
 
 // ---------------------------------------------------------------- sum and mean
@@ -143,7 +146,8 @@ TEST(SumMean, LargeF32SumsAccumulateAccurately) {
   EXPECT_NEAR(mean(x).item(), 0.1, 1e-6);
   // Same along an outer dim (a column reduction).
   Tensor y = Tensor::full({100000, 3}, 0.1);
-  for (double v : sum(y, {0}).to_vector()) EXPECT_NEAR(v, 10000.0 * (static_cast<double>(0.1f) / 0.1), 0.5);
+  for (double v : sum(y, {0}).to_vector())
+    EXPECT_NEAR(v, 10000.0 * (static_cast<double>(0.1f) / 0.1), 0.5);
 }
 
 TEST(SumMean, ScalarsAndEmptyTensors) {
@@ -151,6 +155,10 @@ TEST(SumMean, ScalarsAndEmptyTensors) {
   EXPECT_EQ(sum(s).shape(), Shape{});
   EXPECT_EQ(sum(s).item(), 3.5);
   EXPECT_EQ(mean(s).item(), 3.5);
+  // A scalar accepts dim 0 or -1 (as PyTorch does) and reduces over nothing.
+  EXPECT_EQ(sum(s, {0}).item(), 3.5);
+  EXPECT_EQ(mean(s, {-1}, true).shape(), Shape{});
+  EXPECT_EQ(mean(s, {-1}, true).item(), 3.5);
   Tensor e = Tensor::zeros({0, 4});
   Tensor se = sum(e, {0});
   EXPECT_EQ(se.shape(), (Shape{4}));
@@ -183,8 +191,10 @@ TEST(MaxArgmax, AlongEachDimWithKeepdim) {
         Tensor m = max(x, dim, keep), a = argmax(x, dim, keep);
         int64_t d = dim < 0 ? dim + 3 : dim;
         Shape want_shape = x.shape();
-        if (keep) want_shape[d] = 1;
-        else want_shape.erase(want_shape.begin() + d);
+        if (keep)
+          want_shape[d] = 1;
+        else
+          want_shape.erase(want_shape.begin() + d);
         EXPECT_EQ(m.shape(), want_shape);
         EXPECT_EQ(a.shape(), want_shape);
         EXPECT_EQ(a.dtype(), DType::I64);
@@ -214,10 +224,12 @@ TEST(MaxArgmax, AlongEachDimWithKeepdim) {
 
 TEST(MaxArgmax, TiesPickTheFirstIndexAndNaNWins) {
   double nan = std::numeric_limits<double>::quiet_NaN();
-  Tensor t = Tensor::from_vector(std::vector<double>{1, 3, 3, 2, 5, 5, 5, 0}, {2, 4}, opts(DType::F64));
+  Tensor t =
+      Tensor::from_vector(std::vector<double>{1, 3, 3, 2, 5, 5, 5, 0}, {2, 4}, opts(DType::F64));
   EXPECT_EQ(argmax(t, 1).to_vector(), (std::vector<double>{1, 0}));
   EXPECT_EQ(max(t, 1).to_vector(), (std::vector<double>{3, 5}));
-  Tensor n = Tensor::from_vector(std::vector<double>{1, nan, 7, nan, 2, 3}, {2, 3}, opts(DType::F64));
+  Tensor n =
+      Tensor::from_vector(std::vector<double>{1, nan, 7, nan, 2, 3}, {2, 3}, opts(DType::F64));
   EXPECT_EQ(argmax(n, 1).to_vector(), (std::vector<double>{1, 0}));
   std::vector<double> m = max(n, 1).to_vector();
   EXPECT_TRUE(std::isnan(m[0]));
@@ -322,14 +334,17 @@ TEST(TopK, ErrorsNameKAndTheDim) {
 TEST(ReduceGrad, SumAndMeanOverEveryDimSet) {
   for (const ReduceCase& c : kReduceCases) {
     Tensor x = uni({3, 4, 5}, 11, DType::F64, true);
-    expect_gradcheck([&](const std::vector<Tensor>& in) { return sum(in[0], c.dims, c.keepdim); }, {x},
-                     "sum " + shape_str(c.dims));
-    expect_gradcheck([&](const std::vector<Tensor>& in) { return mean(in[0], c.dims, c.keepdim); }, {x},
-                     "mean " + shape_str(c.dims));
+    expect_gradcheck([&](const std::vector<Tensor>& in) { return sum(in[0], c.dims, c.keepdim); },
+                     {x}, "sum " + shape_str(c.dims));
+    expect_gradcheck([&](const std::vector<Tensor>& in) { return mean(in[0], c.dims, c.keepdim); },
+                     {x}, "mean " + shape_str(c.dims));
   }
+  Tensor s0 = uni({}, 13, DType::F64, true);
+  expect_gradcheck([](const std::vector<Tensor>& in) { return mean(in[0], {0}); }, {s0},
+                   "mean of a scalar");
   Tensor xt = uni({5, 3}, 12, DType::F64, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return mean(transpose(in[0], 0, 1), {1}); }, {xt},
-                   "mean of a transposed view");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return mean(transpose(in[0], 0, 1), {1}); },
+                   {xt}, "mean of a transposed view");
 }
 
 TEST(ReduceGrad, MaxAlongEachDim) {
@@ -350,8 +365,9 @@ TEST(ReduceGrad, TopKValues) {
   for (int64_t dim : {0, 1})
     for (bool largest : {true, false})
       for (int64_t k : {1, 3})
-        expect_gradcheck([&](const std::vector<Tensor>& in) { return topk(in[0], k, dim, largest).first; }, {x},
-                         "topk k " + std::to_string(k) + " dim " + std::to_string(dim));
+        expect_gradcheck(
+            [&](const std::vector<Tensor>& in) { return topk(in[0], k, dim, largest).first; }, {x},
+            "topk k " + std::to_string(k) + " dim " + std::to_string(dim));
 }
 
 }  // namespace

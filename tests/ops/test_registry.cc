@@ -28,7 +28,8 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
 TEST(Registry, TableBuildsAndEveryOpHasACompleteEntry) {
   ASSERT_NO_THROW(op_table());
@@ -62,14 +63,16 @@ TEST(Registry, OpNamesAreUniqueAndLowerSnakeCase) {
 }
 
 TEST(Registry, DifferentiableOpsHaveBackwardRules) {
-  for (OpKind k : {OpKind::MatMul, OpKind::Linear, OpKind::Add, OpKind::Sub, OpKind::Mul, OpKind::Div,
-                   OpKind::AddScalar, OpKind::MulScalar, OpKind::PowScalar, OpKind::Neg, OpKind::Exp,
-                   OpKind::Log, OpKind::Sqrt, OpKind::Rsqrt, OpKind::Tanh, OpKind::Gelu, OpKind::Relu,
-                   OpKind::Sigmoid, OpKind::Softmax, OpKind::LogSoftmax, OpKind::LayerNorm, OpKind::RmsNorm,
-                   OpKind::Embedding, OpKind::Dropout, OpKind::Sum, OpKind::Mean, OpKind::Max,
-                   OpKind::Reshape, OpKind::Permute, OpKind::Slice, OpKind::Expand, OpKind::Concat,
-                   OpKind::Split, OpKind::Contiguous, OpKind::MaskedFill, OpKind::CrossEntropy,
-                   OpKind::Attention, OpKind::TopK, OpKind::Cast})
+  for (OpKind k : {OpKind::MatMul,    OpKind::Linear,     OpKind::Add,        OpKind::Sub,
+                   OpKind::Mul,       OpKind::Div,        OpKind::AddScalar,  OpKind::MulScalar,
+                   OpKind::PowScalar, OpKind::Neg,        OpKind::Exp,        OpKind::Log,
+                   OpKind::Sqrt,      OpKind::Rsqrt,      OpKind::Tanh,       OpKind::Gelu,
+                   OpKind::Relu,      OpKind::Sigmoid,    OpKind::Softmax,    OpKind::LogSoftmax,
+                   OpKind::LayerNorm, OpKind::RmsNorm,    OpKind::Embedding,  OpKind::Dropout,
+                   OpKind::Sum,       OpKind::Mean,       OpKind::Max,        OpKind::Reshape,
+                   OpKind::Permute,   OpKind::Slice,      OpKind::Expand,     OpKind::Concat,
+                   OpKind::Split,     OpKind::Contiguous, OpKind::MaskedFill, OpKind::CrossEntropy,
+                   OpKind::Attention, OpKind::TopK,       OpKind::Cast})
     EXPECT_NE(op_def(k).backward, nullptr) << op_name(k);
   // Integer-valued outputs have no gradient.
   EXPECT_EQ(op_def(OpKind::Argmax).backward, nullptr);
@@ -211,7 +214,8 @@ TEST(Registry, ShardingSignaturesAreWellFormed) {
         if (p.kind == PropKind::Sharded) {
           ASSERT_TRUE(e.in[i].defined);
           EXPECT_GE(p.dim, 0);
-          EXPECT_LT(p.dim, static_cast<int64_t>(e.in[i].shape.size())) << "input " << i << " " << p.str();
+          EXPECT_LT(p.dim, static_cast<int64_t>(e.in[i].shape.size()))
+              << "input " << i << " " << p.str();
           any_split = true;
         }
         if (p.kind != PropKind::Replicated) any_split = true;
@@ -220,7 +224,8 @@ TEST(Registry, ShardingSignaturesAreWellFormed) {
         const Prop& p = s.outputs[i];
         if (p.kind == PropKind::Sharded) {
           EXPECT_GE(p.dim, 0);
-          EXPECT_LT(p.dim, static_cast<int64_t>(out[i].shape.size())) << "output " << i << " " << p.str();
+          EXPECT_LT(p.dim, static_cast<int64_t>(out[i].shape.size()))
+              << "output " << i << " " << p.str();
         }
         if (p.kind != PropKind::Replicated) any_split = true;
       }
@@ -231,7 +236,8 @@ TEST(Registry, ShardingSignaturesAreWellFormed) {
 }
 
 TEST(Registry, ShardingSignaturesOfMatmulAndLinear) {
-  auto has = [](const std::vector<ShardSignature>& sigs, const std::vector<Prop>& in, const std::vector<Prop>& out) {
+  auto has = [](const std::vector<ShardSignature>& sigs, const std::vector<Prop>& in,
+                const std::vector<Prop>& out) {
     for (const ShardSignature& s : sigs)
       if (s.inputs == in && s.outputs == out) return true;
     return false;
@@ -245,9 +251,12 @@ TEST(Registry, ShardingSignaturesOfMatmulAndLinear) {
   Metas lin = {m({2, 3, 6}), m({5, 6}), m({5})};
   const OpDef& li = op_def(OpKind::Linear);
   auto ls = li.shard(lin, li.infer(lin, NoAttrs{}), NoAttrs{});
-  EXPECT_TRUE(has(ls, {Prop::replicated(), Prop::sharded(0), Prop::sharded(0)}, {Prop::sharded(2)}));  // column
-  EXPECT_TRUE(has(ls, {Prop::sharded(2), Prop::sharded(1), Prop::partial()}, {Prop::partial()}));       // row
-  EXPECT_TRUE(has(ls, {Prop::sharded(0), Prop::replicated(), Prop::replicated()}, {Prop::sharded(0)}));  // data
+  EXPECT_TRUE(has(ls, {Prop::replicated(), Prop::sharded(0), Prop::sharded(0)},
+                  {Prop::sharded(2)}));  // column
+  EXPECT_TRUE(
+      has(ls, {Prop::sharded(2), Prop::sharded(1), Prop::partial()}, {Prop::partial()}));  // row
+  EXPECT_TRUE(has(ls, {Prop::sharded(0), Prop::replicated(), Prop::replicated()},
+                  {Prop::sharded(0)}));  // data
 }
 
 }  // namespace

@@ -31,9 +31,12 @@ std::string error_of(F&& f) {
   ADD_FAILURE() << "expected hap::Error, nothing was thrown";
   return "";
 }
-#define EXPECT_HAS(msg, part) EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+#define EXPECT_HAS(msg, part) \
+  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
 
-TensorOptions opts(DType dt, bool rg = false) { return TensorOptions{}.with_dtype(dt).with_requires_grad(rg); }
+TensorOptions opts(DType dt, bool rg = false) {
+  return TensorOptions{}.with_dtype(dt).with_requires_grad(rg);
+}
 
 // 0, 1, 2, ... in the given shape (f64), so values name their own position.
 Tensor iota(const Shape& s, bool rg = false) {
@@ -150,7 +153,8 @@ TEST(Reshape, ErrorsNameBothShapes) {
 
 TEST(Permute, ValuesAndSharedStorage) {
   Tensor x = iota({2, 3, 4});
-  for (const std::vector<int64_t>& p : std::vector<std::vector<int64_t>>{{2, 0, 1}, {1, 2, 0}, {0, 2, 1}, {-1, 0, 1}}) {
+  for (const std::vector<int64_t>& p :
+       std::vector<std::vector<int64_t>>{{2, 0, 1}, {1, 2, 0}, {0, 2, 1}, {-1, 0, 1}}) {
     Tensor y = permute(x, p);
     std::vector<int64_t> pp = p;
     for (int64_t& d : pp) d = d < 0 ? d + 3 : d;
@@ -182,7 +186,8 @@ TEST(Slice, ViewsWithOffsetsAndNegativeBounds) {
   EXPECT_EQ(s.shape(), (Shape{4, 3}));
   EXPECT_TRUE(shares_storage(s, x));
   EXPECT_EQ(s.to_vector(), (std::vector<double>{1, 2, 3, 6, 7, 8, 11, 12, 13, 16, 17, 18}));
-  EXPECT_EQ(slice(x, 0, -2, 4).to_vector(), (std::vector<double>{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
+  EXPECT_EQ(slice(x, 0, -2, 4).to_vector(),
+            (std::vector<double>{10, 11, 12, 13, 14, 15, 16, 17, 18, 19}));
   EXPECT_EQ(slice(x, -1, 0, -3).to_vector(), (std::vector<double>{0, 1, 5, 6, 10, 11, 15, 16}));
   EXPECT_EQ(slice(x, 0, 2, 2).shape(), (Shape{0, 5}));
   EXPECT_EQ(narrow(x, 0, 1, 2).to_vector(), slice(x, 0, 1, 3).to_vector());
@@ -283,11 +288,14 @@ TEST(Concat, AlongEachDimWithStridedInputs) {
   Tensor y = concat({a, b, c}, -1);
   EXPECT_EQ(y.shape(), (Shape{2, 3, 10}));
   EXPECT_FALSE(shares_storage(y, a));
-  std::vector<double> va = a.to_vector(), vb = b.to_vector(), vc = c.to_vector(), vy = y.to_vector();
+  std::vector<double> va = a.to_vector(), vb = b.to_vector(), vc = c.to_vector(),
+                      vy = y.to_vector();
   for (int64_t i = 0; i < 2; ++i)
     for (int64_t j = 0; j < 3; ++j)
       for (int64_t k = 0; k < 10; ++k) {
-        double want = k < 4 ? va[(i * 3 + j) * 4 + k] : k < 9 ? vb[(i * 3 + j) * 5 + k - 4] : vc[i * 3 + j];
+        double want = k < 4   ? va[(i * 3 + j) * 4 + k]
+                      : k < 9 ? vb[(i * 3 + j) * 5 + k - 4]
+                              : vc[i * 3 + j];
         ASSERT_EQ(vy[(i * 3 + j) * 10 + k], want);
       }
   Tensor z = concat({a, iota({1, 3, 4}), a}, 0);
@@ -296,9 +304,11 @@ TEST(Concat, AlongEachDimWithStridedInputs) {
   EXPECT_EQ(std::vector<double>(vz.begin(), vz.begin() + 24), va);
   EXPECT_EQ(std::vector<double>(vz.begin() + 24, vz.begin() + 36), iota({12}).to_vector());
   EXPECT_EQ(std::vector<double>(vz.begin() + 36, vz.end()), va);
-  Tensor m = concat({slice(a, 1, 0, 1), Tensor::zeros({2, 0, 4}, opts(DType::F64)), slice(a, 1, 2, 3)}, 1);
+  Tensor m =
+      concat({slice(a, 1, 0, 1), Tensor::zeros({2, 0, 4}, opts(DType::F64)), slice(a, 1, 2, 3)}, 1);
   EXPECT_EQ(m.shape(), (Shape{2, 2, 4}));
-  EXPECT_EQ(m.to_vector(), (std::vector<double>{0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 20, 21, 22, 23}));
+  EXPECT_EQ(m.to_vector(),
+            (std::vector<double>{0, 1, 2, 3, 8, 9, 10, 11, 12, 13, 14, 15, 20, 21, 22, 23}));
   EXPECT_EQ(concat({a}, 1).to_vector(), va);
 }
 
@@ -388,44 +398,76 @@ TEST(Bf16Views, ShapeOpsOnBf16AreViewsNotF32RoundTrips) {
 
 TEST(ShapeGrad, Reshape) {
   Tensor x = uni({3, 4}, 11, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return reshape(in[0], {2, -1, 3}); }, {x}, "reshape view");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return reshape(transpose(in[0], 0, 1), {12}); }, {x},
-                   "reshape of a transpose (copy)");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return view(unsqueeze(in[0], 1), {3, 1, 2, 2}); }, {x},
-                   "unsqueeze + view");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return squeeze(flatten(unsqueeze(in[0], 0), 1), 0); }, {x},
-                   "unsqueeze, flatten, squeeze");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return reshape(in[0], {2, -1, 3});
+      },
+      {x}, "reshape view");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return reshape(transpose(in[0], 0, 1), {12}); }, {x},
+      "reshape of a transpose (copy)");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return view(unsqueeze(in[0], 1), {3, 1, 2, 2});
+      },
+      {x}, "unsqueeze + view");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return squeeze(flatten(unsqueeze(in[0], 0), 1), 0); },
+      {x}, "unsqueeze, flatten, squeeze");
 }
 
 TEST(ShapeGrad, PermuteAndTranspose) {
   Tensor x = uni({2, 3, 4}, 12, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return permute(in[0], {2, 0, 1}); }, {x}, "permute");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return transpose(in[0], 0, -1); }, {x}, "transpose");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return permute(in[0], {2, 0, 1});
+      },
+      {x}, "permute");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return transpose(in[0], 0, -1); }, {x},
+                   "transpose");
 }
 
 TEST(ShapeGrad, SliceAndNarrow) {
   Tensor x = uni({4, 5}, 13, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return slice(in[0], 1, 1, 4); }, {x}, "slice columns");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return slice(in[0], 0, -3, -1); }, {x}, "negative bounds");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return narrow(transpose(in[0], 0, 1), 0, 2, 2); }, {x},
-                   "narrow of a transpose");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return slice(slice(in[0], 0, 1, 4), 0, 1, 2); }, {x},
-                   "slice of a slice");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return slice(in[0], 1, 1, 4); }, {x},
+                   "slice columns");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return slice(in[0], 0, -3, -1); }, {x},
+                   "negative bounds");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return narrow(transpose(in[0], 0, 1), 0, 2, 2); }, {x},
+      "narrow of a transpose");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return slice(slice(in[0], 0, 1, 4), 0, 1, 2); }, {x},
+      "slice of a slice");
 }
 
 TEST(ShapeGrad, Expand) {
   Tensor x = uni({3, 1}, 14, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return expand(in[0], {2, 3, 4}); }, {x}, "expand");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return expand(in[0], {2, 3, 4});
+      },
+      {x}, "expand");
   Tensor s = uni({}, 15, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return expand(in[0], {2, 3}); }, {s}, "expand a scalar");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return expand(in[0], {2, 3});
+      },
+      {s}, "expand a scalar");
 }
 
 TEST(ShapeGrad, ConcatWithSomeInputsFrozen) {
   Tensor a = uni({2, 3}, 16, true), b = uni({2, 2}, 17, false), c = uni({3, 2}, 18, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return concat({in[0], in[1], transpose(in[2], 0, 1)}, 1); },
-                   {a, b, c}, "concat dim 1");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return concat({in[0], in[0]}, 0); }, {a, b, c},
-                   "concat of the same input twice");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return concat({in[0], in[1], transpose(in[2], 0, 1)}, 1);
+      },
+      {a, b, c}, "concat dim 1");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return concat({in[0], in[0]}, 0);
+      },
+      {a, b, c}, "concat of the same input twice");
 }
 
 TEST(ShapeGrad, SplitAndChunk) {
@@ -437,8 +479,11 @@ TEST(ShapeGrad, SplitAndChunk) {
         return concat({mul(p[2], 3.0), p[0], mul(p[1], -2.0)}, 1);
       },
       {x}, "split");
-  expect_gradcheck([](const std::vector<Tensor>& in) { return split(in[0], {1, 2}, 0)[1]; }, {x},
-                   "split with an unused output");
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) {
+        return split(in[0], {1, 2}, 0)[1];
+      },
+      {x}, "split with an unused output");
   expect_gradcheck(
       [](const std::vector<Tensor>& in) {
         std::vector<Tensor> c = chunk(in[0], 3, 0);
@@ -449,7 +494,8 @@ TEST(ShapeGrad, SplitAndChunk) {
 
 TEST(ShapeGrad, Contiguous) {
   Tensor x = uni({3, 4}, 20, true);
-  expect_gradcheck([](const std::vector<Tensor>& in) { return contiguous(transpose(in[0], 0, 1)); }, {x}, "contiguous");
+  expect_gradcheck([](const std::vector<Tensor>& in) { return contiguous(transpose(in[0], 0, 1)); },
+                   {x}, "contiguous");
   expect_gradcheck([](const std::vector<Tensor>& in) { return contiguous(mul(in[0], 2.0)); }, {x},
                    "contiguous of a packed tensor");
 }

@@ -103,7 +103,8 @@ int main(int argc, char** argv) {
   alarm(0);
 
   const bool failed_anywhere =
-      world.allreduce(static_cast<int64_t>(local != 0 || agreement->any_failed()), ReduceOp::Max) != 0;
+      world.allreduce(static_cast<int64_t>(local != 0 || agreement->any_failed()), ReduceOp::Max) !=
+      0;
   if (world.rank() == 0)
     std::printf("%s on all %d ranks\n", failed_anywhere ? "FAILED" : "PASSED", world.size());
   std::fflush(stdout);

@@ -27,14 +27,19 @@ enum class Split { Uneven, ZeroShard, AllOnLast };
 
 inline const char* split_name(Split s) {
   switch (s) {
-    case Split::Uneven: return "uneven";
-    case Split::ZeroShard: return "zero-shard";
-    case Split::AllOnLast: return "all-on-last";
+    case Split::Uneven:
+      return "uneven";
+    case Split::ZeroShard:
+      return "zero-shard";
+    case Split::AllOnLast:
+      return "all-on-last";
   }
   return "?";
 }
 
-inline std::vector<Split> all_splits() { return {Split::Uneven, Split::ZeroShard, Split::AllOnLast}; }
+inline std::vector<Split> all_splits() {
+  return {Split::Uneven, Split::ZeroShard, Split::AllOnLast};
+}
 
 inline std::vector<double> ratios_for(int n, Split s) {
   if (n == 1) return {1.0};
@@ -108,12 +113,13 @@ inline Tensor rank_order_sum(const std::vector<Tensor>& addends) {
 // Bitwise equality of values (through double, exact for every dtype used here).
 inline ::testing::AssertionResult same_values(const Tensor& actual, const Tensor& expected) {
   if (actual.shape() != expected.shape() || actual.dtype() != expected.dtype())
-    return ::testing::AssertionFailure() << "got " << actual.str() << ", expected " << expected.str();
+    return ::testing::AssertionFailure()
+           << "got " << actual.str() << ", expected " << expected.str();
   std::vector<double> a = actual.to_vector(), e = expected.to_vector();
   for (size_t i = 0; i < a.size(); ++i)
     if (!(a[i] == e[i]) && !(a[i] != a[i] && e[i] != e[i]))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << a[i] << ", expected "
-                                           << e[i];
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << a[i] << ", expected " << e[i];
   return ::testing::AssertionSuccess();
 }
 
@@ -122,7 +128,8 @@ inline ::testing::AssertionResult close_values(const Tensor& actual, const Tenso
                                                double tol) {
   if (!actual.defined()) return ::testing::AssertionFailure() << "gradient is undefined";
   if (actual.shape() != expected.shape())
-    return ::testing::AssertionFailure() << "got " << actual.str() << ", expected " << expected.str();
+    return ::testing::AssertionFailure()
+           << "got " << actual.str() << ", expected " << expected.str();
   std::vector<double> a = actual.to_vector(), e = expected.to_vector();
   for (size_t i = 0; i < a.size(); ++i) {
     double err = std::abs(a[i] - e[i]) / std::max(1.0, std::abs(e[i]));

@@ -176,7 +176,9 @@ TEST(ShardSliceGrad, EmbedsTheSliceGradientInZerosWithoutCommunication) {
       sum(Xr * Xr * C).backward();
       // Locally: this rank's slice of the gradient, zeros elsewhere (a Partial gradient) ...
       Tensor expected_local = Tensor::zeros(shape, TensorOptions{}.with_dtype(DType::F64));
-      ShardSpec(dim, lengths).slice_of(expected_local, me).copy_from(shard_of(Xr.grad(), dim, lengths, me));
+      ShardSpec(dim, lengths)
+          .slice_of(expected_local, me)
+          .copy_from(shard_of(Xr.grad(), dim, lengths, me));
       EXPECT_TRUE(close_values(x.grad(), expected_local, kTol));
       // ... whose sum over ranks is the full gradient.
       EXPECT_TRUE(close_values(all_reduce(world(), x.grad()), Xr.grad(), kTol));
@@ -224,9 +226,10 @@ TEST(DistributedMlp, TensorParallelGradientsMatchSingleDevice) {
       Tensor W1 = leaf(shard_of(W1l, 0, lh, me)), b1 = leaf(shard_of(b1l, 0, lh, me));
       Tensor W2 = leaf(shard_of(W2l, 1, lh, me));
       Tensor b2 = leaf(b2l.clone());
-      Tensor h = gelu(linear(X, W1, b1));                              // [B, H_r] Sharded(1)
-      Tensor yp = linear(h, W2) + pf::to_partial(world(), pf::replicate(world(), b2, m));  // Partial
-      Tensor y = pf::all_reduce(world(), yp, m);                       // Replicated
+      Tensor h = gelu(linear(X, W1, b1));  // [B, H_r] Sharded(1)
+      Tensor yp =
+          linear(h, W2) + pf::to_partial(world(), pf::replicate(world(), b2, m));  // Partial
+      Tensor y = pf::all_reduce(world(), yp, m);                                   // Replicated
       pf::to_partial(world(), mean(y * y)).backward();
 
       Tensor Xr = leaf(Xl.clone()), W1r = leaf(W1l.clone()), b1r = leaf(b1l.clone()),
@@ -237,7 +240,7 @@ TEST(DistributedMlp, TensorParallelGradientsMatchSingleDevice) {
       EXPECT_TRUE(close_values(W1.grad(), shard_of(W1r.grad(), 0, lh, me), kTol));
       EXPECT_TRUE(close_values(b1.grad(), shard_of(b1r.grad(), 0, lh, me), kTol));
       EXPECT_TRUE(close_values(W2.grad(), shard_of(W2r.grad(), 1, lh, me), kTol));
-      EXPECT_TRUE(close_values(b2.grad(), b2r.grad(), kTol));              // replicate(): full
+      EXPECT_TRUE(close_values(b2.grad(), b2r.grad(), kTol));  // replicate(): full
       EXPECT_TRUE(close_values(all_reduce(world(), X.grad()), Xr.grad(), kTol));  // Partial
     }
 }
@@ -254,9 +257,9 @@ TEST(DistributedMlp, SequenceParallelGradientsMatchSingleDevice) {
       SCOPED_TRACE(case_name(0, s, m, lt));
       Tensor Hl = f64({T, H}, 1800), W2l = f64({O, H}, 1801);
 
-      Tensor h = leaf(shard_of(Hl, 1, lh, me));        // Sharded(1)
-      Tensor W2 = leaf(shard_of(W2l, 1, lh, me));      // Sharded(1)
-      Tensor yp = linear(h, W2);                       // Partial [T, O]
+      Tensor h = leaf(shard_of(Hl, 1, lh, me));                     // Sharded(1)
+      Tensor W2 = leaf(shard_of(W2l, 1, lh, me));                   // Sharded(1)
+      Tensor yp = linear(h, W2);                                    // Partial [T, O]
       Tensor ys = gelu(pf::reduce_scatter(world(), yp, 0, lt, m));  // Sharded(0)
       Tensor y = pf::all_gather(world(), ys, 0, lt, m);             // Replicated
       pf::to_partial(world(), sum(y * y)).backward();
@@ -280,7 +283,8 @@ TEST(CollectiveGrads, FlowForBf16AndF32) {
     pf::to_partial(world(), sum(g * 3.0)).backward();
     ASSERT_TRUE(x.grad().defined());
     EXPECT_EQ(x.grad().dtype(), dt);
-    EXPECT_TRUE(close_values(x.grad(), Tensor::full(x.shape(), 3.0, TensorOptions{}.with_dtype(dt)), 0));
+    EXPECT_TRUE(
+        close_values(x.grad(), Tensor::full(x.shape(), 3.0, TensorOptions{}.with_dtype(dt)), 0));
   }
 }
 

@@ -165,7 +165,9 @@ TEST(Broadcast, DeliversTheRootsTensorFromAnyRoot) {
     for (DType dt : {DType::F32, DType::BF16, DType::I64}) {
       Tensor full = logical_tensor({2, 5}, DType::F64, 600 + root).to(dt);
       // Non-roots pass nothing, or a tensor of the right shape with other values.
-      Tensor mine = me == root ? full : (me % 2 ? Tensor() : Tensor::zeros({2, 5}, TensorOptions{}.with_dtype(dt)));
+      Tensor mine =
+          me == root ? full
+                     : (me % 2 ? Tensor() : Tensor::zeros({2, 5}, TensorOptions{}.with_dtype(dt)));
       EXPECT_TRUE(same_values(broadcast(world(), mine, root), full));
     }
   // Zero elements and scalars.
@@ -196,10 +198,14 @@ TEST(Collectives, RejectBadArgumentsOnEveryRankAlike) {
   const int n = world().size();
   const CollectiveMethod g = CollectiveMethod::Grouped;
   std::vector<int64_t> too_many(static_cast<size_t>(n + 1), 1);
-  EXPECT_HAS(testing::error_of([&] { all_gather(world(), Tensor::zeros({1, 2}), 0, too_many, g); }),
+  EXPECT_HAS(testing::error_of([&] {
+               all_gather(world(), Tensor::zeros({1, 2}), 0, too_many, g);
+             }),
              "expected one per rank");
   std::vector<int64_t> lengths = shard_lengths(7, ratios_for(n, testing::Split::Uneven));
-  EXPECT_HAS(testing::error_of([&] { reduce_scatter(world(), Tensor::zeros({8, 2}), 0, lengths, g); }),
+  EXPECT_HAS(testing::error_of([&] {
+               reduce_scatter(world(), Tensor::zeros({8, 2}), 0, lengths, g);
+             }),
              "sum to 7");
   EXPECT_HAS(testing::error_of([&] {
                reduce_scatter(world(), Tensor::zeros({7}, TensorOptions{}.with_dtype(DType::U8)), 0,
@@ -208,10 +214,14 @@ TEST(Collectives, RejectBadArgumentsOnEveryRankAlike) {
              "cannot sum u8");
   EXPECT_HAS(testing::error_of([&] { all_gather(world(), Tensor::scalar(1.0), 0, lengths, g); }),
              "0-dim tensor");
-  EXPECT_HAS(testing::error_of([&] { all_gather(world(), Tensor::zeros({1, 2}), 5, lengths, g); }),
+  EXPECT_HAS(testing::error_of([&] {
+               all_gather(world(), Tensor::zeros({1, 2}), 5, lengths, g);
+             }),
              "out of range");
   std::vector<int64_t> big(static_cast<size_t>(n), 1000);
-  EXPECT_HAS(testing::error_of([&] { all_gather(world(), Tensor::zeros({999, 2}), 0, big, g); }),
+  EXPECT_HAS(testing::error_of([&] {
+               all_gather(world(), Tensor::zeros({999, 2}), 0, big, g);
+             }),
              "shard length is 1000");
   EXPECT_HAS(testing::error_of([&] {
                all_to_all(world(), Tensor::zeros({7, 2}), 1, 1, lengths, lengths, g);

@@ -18,8 +18,8 @@ using testing::error_of;
 using L = std::vector<int64_t>;
 
 TEST(ShardLengths, GiveTheExtraElementsToTheLargestRemainders) {
-  EXPECT_EQ(shard_lengths(7, {0.5, 0.3, 0.2}), (L{4, 2, 1}));   // quotas 3.5 2.1 1.4
-  EXPECT_EQ(shard_lengths(11, {0.5, 0.3, 0.2}), (L{6, 3, 2}));  // quotas 5.5 3.3 2.2
+  EXPECT_EQ(shard_lengths(7, {0.5, 0.3, 0.2}), (L{4, 2, 1}));      // quotas 3.5 2.1 1.4
+  EXPECT_EQ(shard_lengths(11, {0.5, 0.3, 0.2}), (L{6, 3, 2}));     // quotas 5.5 3.3 2.2
   EXPECT_EQ(shard_lengths(10, {0.46, 0.27, 0.27}), (L{4, 3, 3}));  // 4.6 2.7 2.7
   EXPECT_EQ(shard_lengths(9, {0.1, 0.45, 0.45}), (L{1, 4, 4}));    // 0.9 4.05 4.05
   EXPECT_EQ(shard_lengths(100, {0.25, 0.25, 0.25, 0.25}), (L{25, 25, 25, 25}));

@@ -1,0 +1,40 @@
+// Loading a cluster description (synth/cluster.h) from YAML (`hap-plan --cluster c.yaml`).
+//
+// Schema (every number may be written 1e9, 1.25e9, 2.0e-5, ...):
+//
+//   name: emu-2node                 # optional; defaults to the file name without its extension
+//   inter_node:                     # the link between nodes; required iff there are >= 2 nodes
+//     {bandwidth_bytes_per_s: 1.25e8, latency_s: 2.0e-4}
+//   nodes:                          # a non-empty sequence; ranks follow it, node by node
+//     - name: node0                 # optional; defaults to node<i>; unique
+//       link: {bandwidth_bytes_per_s: 5.0e9, latency_s: 5.0e-6}   # inside the node; required
+//       devices:                    # a non-empty sequence
+//         - {name: cpu0, type: cpu-0.8core, flops_per_s: 3.2e10, memory_bytes: 4.0e9}
+//         - {type: v100-32gb, flops_per_s: 3.86e12, memory_bytes: 32GiB, count: 8}
+//
+// Device keys: `type` (required, non-empty), `flops_per_s` (required, > 0, effective rather than
+// peak), `memory_bytes` (required: a whole number of bytes in [1, 2^53], or a number with a unit
+// B, KB (or kB), MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 32GiB or
+// "1.5 GB", rounded to whole bytes), `count` (optional integer in [1, 65536], default 1: the entry
+// stands for that many identical devices) and `name` (optional, unique in the cluster; not allowed
+// with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier devices of that
+// type from 0). Link keys: `bandwidth_bytes_per_s` (> 0) and `latency_s` (>= 0), both required.
+//
+// Loading is strict like the training config (apps/common/config.h): unknown, repeated, missing or
+// mistyped keys and out-of-range values throw one ConfigError naming the file, the key path (list
+// items by index: nodes[1].devices[0].flops_per_s), the value and the expectation, e.g.
+//   configs/clusters/x.yaml: nodes[1].devices[0].flops_per_s: expected a number > 0, got 0
+// The loaded cluster always passes Cluster::validate().
+#pragma once
+
+#include <string>
+
+#include "apps/common/config.h"
+#include "synth/cluster.h"
+
+namespace hap::app {
+
+// Reads and validates the cluster file at `path`. Throws ConfigError on the first problem.
+synth::Cluster load_cluster_config(const std::string& path);
+
+}  // namespace hap::app

@@ -1,0 +1,22 @@
+// From a run config to the model and its traced single-device graph (what the synthesizer reads).
+#pragma once
+#include <memory>
+
+#include "apps/common/config.h"
+#include "models/gpt.h"
+#include "synth/graph.h"
+
+namespace hap::app {
+
+nn::GPTConfig gpt_config(const TrainRunConfig& config);
+
+struct TracedModel {
+  std::shared_ptr<nn::GPT> model;
+  synth::Graph graph;
+};
+
+// Builds the configured model and traces one training step's forward (loss) on the global batch
+// [train.batch_size, train.seq_len], without touching any data.
+TracedModel trace_model(const TrainRunConfig& config);
+
+}  // namespace hap::app

@@ -1,0 +1,229 @@
+#include "apps/common/plan_report.h"
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <sstream>
+
+namespace hap::app {
+
+using synth::Instruction;
+using synth::InstrKind;
+
+namespace {
+
+std::string hex(uint64_t h) {
+  char b[17];
+  std::snprintf(b, sizeof(b), "%016llx", static_cast<unsigned long long>(h));
+  return b;
+}
+
+uint64_t fnv(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+std::string fmt_bytes(double b) {
+  char buf[32];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) {
+    b /= 1024;
+    ++u;
+  }
+  std::snprintf(buf, sizeof(buf), "%.1f %s", b, units[u]);
+  return buf;
+}
+
+std::string fmt_s(double s) {
+  char buf[32];
+  if (s >= 1) std::snprintf(buf, sizeof(buf), "%.3f s", s);
+  else if (s >= 1e-3) std::snprintf(buf, sizeof(buf), "%.3f ms", s * 1e3);
+  else std::snprintf(buf, sizeof(buf), "%.1f us", s * 1e6);
+  return buf;
+}
+
+std::string signature_str(const synth::CostModel& cm, const Instruction& in) {
+  const synth::GraphNode& n = cm.graph().nodes[in.node];
+  std::string s;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i] < 0) continue;
+    if (!s.empty()) s += ",";
+    s += cm.input_prop(in.node, in.signature, i).str();
+  }
+  s += "->";
+  for (size_t o = 0; o < n.outputs.size(); ++o) s += (o ? "," : "") + cm.output_prop(in.node, in.signature, o).str();
+  return s;
+}
+
+}  // namespace
+
+std::string graph_fingerprint(const synth::Graph& g) {
+  std::ostringstream os;
+  for (const synth::GraphTensor& t : g.tensors)
+    os << static_cast<int>(t.role) << shape_str(t.shape) << dtype_name(t.dtype) << t.name << ";";
+  for (const synth::GraphNode& n : g.nodes) {
+    os << ops::op_name(n.kind) << ":" << ops::attrs_str(n.attrs) << ":";
+    for (int i : n.inputs) os << i << ",";
+    os << ";";
+  }
+  return hex(fnv(os.str()));
+}
+
+std::string cluster_fingerprint(const synth::Cluster& c) {
+  std::ostringstream os;
+  for (const synth::Device& d : c.devices) os << d.name << d.flops_per_s << d.memory_bytes << d.node << ";";
+  for (const synth::Node& n : c.nodes) os << n.name << n.link.bandwidth_bytes_per_s << n.link.latency_s << ";";
+  os << c.inter_node.bandwidth_bytes_per_s << c.inter_node.latency_s;
+  return hex(fnv(os.str()));
+}
+
+std::string plan_report(const synth::CostModel& cm, const synth::DistributedProgram& p,
+                        const std::vector<synth::DistributedProgram>& baselines) {
+  const synth::Graph& g = cm.graph();
+  const synth::Cluster& c = cm.cluster();
+  std::ostringstream os;
+  char line[256];
+  os << "plan: strategy " << p.strategy << " on " << c.name << " (" << c.size() << " devices, "
+     << c.num_nodes() << " nodes); " << g.nodes.size() << " ops, " << g.parameter_count()
+     << " parameters\n";
+
+  os << "\nratios (share of each device, per segment):\n";
+  for (size_t s = 0; s < p.ratios.size(); ++s) {
+    os << "  segment " << s << ":";
+    for (double r : p.ratios[s]) {
+      std::snprintf(line, sizeof(line), " %.3f", r);
+      os << line;
+    }
+    os << "\n";
+  }
+
+  // Strategy per layer: the signature each compute takes, grouped by module and op, so that
+  // identical blocks collapse to one line each.
+  os << "\nstrategy per layer (module: op signature):\n";
+  std::map<std::string, std::vector<std::string>> rows;
+  std::vector<std::string> order;
+  for (const Instruction& in : p.instructions) {
+    if (in.kind != InstrKind::Compute) continue;
+    const synth::GraphNode& n = g.nodes[in.node];
+    if (cm.step_flops(in.node) == 0 && !cm.splits_work(in.node, in.signature)) continue;
+    std::string module = n.module.empty() ? "<top>" : n.module;
+    if (!rows.count(module)) order.push_back(module);
+    rows[module].push_back(std::string(ops::op_name(n.kind)) + " " + signature_str(cm, in));
+  }
+  std::map<std::string, std::vector<std::string>> seen;  // collapse identical layers
+  for (const std::string& m : order) {
+    std::string joined;
+    for (const std::string& r : rows[m]) joined += "  " + r;
+    std::string key = joined;
+    seen[key].push_back(m);
+  }
+  for (const std::string& m : order) {
+    std::string joined;
+    for (const std::string& r : rows[m]) joined += "  " + r;
+    auto& same = seen[joined];
+    if (same.empty() || same.front() != m) continue;
+    std::string names = same.size() > 1 ? same.front() + " (+" + std::to_string(same.size() - 1) + " alike)" : m;
+    os << "  " << names << ":" << joined << "\n";
+  }
+
+  os << "\ncollectives per step:\n";
+  std::map<std::string, std::pair<int, double>> coll;  // kind/method -> (count, seconds)
+  double bytes_total = 0;
+  int listed = 0;
+  for (const Instruction& in : p.instructions) {
+    if (in.kind == InstrKind::Compute) continue;
+    double bytes = static_cast<double>(g.tensors[in.tensor].bytes());
+    bytes_total += bytes;
+    std::string key = std::string(synth::instr_name(in.kind)) + " " + synth::method_name(in.method);
+    coll[key].first++;
+    coll[key].second += in.cost_s;
+    if (listed++ < 40) {
+      const synth::GraphTensor& t = g.tensors[in.tensor];
+      std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
+      std::snprintf(line, sizeof(line), "  %-16s %-8s %-9s %-6s->%-6s %10s  %10s  (%s)\n",
+                    synth::instr_name(in.kind), synth::method_name(in.method),
+                    ("%" + std::to_string(in.tensor)).c_str(), in.from.str().c_str(), in.to.str().c_str(),
+                    fmt_bytes(bytes).c_str(), fmt_s(in.cost_s).c_str(), where.c_str());
+      os << line;
+    }
+  }
+  if (listed > 40) os << "  ... " << listed - 40 << " more\n";
+  for (auto& [k, v] : coll) os << "  total " << k << ": " << v.first << " x, " << fmt_s(v.second) << "\n";
+  if (listed == 0) os << "  none\n";
+
+  os << "\npredicted step time: " << fmt_s(p.predicted_step_s) << " (compute " << fmt_s(p.compute_s)
+     << ", communication " << fmt_s(p.communication_s) << ")\n";
+  os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())
+     << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";
+  os << "per device:\n";
+  for (int d = 0; d < c.size(); ++d) {
+    std::snprintf(line, sizeof(line), "  %-3d %-16s compute %10s  memory %10s of %10s%s\n", d,
+                  c.devices[d].name.c_str(), fmt_s(p.device_compute_s[d]).c_str(),
+                  fmt_bytes(p.device_memory_bytes[d]).c_str(),
+                  fmt_bytes(static_cast<double>(c.devices[d].memory_bytes)).c_str(),
+                  p.device_memory_bytes[d] > static_cast<double>(c.devices[d].memory_bytes) ? "  OVER" : "");
+    os << line;
+  }
+  if (!baselines.empty()) {
+    os << "predicted speed-up of " << p.strategy << " over:";
+    for (const synth::DistributedProgram& b : baselines) {
+      std::snprintf(line, sizeof(line), " %s %.2fx (%s);", b.strategy.c_str(),
+                    b.predicted_step_s / p.predicted_step_s, fmt_s(b.predicted_step_s).c_str());
+      os << line;
+    }
+    os << "\n";
+  }
+  std::snprintf(line, sizeof(line), "synthesis time: %.3f s (%d search rounds, %lld states)\n",
+                p.synthesis_s, p.search_iterations, static_cast<long long>(p.states_expanded));
+  os << line;
+  return os.str();
+}
+
+nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::DistributedProgram& p) {
+  using nlohmann::json;
+  json instrs = json::array();
+  for (const Instruction& in : p.instructions) {
+    json j = {{"kind", synth::instr_name(in.kind)}, {"segment", in.segment}, {"cost_s", in.cost_s}};
+    if (in.kind == InstrKind::Compute) {
+      j["node"] = in.node;
+      j["signature"] = in.signature;
+      j["op"] = ops::op_name(cm.graph().nodes[in.node].kind);
+      j["module"] = cm.graph().nodes[in.node].module;
+    } else {
+      j["tensor"] = in.tensor;
+      j["from"] = in.from.str();
+      j["to"] = in.to.str();
+      j["method"] = synth::method_name(in.method);
+      j["bytes"] = cm.graph().tensors[in.tensor].bytes();
+      if (in.kind == InstrKind::Reshard) j["from_segment"] = in.from_segment;
+    }
+    instrs.push_back(j);
+  }
+  json storage = json::object();
+  for (const synth::GraphTensor& t : cm.graph().tensors)
+    if (t.producer < 0 && !t.name.empty() && t.role != synth::TensorRole::Constant)
+      storage[t.name] = p.storage[t.id].str();
+  return {{"format", "hap-plan-v1"},
+          {"strategy", p.strategy},
+          {"graph_fingerprint", graph_fingerprint(cm.graph())},
+          {"cluster", cm.cluster().name},
+          {"cluster_fingerprint", cluster_fingerprint(cm.cluster())},
+          {"ratios", p.ratios},
+          {"node_segment", p.node_segment},
+          {"storage", storage},
+          {"instructions", instrs},
+          {"predicted_step_s", p.predicted_step_s},
+          {"compute_s", p.compute_s},
+          {"communication_s", p.communication_s},
+          {"compute_lower_bound_s", cm.compute_lower_bound_s()},
+          {"device_compute_s", p.device_compute_s},
+          {"device_memory_bytes", p.device_memory_bytes},
+          {"synthesis_s", p.synthesis_s}};
+}
+
+}  // namespace hap::app

@@ -1,0 +1,91 @@
+// hap-plan: synthesize (and explain) a distributed program offline, for any cluster size.
+//   hap-plan --config configs/gpt.yaml --cluster configs/clusters/hap-paper.yaml
+//            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
+//   hap-plan --config configs/gpt.yaml --dump-graph
+// Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "apps/common/cluster_config.h"
+#include "apps/common/config.h"
+#include "apps/common/model_graph.h"
+#include "apps/common/plan_report.h"
+#include "synth/synthesizer.h"
+
+int main(int argc, char** argv) {
+  CLI::App cli{"hap-plan: synthesize a ratio-sharded SPMD program for a model on a cluster"};
+  std::string config_path, cluster_path, strategy = "hap", segments = "per-block", json_path;
+  std::vector<std::string> overrides;
+  bool dump_graph = false;
+  cli.add_option("--config", config_path, "run config (YAML): the model and the global batch")->required();
+  cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
+  cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp");
+  cli.add_option("--segments", segments, "per-block (one ratio vector per block) or single");
+  cli.add_option("--set", overrides, "override a config key (repeatable)");
+  cli.add_option("--json", json_path, "write the plan as JSON");
+  cli.add_flag("--dump-graph", dump_graph, "print the traced graph");
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return cli.exit(e) == 0 ? 0 : 2;
+  }
+  if (!dump_graph && cluster_path.empty()) {
+    std::fprintf(stderr, "hap-plan: --cluster FILE is required to plan (or pass --dump-graph)\n");
+    return 2;
+  }
+  hap::synth::Strategy strat;
+  try {
+    strat = hap::synth::parse_strategy(strategy);
+  } catch (const hap::Error& e) {
+    std::fprintf(stderr, "hap-plan: --strategy: %s\n", e.what());
+    return 2;
+  }
+  try {
+    hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, overrides);
+    if (segments != "per-block" && segments != "single") {
+      std::fprintf(stderr, "hap-plan: --segments: expected per-block or single, got '%s'\n", segments.c_str());
+      return 2;
+    }
+    hap::app::TracedModel tm = hap::app::trace_model(config);
+    if (dump_graph) std::printf("%s", tm.graph.str().c_str());
+    if (cluster_path.empty()) return 0;
+    hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
+
+    hap::synth::SynthesisOptions opt;
+    opt.strategy = strat;
+    opt.segments = segments == "single" ? hap::synth::SegmentMode::Single : hap::synth::SegmentMode::PerBlock;
+    hap::synth::DistributedProgram plan = hap::synth::synthesize(tm.graph, cluster, opt);
+    std::vector<hap::synth::DistributedProgram> baselines;
+    for (auto s : {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp}) {
+      if (s == strat) continue;
+      hap::synth::SynthesisOptions b = opt;
+      b.strategy = s;
+      try {
+        baselines.push_back(hap::synth::synthesize(tm.graph, cluster, b));
+      } catch (const hap::Error& e) {
+        std::printf("note: baseline %s has no feasible program: %s\n", hap::synth::strategy_name(s), e.what());
+      }
+    }
+    hap::synth::CostModel cm(tm.graph, cluster);
+    std::printf("%s", hap::app::plan_report(cm, plan, baselines).c_str());
+    if (!json_path.empty()) {
+      std::ofstream out(json_path);
+      if (!out) {
+        std::fprintf(stderr, "hap-plan: cannot write --json '%s'\n", json_path.c_str());
+        return 1;
+      }
+      out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
+      std::printf("wrote %s\n", json_path.c_str());
+    }
+    return 0;
+  } catch (const hap::app::ConfigError& e) {
+    std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
+    return 2;
+  } catch (const hap::Error& e) {
+    std::fprintf(stderr, "hap-plan: error: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,91 @@
+// The typed description of a cluster: devices (one per rank) grouped into nodes, with one link
+// inside each node and one link between nodes. The synthesizer's cost model reads it; it knows
+// nothing about YAML (apps/common/cluster_config.h loads it from a file).
+//
+// Ranks are device indices: `devices[r]` is the device that rank r drives. A cluster loaded from
+// YAML lists its devices node by node, in file order, so the ranks of a node are contiguous; a
+// cluster built in code only has to keep `Device::node` and `Node::devices` consistent.
+//
+// Units: bandwidth in bytes/s, latency in s, compute in FLOP/s, memory in bytes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hap::synth {
+
+// A point-to-point path between two devices. Moving b bytes over it takes
+// latency_s + b / bandwidth_bytes_per_s.
+struct Link {
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;
+
+  double transfer_s(double bytes) const { return latency_s + bytes / bandwidth_bytes_per_s; }
+};
+
+struct Device {
+  std::string name;  // unique in the cluster
+  std::string type;  // e.g. "v100-32gb"; descriptive only
+  double flops_per_s = 0;        // effective (profiled), not peak
+  std::int64_t memory_bytes = 0;  // usable by training
+  int node = -1;                 // index into Cluster::nodes
+};
+
+struct Node {
+  std::string name;          // unique in the cluster
+  Link link;                 // between two devices of this node
+  std::vector<int> devices;  // ranks (indices into Cluster::devices)
+};
+
+struct Cluster {
+  std::string name;
+  std::vector<Device> devices;
+  std::vector<Node> nodes;
+  Link inter_node;  // between devices on different nodes; unused (may be zero) with one node
+
+  // Number of devices (= number of ranks).
+  int size() const { return static_cast<int>(devices.size()); }
+  int num_nodes() const { return static_cast<int>(nodes.size()); }
+
+  // Appends a node holding `node_devices` (their `node` field is overwritten) and returns its
+  // index; the devices get the next ranks. Does not validate.
+  int add_node(std::string node_name, Link link, std::vector<Device> node_devices);
+
+  // Throws hap::Error naming the cluster, the device or node and the bad value for: no devices;
+  // a device with an empty or duplicate name, or FLOP/s or memory that is not finite and > 0; a
+  // node with no devices, a duplicate name, or a device list that disagrees with Device::node;
+  // a link (of a node, or inter_node when there are several nodes) whose bandwidth is not finite
+  // and > 0 or whose latency is not finite and >= 0.
+  void validate() const;
+
+  // The node of rank r. Throws hap::Error for a rank outside [0, size()).
+  int node_of(int rank) const;
+
+  // The link between ranks a and b: the node's link when they share a node (also for a == b),
+  // inter_node otherwise.
+  Link link_between(int a, int b) const;
+
+  // The slowest link any pair of distinct ranks in `ranks` communicates over: the minimum
+  // bandwidth and the maximum latency of the links used (these may come from different links,
+  // e.g. a group with two devices on one node and one on another uses both the node link and
+  // inter_node). A group of one rank communicates with nobody: {+infinity, 0}. Throws hap::Error
+  // for an empty group, a rank out of range or a repeated rank.
+  Link bottleneck(const std::vector<int>& ranks) const;
+  // bottleneck() over every rank of the cluster.
+  Link bottleneck() const;
+
+  // Whether the ranks are on more than one node (same argument checks as bottleneck()).
+  bool spans_nodes(const std::vector<int>& ranks) const;
+
+  double total_flops_per_s() const;
+  // Each device's share of the total FLOP/s, by rank; sums to 1 (up to rounding).
+  std::vector<double> flops_ratios() const;
+  // The smallest memory of any device (0 for a cluster without devices).
+  std::int64_t min_memory_bytes() const;
+
+  // A compact table: a header line with totals and the inter-node link, then per node its link and
+  // one row per run of identical devices (ranks, count, type, FLOP/s, memory, share of FLOP/s).
+  std::string summary() const;
+};
+
+}  // namespace hap::synth

@@ -1,0 +1,188 @@
+#include "synth/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ops/op.h"
+
+namespace hap::synth {
+
+const char* method_name(CollectiveMethod m) {
+  switch (m) {
+    case CollectiveMethod::None: return "-";
+    case CollectiveMethod::Padded: return "padded";
+    case CollectiveMethod::Grouped: return "grouped";
+  }
+  return "?";
+}
+
+const char* instr_name(InstrKind k) {
+  switch (k) {
+    case InstrKind::Compute: return "compute";
+    case InstrKind::AllGather: return "all_gather";
+    case InstrKind::ReduceScatter: return "reduce_scatter";
+    case InstrKind::AllReduce: return "all_reduce";
+    case InstrKind::AllToAll: return "all_to_all";
+    case InstrKind::Slice: return "slice";
+    case InstrKind::Reshard: return "reshard";
+    case InstrKind::GradAllReduce: return "grad_all_reduce";
+  }
+  return "?";
+}
+
+double LinearCost::eval(const std::vector<double>& r) const {
+  double m = 0;
+  for (size_t d = 0; d < coef.size(); ++d) m = std::max(m, coef[d] * r[d]);
+  return m + constant_s;
+}
+
+CostModel::CostModel(const Graph& graph, const Cluster& cluster)
+    : graph_(graph), cluster_(cluster) {
+  std::vector<int> all(cluster.devices.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  link_ = cluster.bottleneck(all);
+
+  requires_grad_.assign(graph.tensors.size(), false);
+  for (const GraphTensor& t : graph.tensors)
+    if (t.role == TensorRole::Parameter) requires_grad_[t.id] = true;
+  sigs_.resize(graph.nodes.size());
+  step_flops_.resize(graph.nodes.size());
+  for (const GraphNode& n : graph.nodes) {
+    const ops::OpDef& def = ops::op_def(n.kind);
+    ops::Metas in, out;
+    int grad_inputs = 0;
+    for (int t : n.inputs) {
+      if (t < 0) {
+        in.push_back({{}, DType::F32, false});
+        continue;
+      }
+      in.push_back({graph.tensors[t].shape, graph.tensors[t].dtype, true});
+      if (requires_grad_[t]) ++grad_inputs;
+    }
+    for (int t : n.outputs) out.push_back({graph.tensors[t].shape, graph.tensors[t].dtype, true});
+    if (def.shard) sigs_[n.id] = def.shard(in, out, n.attrs);
+    bool differentiable = def.backward != nullptr && grad_inputs > 0;
+    if (differentiable)
+      for (int t : n.outputs)
+        if (is_floating(graph.tensors[t].dtype)) requires_grad_[t] = true;
+    // Backward of a product costs one product per input that needs a gradient; other ops about
+    // one forward's worth.
+    bool product = n.kind == ops::OpKind::MatMul || n.kind == ops::OpKind::Linear;
+    double bw = !differentiable ? 0.0 : product ? std::min(grad_inputs, 2) : 1.0;
+    step_flops_[n.id] = n.flops * (1.0 + bw);
+  }
+}
+
+Prop CostModel::input_prop(int node, int sig, size_t input) const {
+  return sig < 0 ? Prop::replicated() : sigs_[node][sig].inputs[input];
+}
+Prop CostModel::output_prop(int node, int sig, size_t output) const {
+  return sig < 0 ? Prop::replicated() : sigs_[node][sig].outputs[output];
+}
+bool CostModel::splits_work(int node, int sig) const {
+  if (sig < 0) return false;
+  for (const Prop& p : sigs_[node][sig].outputs)
+    if (p.kind != PropKind::Replicated) return true;
+  return false;
+}
+
+LinearCost CostModel::compute(int node, int sig) const {
+  LinearCost c;
+  double f = step_flops_[node];
+  if (splits_work(node, sig)) {
+    for (const Device& d : cluster_.devices) c.coef.push_back(f / d.flops_per_s);
+  } else {
+    double worst = 0;
+    for (const Device& d : cluster_.devices) worst = std::max(worst, f / d.flops_per_s);
+    c.constant_s = worst;
+  }
+  return c;
+}
+
+LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod method) const {
+  LinearCost c;
+  int P = num_devices();
+  if (P <= 1) return c;
+  double B = static_cast<double>(graph_.tensors[tensor].bytes());
+  double bw = link_.bandwidth_bytes_per_s, lat = link_.latency_s;
+  double logp = std::ceil(std::log2(static_cast<double>(P)));
+  bool grad = requires_grad_[tensor];
+  // One uneven gather or scatter pass: ring over shards padded to the largest, or one
+  // broadcast/reduce per rank inside a group call.
+  auto pass = [&](LinearCost& lc, double times) {
+    if (method == CollectiveMethod::Grouped) {
+      lc.constant_s += times * (B / bw + P * logp * lat);
+    } else {
+      if (lc.coef.empty()) lc.coef.assign(P, 0.0);
+      for (double& x : lc.coef) x += times * (P - 1) * B / bw;
+      lc.constant_s += times * (P - 1) * lat;
+    }
+  };
+  double ring_allreduce = 2.0 * (P - 1) / P * B / bw + 2.0 * (P - 1) * lat;
+  switch (kind) {
+    case InstrKind::AllGather:  // backward: a local slice of the Replicated gradient
+      pass(c, 1);
+      break;
+    case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient
+      pass(c, 2);
+      break;
+    case InstrKind::Slice:  // forward is local; backward gathers the gradient
+      if (grad) pass(c, 1);
+      break;
+    case InstrKind::AllReduce:  // backward: the Replicated gradient is each addend's gradient
+    case InstrKind::GradAllReduce:
+      c.constant_s = ring_allreduce;
+      break;
+    case InstrKind::AllToAll:  // backward: the reverse all-to-all
+      c.coef.assign(P, 2.0 * B / bw);
+      c.constant_s = 2.0 * (P - 1) * lat;
+      break;
+    case InstrKind::Reshard:
+    case InstrKind::Compute:
+      HAP_ASSERT(false, "communication() called for ", instr_name(kind));
+  }
+  return c;
+}
+
+CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::vector<double>& r,
+                                        double* cost_s) const {
+  bool uneven = kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter ||
+                kind == InstrKind::Slice;
+  if (!uneven) {
+    *cost_s = communication(kind, tensor, CollectiveMethod::None).eval(r);
+    return CollectiveMethod::None;
+  }
+  double padded = communication(kind, tensor, CollectiveMethod::Padded).eval(r);
+  double grouped = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);
+  if (grouped < padded) {
+    *cost_s = grouped;
+    return CollectiveMethod::Grouped;
+  }
+  *cost_s = padded;
+  return CollectiveMethod::Padded;
+}
+
+double CostModel::reshard_coef(int tensor) const {
+  if (num_devices() <= 1) return 0;
+  return 2.0 * static_cast<double>(graph_.tensors[tensor].bytes()) / link_.bandwidth_bytes_per_s;
+}
+
+double CostModel::reshard_s(int tensor, const std::vector<double>& a, const std::vector<double>& b) const {
+  double m = 0;
+  for (size_t d = 0; d < a.size(); ++d) m = std::max(m, std::abs(a[d] - b[d]));
+  if (m == 0) return 0;
+  return reshard_coef(tensor) * m + 2.0 * link_.latency_s;
+}
+
+double CostModel::held_bytes(int tensor, const Prop& p, double share) const {
+  double b = static_cast<double>(graph_.tensors[tensor].bytes());
+  return p.kind == PropKind::Sharded ? b * share : b;
+}
+
+double CostModel::compute_lower_bound_s() const {
+  double f = 0;
+  for (double x : step_flops_) f += x;
+  return f / cluster_.total_flops_per_s();
+}
+
+}  // namespace hap::synth

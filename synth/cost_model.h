@@ -1,0 +1,68 @@
+// The cost model: per-device compute time of a node under a sharding signature, collective times
+// priced with latency + bytes / bottleneck-link bandwidth for the padded and grouped methods, and
+// per-device memory. Every cost is "forward + backward" of one training step.
+#pragma once
+#include <vector>
+
+#include "synth/cluster.h"
+#include "synth/graph.h"
+#include "synth/program.h"
+
+namespace hap::synth {
+
+// A cost that is linear in one segment's ratio vector r: max_d (coef[d] * r[d]) + constant_s.
+// Compute on shards and padded collectives have this form; replicated compute and grouped
+// collectives are constants. The LP over ratios reads these terms.
+struct LinearCost {
+  std::vector<double> coef;  // per device; empty for a constant
+  double constant_s = 0;
+  double eval(const std::vector<double>& r) const;
+};
+
+class CostModel {
+ public:
+  CostModel(const Graph& graph, const Cluster& cluster);
+
+  const Graph& graph() const { return graph_; }
+  const Cluster& cluster() const { return cluster_; }
+  int num_devices() const { return static_cast<int>(cluster_.devices.size()); }
+
+  // The sharding signatures of a node (from the op registry); index -1 is all-Replicated.
+  const std::vector<ops::ShardSignature>& signatures(int node) const { return sigs_[node]; }
+  Prop input_prop(int node, int sig, size_t input) const;
+  Prop output_prop(int node, int sig, size_t output) const;
+  // Whether a signature splits the work over devices (some output not Replicated).
+  bool splits_work(int node, int sig) const;
+  // Whether tensor t needs a gradient (it depends on a parameter through differentiable ops).
+  bool requires_grad(int tensor) const { return requires_grad_[tensor]; }
+  // FLOPs of forward + backward of a node.
+  double step_flops(int node) const { return step_flops_[node]; }
+
+  LinearCost compute(int node, int sig) const;
+  // Cost of converting tensor t (full logical size) from `from` to `to` with `method`; the
+  // instruction kind follows from the two properties. Backward adjoints are included.
+  LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method) const;
+  // The better method for a collective under ratios r (padded vs grouped), and its cost.
+  CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,
+                               double* cost_s) const;
+  // Reshard of tensor t between two segments' ratio vectors.
+  double reshard_s(int tensor, const std::vector<double>& from_r, const std::vector<double>& to_r) const;
+  double reshard_coef(int tensor) const;  // bytes / bandwidth
+  double latency_s() const { return link_.latency_s; }
+
+  // Bytes a device holds for tensor t with property p under ratios r (for memory).
+  double held_bytes(int tensor, const Prop& p, double share) const;
+
+  // Compute lower bound of the whole step: total FLOPs / total FLOP/s.
+  double compute_lower_bound_s() const;
+
+ private:
+  const Graph& graph_;
+  const Cluster& cluster_;
+  Link link_;  // bottleneck link over all devices
+  std::vector<std::vector<ops::ShardSignature>> sigs_;
+  std::vector<bool> requires_grad_;
+  std::vector<double> step_flops_;
+};
+
+}  // namespace hap::synth

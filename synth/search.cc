@@ -1,0 +1,439 @@
+#include "synth/search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <queue>
+#include <string>
+#include <unordered_map>
+
+namespace hap::synth {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Parameter bytes held per stored byte: the parameter, its gradient, Adam's two moments.
+constexpr double kParamStateFactor = 4.0;
+
+uint32_t bit(const Prop& p) {
+  switch (p.kind) {
+    case PropKind::Replicated: return 1u;
+    case PropKind::Partial: return 2u;
+    case PropKind::Sharded: return 4u << p.dim;
+  }
+  return 0;
+}
+constexpr uint32_t kShardedBits = ~3u;
+
+Prop prop_of_bit(int b) {
+  if (b == 0) return Prop::replicated();
+  if (b == 1) return Prop::partial();
+  return Prop::sharded(b - 2);
+}
+
+struct Live {
+  int tensor;
+  uint32_t mask;
+  int16_t segment;  // whose ratios size its Sharded properties
+  uint8_t synced;   // the gradient all-reduce of its Replicated copy is already charged
+};
+
+struct State {
+  int next = 0;
+  double g = 0;
+  std::vector<Live> live;  // sorted by tensor
+  std::vector<double> mem;
+  int parent = -1;
+  std::vector<Instruction> instrs;           // added by the step into this state
+  std::vector<std::pair<int, Prop>> stored;  // leaves first used by that step
+};
+
+class Expander {
+ public:
+  Expander(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+           const std::vector<int>& node_segment, const SearchSpace& space)
+      : cm_(cm), g_(cm.graph()), ratios_(ratios), seg_(node_segment), space_(space) {
+    last_use_.assign(g_.tensors.size(), -1);
+    for (const GraphNode& n : g_.nodes)
+      for (int t : n.inputs)
+        if (t >= 0) last_use_[t] = n.id;
+    for (const Device& d : cm.cluster().devices) limit_.push_back(static_cast<double>(d.memory_bytes));
+  }
+
+  State initial() const {
+    State s;
+    s.mem.assign(limit_.size(), 0.0);
+    return s;
+  }
+
+  // The state after running node parent.next under signature sig, or false if not allowed.
+  bool step(const State& parent, int sig, State& child) const {
+    const GraphNode& n = g_.nodes[parent.next];
+    int seg = seg_[n.id];
+    const std::vector<double>& r = ratios_[seg];
+    child.next = parent.next + 1;
+    child.g = parent.g;
+    child.live = parent.live;
+    child.mem = parent.mem;
+    child.instrs.clear();
+    child.stored.clear();
+    bool split = cm_.splits_work(n.id, sig);
+
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      int t = n.inputs[k];
+      if (t < 0) continue;
+      Prop q = cm_.input_prop(n.id, sig, k);
+      if (q.kind == PropKind::Sharded && g_.tensors[t].shape[q.dim] < 2) return false;
+      Live* L = find(child.live, t);
+      Live single{};
+      bool stored_here = std::any_of(child.stored.begin(), child.stored.end(),
+                                     [t](const auto& e) { return e.first == t; });
+      if (!L && stored_here) {
+        // A leaf read twice by this node: the first read stored it.
+        for (const auto& [st, sp] : child.stored)
+          if (st == t) single = {t, bit(sp), static_cast<int16_t>(seg), 0};
+        L = &single;
+        if (!(L->mask & bit(q)) && !convert(*L, q, seg, child)) return false;
+      } else if (!L) {
+        const GraphTensor& gt = g_.tensors[t];
+        HAP_ASSERT(gt.producer < 0, "tensor %", t, " used before it is produced");
+        if (!leaf_allows(gt, q)) return false;
+        child.stored.push_back({t, q});
+        double factor = gt.role == TensorRole::Parameter ? kParamStateFactor : 1.0;
+        for (size_t d = 0; d < child.mem.size(); ++d)
+          child.mem[d] += factor * cm_.held_bytes(t, q, r[d]);
+        single = {t, bit(q), static_cast<int16_t>(seg), 0};
+        if (last_use_[t] > n.id) {
+          insert(child.live, single);
+          L = find(child.live, t);
+        } else {
+          L = &single;
+        }
+      } else if (!(L->mask & bit(q)) ||
+                 (q.kind == PropKind::Sharded && L->segment != seg)) {
+        if (!convert(*L, q, seg, child)) return false;
+      }
+      if (q.kind == PropKind::Replicated && split && cm_.requires_grad(t) && !L->synced) {
+        Instruction in;
+        in.kind = InstrKind::GradAllReduce;
+        in.tensor = t;
+        in.from = Prop::partial();
+        in.to = Prop::replicated();
+        in.segment = seg;
+        in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
+        child.g += in.cost_s;
+        child.instrs.push_back(in);
+        L->synced = 1;
+      }
+    }
+
+    Instruction c;
+    c.kind = InstrKind::Compute;
+    c.node = n.id;
+    c.signature = sig;
+    c.segment = seg;
+    c.cost_s = cm_.compute(n.id, sig).eval(r);
+    child.g += c.cost_s;
+    child.instrs.push_back(c);
+
+    for (size_t o = 0; o < n.outputs.size(); ++o) {
+      int t = n.outputs[o];
+      Prop p = cm_.output_prop(n.id, sig, o);
+      if (cm_.requires_grad(t))
+        for (size_t d = 0; d < child.mem.size(); ++d) child.mem[d] += cm_.held_bytes(t, p, r[d]);
+      if (!g_.tensors[t].consumers.empty()) insert(child.live, {t, bit(p), static_cast<int16_t>(seg), 0});
+    }
+    for (int t : n.inputs)
+      if (t >= 0 && last_use_[t] == n.id) erase(child.live, t);
+    bool fits = true;
+    for (size_t d = 0; d < limit_.size(); ++d) {
+      double excess = child.mem[d] - limit_[d];
+      if (excess <= 0) continue;
+      fits = false;
+      // Remember the smallest shortfall seen: the program closest to fitting names the device.
+      if (over_device_ < 0 || excess < over_) {
+        over_ = excess;
+        over_device_ = static_cast<int>(d);
+      }
+    }
+    return fits;
+  }
+
+  double heuristic(int next) const { return h_suffix_[next]; }
+
+  void prepare_heuristic() {
+    h_suffix_.assign(g_.nodes.size() + 1, 0.0);
+    for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
+      const std::vector<double>& r = ratios_[seg_[i]];
+      double best = cm_.compute(i, -1).eval(r);
+      for (size_t s = 0; s < cm_.signatures(i).size(); ++s)
+        best = std::min(best, cm_.compute(i, static_cast<int>(s)).eval(r));
+      h_suffix_[i] = h_suffix_[i + 1] + best;
+    }
+  }
+
+  int num_signatures(int node) const { return static_cast<int>(cm_.signatures(node).size()); }
+  int num_nodes() const { return static_cast<int>(g_.nodes.size()); }
+  double worst_overflow() const { return over_; }
+  int worst_device() const { return over_device_; }
+
+  static std::string key(const State& s) {
+    std::string k(reinterpret_cast<const char*>(&s.next), sizeof(s.next));
+    for (const Live& l : s.live) {
+      k.append(reinterpret_cast<const char*>(&l.tensor), sizeof(l.tensor));
+      k.append(reinterpret_cast<const char*>(&l.mask), sizeof(l.mask));
+      k.append(reinterpret_cast<const char*>(&l.segment), sizeof(l.segment));
+      k.push_back(static_cast<char>(l.synced));
+    }
+    return k;
+  }
+
+ private:
+  bool leaf_allows(const GraphTensor& t, const Prop& q) const {
+    if (q.kind == PropKind::Partial) return false;
+    if (t.role == TensorRole::Parameter) return q.kind == PropKind::Replicated || space_.shard_parameters;
+    if (t.role == TensorRole::Input) {
+      if (space_.inputs_must_shard_dim0) return q.kind == PropKind::Sharded && q.dim == 0;
+      return q.kind == PropKind::Replicated || space_.shard_inputs;
+    }
+    return q.kind == PropKind::Replicated;  // constants are made on every rank
+  }
+
+  // Adds the cheapest conversion of live tensor L to property q (in segment seg).
+  bool convert(Live& L, const Prop& q, int seg, State& child) const {
+    const std::vector<double>& r = ratios_[seg];
+    int t = L.tensor;
+    Instruction best;
+    double best_cost = kInf;
+    auto consider = [&](InstrKind kind, const Prop& from, int from_seg) {
+      Instruction in;
+      in.kind = kind;
+      in.tensor = t;
+      in.from = from;
+      in.to = q;
+      in.segment = kind == InstrKind::AllGather ? from_seg : seg;
+      in.from_segment = from_seg;
+      double cost = 0;
+      if (kind == InstrKind::Reshard) {
+        cost = cm_.reshard_s(t, ratios_[from_seg], r);
+      } else {
+        in.method = cm_.best_method(kind, t, ratios_[in.segment], &cost);
+      }
+      in.cost_s = cost;
+      if (cost < best_cost) {
+        best_cost = cost;
+        best = in;
+      }
+    };
+    for (int b = 0; b < 32; ++b) {
+      if (!(L.mask & (1u << b))) continue;
+      Prop p = prop_of_bit(b);
+      if (p == q && L.segment != seg) {
+        consider(InstrKind::Reshard, p, L.segment);
+        continue;
+      }
+      if (q.kind == PropKind::Replicated) {
+        if (p.kind == PropKind::Sharded) consider(InstrKind::AllGather, p, L.segment);
+        if (p.kind == PropKind::Partial) consider(InstrKind::AllReduce, p, L.segment);
+      } else if (q.kind == PropKind::Sharded) {
+        if (p.kind == PropKind::Partial) consider(InstrKind::ReduceScatter, p, L.segment);
+        if (p.kind == PropKind::Sharded && p.dim != q.dim) consider(InstrKind::AllToAll, p, L.segment);
+        if (p.kind == PropKind::Replicated && space_.allow_slice) consider(InstrKind::Slice, p, L.segment);
+      }
+    }
+    if (best_cost == kInf) return false;
+    child.g += best.cost_s;
+    child.instrs.push_back(best);
+    if (q.kind == PropKind::Sharded && L.segment != seg) {
+      L.mask &= ~kShardedBits;  // shards of the old segment's lengths are dropped
+      L.segment = static_cast<int16_t>(seg);
+    }
+    L.mask |= bit(q);
+    if (cm_.requires_grad(t))
+      for (size_t d = 0; d < child.mem.size(); ++d) child.mem[d] += cm_.held_bytes(t, q, r[d]);
+    return true;
+  }
+
+  static Live* find(std::vector<Live>& v, int t) {
+    auto it = std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
+    return it != v.end() && it->tensor == t ? &*it : nullptr;
+  }
+  static void insert(std::vector<Live>& v, const Live& l) {
+    auto it = std::lower_bound(v.begin(), v.end(), l.tensor, [](const Live& a, int x) { return a.tensor < x; });
+    if (it != v.end() && it->tensor == l.tensor) *it = l;
+    else v.insert(it, l);
+  }
+  static void erase(std::vector<Live>& v, int t) {
+    auto it = std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
+    if (it != v.end() && it->tensor == t) v.erase(it);
+  }
+
+  const CostModel& cm_;
+  const Graph& g_;
+  const std::vector<std::vector<double>>& ratios_;
+  const std::vector<int>& seg_;
+  const SearchSpace& space_;
+  std::vector<int> last_use_;
+  std::vector<double> limit_;
+  std::vector<double> h_suffix_;
+  mutable double over_ = 0;
+  mutable int over_device_ = -1;
+};
+
+SearchResult finish(const CostModel& cm, const std::vector<State>& arena, int goal,
+                    const std::vector<std::vector<double>>& ratios) {
+  SearchResult res;
+  res.storage.assign(cm.graph().tensors.size(), Prop::replicated());
+  std::vector<int> path;
+  for (int s = goal; s >= 0; s = arena[s].parent) path.push_back(s);
+  std::reverse(path.begin(), path.end());
+  for (int s : path) {
+    for (const Instruction& in : arena[s].instrs) res.instructions.push_back(in);
+    for (const auto& [t, p] : arena[s].stored) res.storage[t] = p;
+  }
+  res.cost_s = arena[goal].g;
+  res.device_memory_bytes = program_memory(cm, res.instructions, res.storage, ratios);
+  return res;
+}
+
+[[noreturn]] void no_program(const CostModel& cm, const Expander& ex) {
+  if (ex.worst_device() >= 0) {
+    const Device& d = cm.cluster().devices[ex.worst_device()];
+    HAP_CHECK(false, "no program fits in memory: device ", ex.worst_device(), " (", d.name, ", ",
+              d.type, ") is short by at least ", static_cast<int64_t>(ex.worst_overflow()),
+              " bytes of its ", d.memory_bytes, " (use more devices, a smaller batch or model)");
+  }
+  HAP_CHECK(false, "no program exists for this graph under the chosen strategy");
+}
+
+void check_ratios(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                  const std::vector<int>& node_segment) {
+  HAP_CHECK(node_segment.size() == cm.graph().nodes.size(), "search: ", node_segment.size(),
+            " node segments for ", cm.graph().nodes.size(), " nodes");
+  for (int s : node_segment)
+    HAP_CHECK(s >= 0 && s < static_cast<int>(ratios.size()), "search: segment ", s,
+              " has no ratio vector (", ratios.size(), " given)");
+  for (size_t s = 0; s < ratios.size(); ++s) {
+    HAP_CHECK(static_cast<int>(ratios[s].size()) == cm.num_devices(), "ratios of segment ", s,
+              " have ", ratios[s].size(), " entries for ", cm.num_devices(), " devices");
+    double sum = 0;
+    for (double x : ratios[s]) {
+      HAP_CHECK(x >= 0 && std::isfinite(x), "ratios of segment ", s, " contain ", x);
+      sum += x;
+    }
+    HAP_CHECK(std::abs(sum - 1.0) < 1e-6, "ratios of segment ", s, " sum to ", sum, ", expected 1");
+  }
+}
+
+}  // namespace
+
+std::vector<double> program_memory(const CostModel& cm, const std::vector<Instruction>& instrs,
+                                   const std::vector<Prop>& storage,
+                                   const std::vector<std::vector<double>>& ratios) {
+  const Graph& g = cm.graph();
+  int D = cm.num_devices();
+  std::vector<double> mem(D, 0.0);
+  auto add = [&](int t, const Prop& p, int seg, double factor) {
+    for (int d = 0; d < D; ++d) mem[d] += factor * cm.held_bytes(t, p, ratios[seg][d]);
+  };
+  std::vector<bool> seen(g.tensors.size(), false);
+  for (const Instruction& in : instrs) {
+    if (in.kind == InstrKind::Compute) {
+      const GraphNode& n = g.nodes[in.node];
+      for (int t : n.inputs) {
+        if (t < 0 || seen[t] || g.tensors[t].producer >= 0) continue;
+        seen[t] = true;
+        add(t, storage[t], in.segment, g.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0);
+      }
+      for (size_t o = 0; o < n.outputs.size(); ++o)
+        if (cm.requires_grad(n.outputs[o])) add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
+    } else if (in.kind != InstrKind::GradAllReduce && cm.requires_grad(in.tensor)) {
+      add(in.tensor, in.to, in.segment, 1.0);
+    }
+  }
+  return mem;
+}
+
+SearchResult search_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                            const std::vector<int>& node_segment, const SearchSpace& space) {
+  check_ratios(cm, ratios, node_segment);
+  Expander ex(cm, ratios, node_segment, space);
+  ex.prepare_heuristic();
+  std::vector<State> arena;
+  arena.push_back(ex.initial());
+  std::unordered_map<std::string, double> best_g;
+  best_g[Expander::key(arena[0])] = 0;
+  using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
+  std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>> open;
+  int64_t seq = 0;
+  open.push({{ex.heuristic(0), seq++}, 0});
+  int64_t expanded = 0;
+  State child;
+  while (!open.empty()) {
+    int si = open.top().second;
+    open.pop();
+    const State& s = arena[si];
+    auto it = best_g.find(Expander::key(s));
+    if (it != best_g.end() && s.g > it->second) continue;  // a cheaper path reached this state
+    if (s.next == ex.num_nodes()) {
+      SearchResult res = finish(cm, arena, si, ratios);
+      res.states_expanded = expanded;
+      return res;
+    }
+    HAP_CHECK(++expanded <= space.max_states, "search: expanded more than ", space.max_states,
+              " states without reaching the loss (raise the search budget)");
+    int nsig = ex.num_signatures(s.next);
+    for (int sig = -1; sig < nsig; ++sig) {
+      if (!ex.step(arena[si], sig, child)) continue;
+      std::string k = Expander::key(child);
+      auto [pos, inserted] = best_g.try_emplace(k, child.g);
+      if (!inserted) {
+        if (child.g >= pos->second) continue;
+        pos->second = child.g;
+      }
+      child.parent = si;
+      arena.push_back(child);
+      open.push({{child.g + ex.heuristic(child.next), seq++}, static_cast<int>(arena.size()) - 1});
+    }
+  }
+  no_program(cm, ex);
+}
+
+SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                               const std::vector<int>& node_segment, const SearchSpace& space) {
+  check_ratios(cm, ratios, node_segment);
+  Expander ex(cm, ratios, node_segment, space);
+  std::vector<State> arena;
+  double best = kInf;
+  int best_state = -1;
+  int64_t visited = 0;
+  // Depth-first; every path is kept in the arena so the best one can be rebuilt.
+  std::vector<int> stack = {0};
+  arena.push_back(ex.initial());
+  while (!stack.empty()) {
+    int si = stack.back();
+    stack.pop_back();
+    ++visited;
+    if (arena[si].next == ex.num_nodes()) {
+      if (arena[si].g < best) {
+        best = arena[si].g;
+        best_state = si;
+      }
+      continue;
+    }
+    for (int sig = ex.num_signatures(arena[si].next) - 1; sig >= -1; --sig) {
+      State child;
+      if (!ex.step(arena[si], sig, child)) continue;
+      child.parent = si;
+      arena.push_back(std::move(child));
+      stack.push_back(static_cast<int>(arena.size()) - 1);
+    }
+  }
+  if (best_state < 0) no_program(cm, ex);
+  SearchResult res = finish(cm, arena, best_state, ratios);
+  res.states_expanded = visited;
+  return res;
+}
+
+}  // namespace hap::synth

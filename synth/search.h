@@ -1,0 +1,49 @@
+// Program synthesis: best-first search over Hoare-triple instructions, from the available
+// properties of inputs and parameters to the loss. Nodes are visited in program order; a step
+// picks a sharding signature for the next node, converts each input to the property the signature
+// requires (the cheapest collective, method chosen per collective), and adds the computation.
+// States are memoised on (next node, the properties held for every live tensor); the heuristic is
+// the sum over the remaining nodes of their cheapest computation (admissible and consistent:
+// communication is never negative and no node can run below its cheapest signature).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "synth/cost_model.h"
+
+namespace hap::synth {
+
+// Which programs a strategy may use. HAP uses everything; the baselines are restrictions of the
+// same search space.
+struct SearchSpace {
+  bool shard_inputs = true;         // inputs may be read as shards (batch/sequence parallel)
+  bool inputs_must_shard_dim0 = false;  // data parallel: inputs are read split on dim 0
+  bool shard_parameters = true;     // parameters may be stored Sharded (tensor parallel, ZeRO)
+  bool allow_slice = true;          // Replicated -> Sharded by a local slice
+  int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
+};
+
+struct SearchResult {
+  std::vector<Instruction> instructions;
+  std::vector<Prop> storage;  // per graph tensor: how a parameter or input is held
+  double cost_s = 0;
+  int64_t states_expanded = 0;
+  std::vector<double> device_memory_bytes;
+};
+
+// ratios[segment][device]; node_segment[node]. Throws hap::Error when no program fits every
+// device's memory (naming the device and the shortfall of the closest program).
+SearchResult search_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                            const std::vector<int>& node_segment, const SearchSpace& space);
+
+// The obviously-correct reference: every combination of signatures, depth first, no memo and no
+// heuristic. Exponential; for tests on small graphs only.
+SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                               const std::vector<int>& node_segment, const SearchSpace& space);
+
+// Per-device memory of a finished program under the given ratios.
+std::vector<double> program_memory(const CostModel& cm, const std::vector<Instruction>& instrs,
+                                   const std::vector<Prop>& storage,
+                                   const std::vector<std::vector<double>>& ratios);
+
+}  // namespace hap::synth

@@ -1,0 +1,267 @@
+#include "synth/synthesizer.h"
+
+#include <ClpSimplex.hpp>
+#include <CoinPackedMatrix.hpp>
+#include <chrono>
+#include <cmath>
+#include <map>
+
+namespace hap::synth {
+
+const char* strategy_name(Strategy s) {
+  switch (s) {
+    case Strategy::Hap: return "hap";
+    case Strategy::DpEv: return "dp-ev";
+    case Strategy::DpCp: return "dp-cp";
+    case Strategy::Tp: return "tp";
+  }
+  return "?";
+}
+
+Strategy parse_strategy(const std::string& name) {
+  if (name == "hap") return Strategy::Hap;
+  if (name == "dp-ev") return Strategy::DpEv;
+  if (name == "dp-cp") return Strategy::DpCp;
+  if (name == "tp") return Strategy::Tp;
+  HAP_CHECK(false, "unknown strategy '", name, "' (expected one of hap, dp-ev, dp-cp, tp)");
+}
+
+std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_segments) {
+  std::vector<int> seg(graph.nodes.size(), 0);
+  std::map<std::string, int> ids;
+  int next = 1;
+  if (mode == SegmentMode::PerBlock) {
+    for (const GraphNode& n : graph.nodes) {
+      // The first "<name>.<number>" prefix of the module path names the block.
+      size_t start = 0;
+      std::string key;
+      while (start < n.module.size()) {
+        size_t dot = n.module.find('.', start);
+        if (dot == std::string::npos) break;
+        size_t end = n.module.find('.', dot + 1);
+        std::string num = n.module.substr(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1);
+        if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit)) {
+          key = n.module.substr(0, end);
+          break;
+        }
+        start = dot + 1;
+      }
+      if (key.empty()) continue;
+      auto [it, inserted] = ids.try_emplace(key, next);
+      if (inserted) ++next;
+      seg[n.id] = it->second;
+    }
+  }
+  *num_segments = next;
+  return seg;
+}
+
+double recost(const CostModel& cm, std::vector<Instruction>& instrs,
+              const std::vector<std::vector<double>>& ratios) {
+  double total = 0;
+  for (Instruction& in : instrs) {
+    const std::vector<double>& r = ratios[in.segment];
+    switch (in.kind) {
+      case InstrKind::Compute: in.cost_s = cm.compute(in.node, in.signature).eval(r); break;
+      case InstrKind::Reshard: in.cost_s = cm.reshard_s(in.tensor, ratios[in.from_segment], r); break;
+      default: in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r); break;
+    }
+    total += in.cost_s;
+  }
+  return total;
+}
+
+bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs,
+                     const std::vector<Prop>& storage, int num_segments, double min_share,
+                     std::vector<std::vector<double>>* ratios) {
+  const int D = cm.num_devices();
+  const Graph& g = cm.graph();
+  auto rvar = [D](int seg, int d) { return seg * D + d; };
+  int ncols = num_segments * D;
+  std::vector<double> obj(ncols, 0.0), collb(ncols, min_share), colub(ncols, 1.0);
+  std::vector<int> rows_i, cols_i;
+  std::vector<double> vals;
+  std::vector<double> rowlb, rowub;
+  int nrows = 0;
+  auto add_row = [&](const std::vector<std::pair<int, double>>& entries, double lb, double ub) {
+    for (auto [c, v] : entries) {
+      rows_i.push_back(nrows);
+      cols_i.push_back(c);
+      vals.push_back(v);
+    }
+    rowlb.push_back(lb);
+    rowub.push_back(ub);
+    ++nrows;
+  };
+  auto new_t = [&]() {
+    obj.push_back(1.0);
+    collb.push_back(0.0);
+    colub.push_back(COIN_DBL_MAX);
+    return ncols++;
+  };
+  for (int s = 0; s < num_segments; ++s) {
+    std::vector<std::pair<int, double>> e;
+    for (int d = 0; d < D; ++d) e.push_back({rvar(s, d), 1.0});
+    add_row(e, 1.0, 1.0);
+  }
+  for (const Instruction& in : instrs) {
+    if (in.kind == InstrKind::Reshard) {
+      double c = cm.reshard_coef(in.tensor);
+      if (c == 0) continue;
+      int t = new_t();
+      for (int d = 0; d < D; ++d) {
+        add_row({{t, 1.0}, {rvar(in.from_segment, d), -c}, {rvar(in.segment, d), c}}, 0.0, COIN_DBL_MAX);
+        add_row({{t, 1.0}, {rvar(in.from_segment, d), c}, {rvar(in.segment, d), -c}}, 0.0, COIN_DBL_MAX);
+      }
+      continue;
+    }
+    LinearCost lc = in.kind == InstrKind::Compute ? cm.compute(in.node, in.signature)
+                                                  : cm.communication(in.kind, in.tensor, in.method);
+    if (lc.coef.empty()) continue;
+    int t = new_t();
+    for (int d = 0; d < D; ++d) add_row({{t, 1.0}, {rvar(in.segment, d), -lc.coef[d]}}, 0.0, COIN_DBL_MAX);
+  }
+  // Memory: bytes that scale with a segment's ratio, plus bytes every device holds.
+  std::vector<std::vector<double>> coef(D, std::vector<double>(num_segments, 0.0));
+  std::vector<double> fixed(D, 0.0);
+  {
+    std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
+    std::vector<double> ones = program_memory(cm, instrs, storage, unit);
+    for (int s = 0; s < num_segments; ++s) {
+      std::vector<std::vector<double>> probe = unit;
+      for (int d = 0; d < D; ++d) probe[s][d] = 0.0;
+      std::vector<double> without = program_memory(cm, instrs, storage, probe);
+      for (int d = 0; d < D; ++d) coef[d][s] = ones[d] - without[d];
+    }
+    std::vector<std::vector<double>> zero(num_segments, std::vector<double>(D, 0.0));
+    fixed = program_memory(cm, instrs, storage, zero);
+  }
+  for (int d = 0; d < D; ++d) {
+    std::vector<std::pair<int, double>> e;
+    for (int s = 0; s < num_segments; ++s)
+      if (coef[d][s] - fixed[d] > 0) e.push_back({rvar(s, d), coef[d][s] - fixed[d]});
+    double limit = static_cast<double>(cm.cluster().devices[d].memory_bytes) - fixed[d];
+    if (!e.empty()) add_row(e, -COIN_DBL_MAX, limit);
+    else if (limit < 0) return false;
+  }
+  (void)g;
+
+  CoinPackedMatrix m(false, rows_i.data(), cols_i.data(), vals.data(), static_cast<int>(vals.size()));
+  m.setDimensions(nrows, ncols);
+  ClpSimplex lp;
+  lp.setLogLevel(0);
+  lp.loadProblem(m, collb.data(), colub.data(), obj.data(), rowlb.data(), rowub.data());
+  lp.primal();
+  if (lp.status() != 0) return false;
+  const double* x = lp.primalColumnSolution();
+  ratios->assign(num_segments, std::vector<double>(D));
+  for (int s = 0; s < num_segments; ++s) {
+    double sum = 0;
+    for (int d = 0; d < D; ++d) sum += std::max(x[rvar(s, d)], min_share);
+    for (int d = 0; d < D; ++d) (*ratios)[s][d] = std::max(x[rvar(s, d)], min_share) / sum;
+  }
+  return true;
+}
+
+namespace {
+
+SearchSpace space_for(Strategy s, int64_t max_states) {
+  SearchSpace sp;
+  sp.max_states = max_states;
+  switch (s) {
+    case Strategy::Hap: break;
+    case Strategy::DpEv:
+    case Strategy::DpCp:
+      sp.inputs_must_shard_dim0 = true;
+      sp.shard_parameters = false;
+      break;
+    case Strategy::Tp:
+      sp.shard_inputs = false;
+      sp.allow_slice = false;
+      break;
+  }
+  return sp;
+}
+
+}  // namespace
+
+DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
+                              const SynthesisOptions& options) {
+  auto t0 = std::chrono::steady_clock::now();
+  cluster.validate();
+  CostModel cm(graph, cluster);
+  int D = cm.num_devices();
+  int nseg = 1;
+  std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
+  SearchSpace space = space_for(options.strategy, options.max_states);
+
+  std::vector<double> even(D, 1.0 / D);
+  std::vector<double> by_flops = cluster.flops_ratios();
+  std::vector<std::vector<std::vector<double>>> starts;
+  if (options.strategy == Strategy::Hap || options.strategy == Strategy::DpCp)
+    starts.push_back(std::vector<std::vector<double>>(nseg, by_flops));
+  if (options.strategy != Strategy::DpCp) starts.push_back(std::vector<std::vector<double>>(nseg, even));
+  double min_share = 0.01 / D;
+
+  DistributedProgram best;
+  best.predicted_step_s = std::numeric_limits<double>::infinity();
+  int64_t states = 0;
+  int rounds = 0;
+  std::string last_error;
+  for (const auto& start : starts) {
+    std::vector<std::vector<double>> r = start;
+    double prev = std::numeric_limits<double>::infinity();
+    for (int it = 0; it < options.max_iterations; ++it) {
+      SearchResult res;
+      try {
+        res = search_program(cm, r, seg, space);
+      } catch (const Error& e) {
+        last_error = e.what();
+        break;
+      }
+      ++rounds;
+      states += res.states_expanded;
+      auto consider = [&](std::vector<Instruction> instrs, const std::vector<std::vector<double>>& ratios) {
+        double cost = recost(cm, instrs, ratios);
+        if (cost < best.predicted_step_s) {
+          best.instructions = std::move(instrs);
+          best.ratios = ratios;
+          best.storage = res.storage;
+          best.predicted_step_s = cost;
+        }
+        return cost;
+      };
+      double cost = consider(res.instructions, r);
+      if (options.strategy != Strategy::Hap || !(cost < prev * (1 - 1e-9))) break;
+      prev = cost;
+      std::vector<std::vector<double>> next;
+      if (D == 1 || !optimize_ratios(cm, res.instructions, res.storage, nseg, min_share, &next)) break;
+      consider(res.instructions, next);
+      r = next;
+    }
+  }
+  HAP_CHECK(std::isfinite(best.predicted_step_s), last_error.empty() ? "synthesis found no program" : last_error);
+
+  best.strategy = strategy_name(options.strategy);
+  best.node_segment = seg;
+  best.search_iterations = rounds;
+  best.states_expanded = states;
+  best.device_compute_s.assign(D, 0.0);
+  for (const Instruction& in : best.instructions) {
+    if (in.kind == InstrKind::Compute) {
+      best.compute_s += in.cost_s;
+      LinearCost lc = cm.compute(in.node, in.signature);
+      for (int d = 0; d < D; ++d)
+        best.device_compute_s[d] += lc.coef.empty()
+                                        ? cm.step_flops(in.node) / cluster.devices[d].flops_per_s
+                                        : lc.coef[d] * best.ratios[in.segment][d];
+    } else {
+      best.communication_s += in.cost_s;
+    }
+  }
+  best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
+  best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return best;
+}
+
+}  // namespace hap::synth

@@ -1,0 +1,46 @@
+// The program synthesizer: alternates the best-first program search (with ratios fixed) and a
+// linear program over the ratios (with the program fixed), while the predicted step time
+// improves. Baseline strategies are restrictions of the same search.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "synth/cost_model.h"
+#include "synth/search.h"
+
+namespace hap::synth {
+
+enum class Strategy { Hap, DpEv, DpCp, Tp };
+const char* strategy_name(Strategy s);
+// "hap", "dp-ev", "dp-cp", "tp"; throws hap::Error listing the valid names.
+Strategy parse_strategy(const std::string& name);
+
+// How nodes are grouped into segments, each with its own ratio vector. PerBlock: one segment per
+// numbered module ("blocks.3", "layers.7") plus segment 0 for everything else.
+enum class SegmentMode { PerBlock, Single };
+
+struct SynthesisOptions {
+  Strategy strategy = Strategy::Hap;
+  SegmentMode segments = SegmentMode::PerBlock;
+  int max_iterations = 8;  // search <-> LP rounds
+  int64_t max_states = 2'000'000;
+};
+
+// Segment of every node and the number of segments.
+std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_segments);
+
+// The ratios minimising the predicted time of a fixed program (collective methods fixed), subject
+// to each device's memory, solved with COIN-OR CLP. Every ratio is at least `min_share`
+// (no zero-length shards). Returns false when the LP is infeasible.
+bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs,
+                     const std::vector<Prop>& storage, int num_segments, double min_share,
+                     std::vector<std::vector<double>>* ratios);
+
+// Recomputes every instruction's cost under `ratios`, keeping each collective's method.
+double recost(const CostModel& cm, std::vector<Instruction>& instrs,
+              const std::vector<std::vector<double>>& ratios);
+
+DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
+                              const SynthesisOptions& options);
+
+}  // namespace hap::synth
