@@ -1,8 +1,9 @@
 // The standard layers. Each is a Module with an options struct in the libtorch style and a
 // forward(); default initialisation follows GPT-2 (see each init_rule):
 //   Linear, Embedding weights ~ N(0, 0.02); biases 0; LayerNorm/RMSNorm weight 1, bias 0.
-// Parameters start at those values for seed 0; a model calls reset_parameters(seed) on its root
-// to draw them by full name.
+// A layer draws its parameters when constructed, with seed 0 and its local names ("weight"), since
+// full names are not known yet; the root calls reset_parameters(seed) once the tree is built to
+// draw every parameter under its full name (GPT's constructor does).
 #pragma once
 #include <cstdint>
 #include <memory>

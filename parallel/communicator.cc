@@ -96,6 +96,8 @@ Communicator Communicator::world() {
   static std::shared_ptr<State> world_state = [] {
     auto s = std::make_shared<State>();
     s->comm = MPI_COMM_WORLD;
+    // Also when someone else initialised MPI: errors must reach HAP_MPI_CHECK.
+    HAP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     HAP_MPI_CHECK(MPI_Comm_rank(s->comm, &s->rank));
     HAP_MPI_CHECK(MPI_Comm_size(s->comm, &s->size));
     return s;

@@ -179,7 +179,7 @@ void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& l
 #pragma omp parallel if (nb * nh > 1)
   {
     std::vector<T> s(static_cast<size_t>(kRowBlock * t)), m(static_cast<size_t>(t));
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < nb * nh; ++bh) {
       int64_t b = bh / nh, h = bh % nh;
       const T *qh = q.at(b, h), *kh = k.at(b, h), *vh = v.at(b, h);
@@ -247,7 +247,7 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
   {
     size_t block = static_cast<size_t>(kRowBlock * t);
     std::vector<T> p(block), dp(block), m(static_cast<size_t>(t)), delta(static_cast<size_t>(t));
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (int64_t bh = 0; bh < nb * nh; ++bh) {
       int64_t b = bh / nh, h = bh % nh;
       const T *qh = q.at(b, h), *kh = k.at(b, h), *vh = v.at(b, h), *oh = o.at(b, h);

@@ -57,7 +57,7 @@ void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
   const T* px = x.data<T>();
   const int64_t* pt = targets.data<int64_t>();
   std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
-#pragma omp parallel for schedule(static) if (n * v > cpu::kParallelGrain)
+#pragma omp parallel for schedule(dynamic) if (n * v > cpu::kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     if (pt[i] == ignore) continue;
     const T* xr = px + i * v;
@@ -85,7 +85,7 @@ void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
   const T* px = x.data<T>();
   const int64_t* pt = targets.data<int64_t>();
   T* py = out.data<T>();
-#pragma omp parallel for schedule(static) if (n * v > cpu::kParallelGrain)
+#pragma omp parallel for schedule(dynamic) if (n * v > cpu::kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
     T* yr = py + i * v;
     if (pt[i] == ignore) {
