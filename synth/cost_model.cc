@@ -119,23 +119,25 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
     }
   };
   double ring_allreduce = 2.0 * (P - 1) / P * B / bw + 2.0 * (P - 1) * lat;
+  // Gradients follow the executor's convention (parallel/autograd_collectives.h): the gradient
+  // of a Replicated tensor is Partial, of Sharded(d) Sharded(d), of Partial Replicated; every
+  // backward is the transpose of its forward.
   switch (kind) {
-    case InstrKind::AllGather:  // backward: a local slice of the Replicated gradient
-      pass(c, 1);
-      break;
+    case InstrKind::AllGather:  // backward: reduce-scatter of the Partial gradient
     case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient
-      pass(c, 2);
+      pass(c, grad ? 2 : 1);
       break;
-    case InstrKind::Slice:  // forward is local; backward gathers the gradient
-      if (grad) pass(c, 1);
+    case InstrKind::Slice:  // local; backward embeds the shard's gradient as a Partial
       break;
-    case InstrKind::AllReduce:  // backward: the Replicated gradient is each addend's gradient
-    case InstrKind::GradAllReduce:
+    case InstrKind::AllReduce:  // backward: all-reduce of the Partial gradient
+      c.constant_s = (grad ? 2 : 1) * ring_allreduce;
+      break;
+    case InstrKind::GradAllReduce:  // a Replicated parameter's Partial gradient, once per step
       c.constant_s = ring_allreduce;
       break;
     case InstrKind::AllToAll:  // backward: the reverse all-to-all
-      c.coef.assign(P, 2.0 * B / bw);
-      c.constant_s = 2.0 * (P - 1) * lat;
+      c.coef.assign(P, (grad ? 2.0 : 1.0) * B / bw);
+      c.constant_s = (grad ? 2.0 : 1.0) * (P - 1) * lat;
       break;
     case InstrKind::Reshard:
     case InstrKind::Compute:

@@ -36,7 +36,6 @@ struct Live {
   int tensor;
   uint32_t mask;
   int16_t segment;  // whose ratios size its Sharded properties
-  uint8_t synced;   // the gradient all-reduce of its Replicated copy is already charged
 };
 
 struct State {
@@ -45,8 +44,9 @@ struct State {
   std::vector<Live> live;  // sorted by tensor
   std::vector<double> mem;
   int parent = -1;
-  std::vector<Instruction> instrs;           // added by the step into this state
-  std::vector<std::pair<int, Prop>> stored;  // leaves first used by that step
+  int signature = -1;  // of the step into this state; the path is replayed to rebuild the program
+  std::vector<Instruction> instrs;           // added by the step into this state (transient)
+  std::vector<std::pair<int, Prop>> stored;  // leaves first used by that step (transient)
 };
 
 class Expander {
@@ -78,7 +78,6 @@ class Expander {
     child.mem = parent.mem;
     child.instrs.clear();
     child.stored.clear();
-    bool split = cm_.splits_work(n.id, sig);
 
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       int t = n.inputs[k];
@@ -92,7 +91,7 @@ class Expander {
       if (!L && stored_here) {
         // A leaf read twice by this node: the first read stored it.
         for (const auto& [st, sp] : child.stored)
-          if (st == t) single = {t, bit(sp), static_cast<int16_t>(seg), 0};
+          if (st == t) single = {t, bit(sp), static_cast<int16_t>(seg)};
         L = &single;
         if (!(L->mask & bit(q)) && !convert(*L, q, seg, child)) return false;
       } else if (!L) {
@@ -100,10 +99,22 @@ class Expander {
         HAP_ASSERT(gt.producer < 0, "tensor %", t, " used before it is produced");
         if (!leaf_allows(gt, q)) return false;
         child.stored.push_back({t, q});
+        if (q.kind == PropKind::Replicated && cm_.requires_grad(t)) {
+          // Every rank's copy collects a Partial gradient: one all-reduce per step.
+          Instruction in;
+          in.kind = InstrKind::GradAllReduce;
+          in.tensor = t;
+          in.from = Prop::partial();
+          in.to = Prop::replicated();
+          in.segment = seg;
+          in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
+          child.g += in.cost_s;
+          child.instrs.push_back(in);
+        }
         double factor = gt.role == TensorRole::Parameter ? kParamStateFactor : 1.0;
         for (size_t d = 0; d < child.mem.size(); ++d)
           child.mem[d] += factor * cm_.held_bytes(t, q, r[d]);
-        single = {t, bit(q), static_cast<int16_t>(seg), 0};
+        single = {t, bit(q), static_cast<int16_t>(seg)};
         if (last_use_[t] > n.id) {
           insert(child.live, single);
           L = find(child.live, t);
@@ -113,18 +124,6 @@ class Expander {
       } else if (!(L->mask & bit(q)) ||
                  (q.kind == PropKind::Sharded && L->segment != seg)) {
         if (!convert(*L, q, seg, child)) return false;
-      }
-      if (q.kind == PropKind::Replicated && split && cm_.requires_grad(t) && !L->synced) {
-        Instruction in;
-        in.kind = InstrKind::GradAllReduce;
-        in.tensor = t;
-        in.from = Prop::partial();
-        in.to = Prop::replicated();
-        in.segment = seg;
-        in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
-        child.g += in.cost_s;
-        child.instrs.push_back(in);
-        L->synced = 1;
       }
     }
 
@@ -142,7 +141,7 @@ class Expander {
       Prop p = cm_.output_prop(n.id, sig, o);
       if (cm_.requires_grad(t))
         for (size_t d = 0; d < child.mem.size(); ++d) child.mem[d] += cm_.held_bytes(t, p, r[d]);
-      if (!g_.tensors[t].consumers.empty()) insert(child.live, {t, bit(p), static_cast<int16_t>(seg), 0});
+      if (!g_.tensors[t].consumers.empty()) insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
     }
     for (int t : n.inputs)
       if (t >= 0 && last_use_[t] == n.id) erase(child.live, t);
@@ -178,14 +177,15 @@ class Expander {
   double worst_overflow() const { return over_; }
   int worst_device() const { return over_device_; }
 
-  static std::string key(const State& s) {
-    std::string k(reinterpret_cast<const char*>(&s.next), sizeof(s.next));
-    for (const Live& l : s.live) {
-      k.append(reinterpret_cast<const char*>(&l.tensor), sizeof(l.tensor));
-      k.append(reinterpret_cast<const char*>(&l.mask), sizeof(l.mask));
-      k.append(reinterpret_cast<const char*>(&l.segment), sizeof(l.segment));
-      k.push_back(static_cast<char>(l.synced));
-    }
+  // The memo key: the next node and every live tensor's properties, packed into 64-bit words
+  // (tensor id 32 bits, mask 20 bits, segment 12 bits) so that equal states compare equal.
+  static std::vector<uint64_t> key(const State& s) {
+    std::vector<uint64_t> k;
+    k.reserve(s.live.size() + 1);
+    k.push_back(static_cast<uint64_t>(s.next));
+    for (const Live& l : s.live)
+      k.push_back((static_cast<uint64_t>(l.tensor) << 32) | (static_cast<uint64_t>(l.mask & 0xFFFFF) << 12) |
+                  static_cast<uint64_t>(l.segment & 0xFFF));
     return k;
   }
 
@@ -281,17 +281,34 @@ class Expander {
   mutable int over_device_ = -1;
 };
 
-SearchResult finish(const CostModel& cm, const std::vector<State>& arena, int goal,
-                    const std::vector<std::vector<double>>& ratios) {
+struct KeyHash {
+  size_t operator()(const std::vector<uint64_t>& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (uint64_t x : k) {
+      h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 1099511628211ull;
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// Rebuilds the program of the path to `goal` by replaying its signature choices.
+SearchResult finish(const CostModel& cm, const Expander& ex, const std::vector<State>& arena,
+                    int goal, const std::vector<std::vector<double>>& ratios) {
   SearchResult res;
   res.storage.assign(cm.graph().tensors.size(), Prop::replicated());
-  std::vector<int> path;
-  for (int s = goal; s >= 0; s = arena[s].parent) path.push_back(s);
-  std::reverse(path.begin(), path.end());
-  for (int s : path) {
-    for (const Instruction& in : arena[s].instrs) res.instructions.push_back(in);
-    for (const auto& [t, p] : arena[s].stored) res.storage[t] = p;
+  std::vector<int> sigs;
+  for (int s = goal; arena[s].parent >= 0; s = arena[s].parent) sigs.push_back(arena[s].signature);
+  std::reverse(sigs.begin(), sigs.end());
+  State cur = ex.initial(), next;
+  for (int sig : sigs) {
+    bool ok = ex.step(cur, sig, next);
+    HAP_ASSERT(ok, "replaying the searched path failed");
+    for (const Instruction& in : next.instrs) res.instructions.push_back(in);
+    for (const auto& [t, p] : next.stored) res.storage[t] = p;
+    std::swap(cur, next);
   }
+  HAP_ASSERT(std::abs(cur.g - arena[goal].g) <= 1e-9 * std::max(1.0, cur.g), "replayed cost differs");
   res.cost_s = arena[goal].g;
   res.device_memory_bytes = program_memory(cm, res.instructions, res.storage, ratios);
   return res;
@@ -362,7 +379,7 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   ex.prepare_heuristic();
   std::vector<State> arena;
   arena.push_back(ex.initial());
-  std::unordered_map<std::string, double> best_g;
+  std::unordered_map<std::vector<uint64_t>, double, KeyHash> best_g;
   best_g[Expander::key(arena[0])] = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
   std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>> open;
@@ -377,7 +394,7 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     auto it = best_g.find(Expander::key(s));
     if (it != best_g.end() && s.g > it->second) continue;  // a cheaper path reached this state
     if (s.next == ex.num_nodes()) {
-      SearchResult res = finish(cm, arena, si, ratios);
+      SearchResult res = finish(cm, ex, arena, si, ratios);
       res.states_expanded = expanded;
       return res;
     }
@@ -386,13 +403,15 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
-      std::string k = Expander::key(child);
-      auto [pos, inserted] = best_g.try_emplace(k, child.g);
+      auto [pos, inserted] = best_g.try_emplace(Expander::key(child), child.g);
       if (!inserted) {
         if (child.g >= pos->second) continue;
         pos->second = child.g;
       }
       child.parent = si;
+      child.signature = sig;
+      child.instrs.clear();
+      child.stored.clear();
       arena.push_back(child);
       open.push({{child.g + ex.heuristic(child.next), seq++}, static_cast<int>(arena.size()) - 1});
     }
@@ -426,12 +445,13 @@ SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vecto
       State child;
       if (!ex.step(arena[si], sig, child)) continue;
       child.parent = si;
+      child.signature = sig;
       arena.push_back(std::move(child));
       stack.push_back(static_cast<int>(arena.size()) - 1);
     }
   }
   if (best_state < 0) no_program(cm, ex);
-  SearchResult res = finish(cm, arena, best_state, ratios);
+  SearchResult res = finish(cm, ex, arena, best_state, ratios);
   res.states_expanded = visited;
   return res;
 }

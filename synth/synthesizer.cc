@@ -200,7 +200,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   std::vector<std::vector<std::vector<double>>> starts;
   if (options.strategy == Strategy::Hap || options.strategy == Strategy::DpCp)
     starts.push_back(std::vector<std::vector<double>>(nseg, by_flops));
-  if (options.strategy != Strategy::DpCp) starts.push_back(std::vector<std::vector<double>>(nseg, even));
+  if (options.strategy != Strategy::DpCp && (starts.empty() || by_flops != even))
+    starts.push_back(std::vector<std::vector<double>>(nseg, even));
   double min_share = 0.01 / D;
 
   DistributedProgram best;

@@ -1,7 +1,8 @@
 // Scaled dot-product attention, fused per (batch, head): S = scale Q K^T, the causal mask, a row
 // softmax, Philox dropout and O = P V, without materialising [B, H, T, T]. The forward keeps the
 // row log-sum-exp; the backward recomputes P from it (as flash attention does). Heads run in
-// parallel, each on one thread with single-threaded GEMMs, in blocks of query rows; with the
+// parallel (dynamically scheduled: a head is computed whole by one thread, so results do not
+// depend on the schedule), each with single-threaded GEMMs, in blocks of query rows; with the
 // causal mask a block only computes the key columns up to its last row.
 #include <cmath>
 #include <limits>

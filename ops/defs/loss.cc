@@ -56,6 +56,7 @@ void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
   int64_t count = counted_targets(targets, v, ignore);
   const T* px = x.data<T>();
   const int64_t* pt = targets.data<int64_t>();
+  // Rows are independent and summed in order afterwards: any schedule gives the same bits.
   std::vector<double> row_loss(static_cast<size_t>(n), 0.0);
 #pragma omp parallel for schedule(dynamic) if (n * v > cpu::kParallelGrain)
   for (int64_t i = 0; i < n; ++i) {
