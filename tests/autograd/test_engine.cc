@@ -96,21 +96,17 @@ TEST(Engine, ATensorUsedSeveralTimesGetsTheSumOfItsGradients) {
 }
 
 TEST(Engine, DiamondGraphsRunEachNodeOnceWithAllItsGradient) {
-  //      a
-  //      |
-  //    b=exp(a)      (recorded as a custom function that counts its backward calls)
-  //    /     \
-  //  c=2b   d=b^2
-  //    \     /
-  //    e=c*d          de/da = d(2 b^3)/da = 6 b^3
+  // a -> b = exp(a) -> { c = 2b, d = b^2 } -> e = c * d, so de/da = d(2 b^3)/da = 6 b^3.
+  // b is recorded as a custom function that counts its backward calls.
   Tensor a = vec({0.2, -0.4});
   int calls = 0;
   Tensor eb = exp(a.detach());
-  Tensor b =
-      autograd::record_custom("counted_exp", {a}, {eb}, [&calls, eb](const std::vector<Tensor>& g) {
-        ++calls;
-        return std::vector<Tensor>{mul(g[0], eb)};
-      })[0];
+  Tensor saved = eb.detach();  // not eb itself: the node would then hold its own output (a cycle)
+  auto counted = [&calls, saved](const std::vector<Tensor>& g) {
+    ++calls;
+    return std::vector<Tensor>{mul(g[0], saved)};
+  };
+  Tensor b = autograd::record_custom("counted_exp", {a}, {eb}, counted)[0];
   Tensor e = mul(mul(b, 2.0), pow(b, 2.0));
   sum(e).backward();
   std::vector<double> want;

@@ -43,7 +43,9 @@ TEST(Registry, TableBuildsAndEveryOpHasACompleteEntry) {
     EXPECT_NE(d.infer, nullptr);
     EXPECT_NE(d.cpu, nullptr);
     EXPECT_TRUE(d.num_inputs == -1 || d.num_inputs >= 1) << d.num_inputs;
-    if (d.num_inputs > 0) EXPECT_LT(d.optional_inputs, 1u << d.num_inputs);
+    if (d.num_inputs > 0) {
+      EXPECT_LT(d.optional_inputs, 1u << d.num_inputs);
+    }
   }
 }
 

@@ -1,0 +1,218 @@
+// The program search against its exhaustive reference, the ratio LP, and the synthesizer's
+// guarantees (baselines are never better; returned ratios are the ones costed; memory limits).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ops/dispatch.h"
+#include "ops/functional.h"
+#include "synth/synthesizer.h"
+
+namespace hap::synth {
+namespace {
+
+Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> flops(1e10, 8e10), bw(1e5, 1e9), lat(1e-7, 1e-3);
+  Cluster c;
+  c.name = "random" + std::to_string(seed);
+  std::vector<Device> devs;
+  for (int i = 0; i < devices; ++i)
+    devs.push_back({"d" + std::to_string(i), "cpu", flops(rng), static_cast<int64_t>(memory_bytes), -1});
+  c.add_node("n0", {bw(rng), lat(rng)}, devs);
+  c.validate();
+  return c;
+}
+
+// A random small model: a chain of linear / activation / residual / norm / softmax layers on a
+// [B, D] batch, ending in a mean loss. Shapes vary with the seed.
+Graph random_graph(uint64_t seed, int layers) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  int64_t B = 4 + pick(61), D = 3 + pick(46);
+  std::vector<std::pair<std::string, Tensor>> params;
+  Tensor x = Tensor::meta({B, D}, DType::F32);
+  auto param = [&](const std::string& name, Shape s) {
+    Tensor p = Tensor::meta(s, DType::F32);
+    params.push_back({name, p});
+    return p;
+  };
+  std::vector<int> kinds;
+  for (int l = 0; l < layers; ++l) kinds.push_back(pick(5));
+  std::vector<Tensor> ws;
+  int64_t width = D;
+  for (int l = 0; l < layers; ++l) {
+    if (kinds[l] == 0) {
+      int64_t out = 2 + pick(60);
+      ws.push_back(param("w" + std::to_string(l), {out, width}));
+      ws.push_back(param("b" + std::to_string(l), {out}));
+      width = out;
+    } else if (kinds[l] == 3) {
+      ws.push_back(param("g" + std::to_string(l), {width}));
+      ws.push_back(param("h" + std::to_string(l), {width}));
+    }
+  }
+  return trace(
+      [&] {
+        Tensor h = x;
+        size_t w = 0;
+        for (int l = 0; l < layers; ++l) {
+          switch (kinds[l]) {
+            case 0: h = linear(h, ws[w], ws[w + 1]); w += 2; break;
+            case 1: h = gelu(h); break;
+            case 2: h = h + relu(h); break;
+            case 3: h = layer_norm(h, ws[w], ws[w + 1]); w += 2; break;
+            case 4: h = softmax(h, -1); break;
+          }
+        }
+        return mean(h);
+      },
+      params, {{"x", x}});
+}
+
+TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 16; ++seed) {
+    Graph g = random_graph(seed, 3 + static_cast<int>(seed % 4));
+    if (g.nodes.size() > 9) continue;  // keep the exhaustive reference affordable
+    Cluster c = make_cluster(2 + static_cast<int>(seed % 3), seed * 31);
+    CostModel cm(g, c);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    std::vector<std::vector<double>> r = {c.flops_ratios()};
+    for (const SearchSpace& space : {SearchSpace{}, SearchSpace{.shard_parameters = false}}) {
+      SearchResult a = search_program(cm, r, seg, space);
+      SearchResult b = exhaustive_search(cm, r, seg, space);
+      EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s)) << "seed " << seed << "\n" << g.str();
+      EXPECT_LE(a.states_expanded, b.states_expanded);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 10);
+}
+
+TEST(Search, ReturnedCostIsTheSumOfItsInstructions) {
+  Graph g = random_graph(5, 4);
+  Cluster c = make_cluster(3, 9);
+  CostModel cm(g, c);
+  int nseg = 1;
+  auto seg = assign_segments(g, SegmentMode::Single, &nseg);
+  std::vector<std::vector<double>> r = {c.flops_ratios()};
+  SearchResult a = search_program(cm, r, seg, SearchSpace{});
+  double sum = 0;
+  for (const Instruction& in : a.instructions) sum += in.cost_s;
+  EXPECT_NEAR(sum, a.cost_s, 1e-12 * a.cost_s);
+  std::vector<Instruction> copy = a.instructions;
+  EXPECT_NEAR(recost(cm, copy, r), a.cost_s, 1e-12 * a.cost_s);
+  // Every node is computed exactly once, in program order.
+  int next = 0;
+  for (const Instruction& in : a.instructions)
+    if (in.kind == InstrKind::Compute) EXPECT_EQ(in.node, next++);
+  EXPECT_EQ(next, static_cast<int>(g.nodes.size()));
+}
+
+TEST(Search, DataParallelSpaceShardsInputsAndReplicatesParameters) {
+  Graph g = random_graph(3, 3);
+  Cluster c = make_cluster(4, 2);
+  CostModel cm(g, c);
+  int nseg = 1;
+  auto seg = assign_segments(g, SegmentMode::Single, &nseg);
+  SearchSpace dp{.inputs_must_shard_dim0 = true, .shard_parameters = false};
+  SearchResult a = search_program(cm, {c.flops_ratios()}, seg, dp);
+  for (const GraphTensor& t : g.tensors) {
+    if (t.role == TensorRole::Parameter) EXPECT_EQ(a.storage[t.id], Prop::replicated()) << t.name;
+    if (t.role == TensorRole::Input) EXPECT_EQ(a.storage[t.id], Prop::sharded(0)) << t.name;
+  }
+}
+
+TEST(Ratios, LinearProgramNeverIncreasesTheCostOfAFixedProgram) {
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    Graph g = random_graph(seed + 100, 4);
+    Cluster c = make_cluster(3, seed + 7);
+    CostModel cm(g, c);
+    int nseg = 1;
+    auto seg = assign_segments(g, SegmentMode::Single, &nseg);
+    std::vector<std::vector<double>> even = {std::vector<double>(3, 1.0 / 3)};
+    SearchResult a = search_program(cm, even, seg, SearchSpace{});
+    std::vector<std::vector<double>> r;
+    ASSERT_TRUE(optimize_ratios(cm, a.instructions, a.storage, nseg, 1e-3, &r));
+    double s = 0;
+    for (double x : r[0]) {
+      EXPECT_GE(x, 1e-3 - 1e-12);
+      s += x;
+    }
+    EXPECT_NEAR(s, 1.0, 1e-9);
+    std::vector<Instruction> copy = a.instructions;
+    EXPECT_LE(recost(cm, copy, r), a.cost_s * (1 + 1e-9)) << "seed " << seed;
+  }
+}
+
+TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesAndCarriesItsRatios) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    Graph g = random_graph(seed + 40, 5);
+    Cluster c = make_cluster(4, seed + 77);
+    SynthesisOptions o;
+    DistributedProgram hap = synthesize(g, c, o);
+    CostModel cm(g, c);
+    std::vector<Instruction> copy = hap.instructions;
+    EXPECT_NEAR(recost(cm, copy, hap.ratios), hap.predicted_step_s, 1e-9 * hap.predicted_step_s);
+    for (Strategy s : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
+      o.strategy = s;
+      DistributedProgram b = synthesize(g, c, o);
+      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9)) << strategy_name(s) << " seed " << seed;
+    }
+  }
+}
+
+TEST(Synthesizer, MemoryShortfallNamesTheDeviceAndTheBytes) {
+  Graph g = random_graph(8, 3);
+  Cluster c = make_cluster(2, 3, /*memory_bytes=*/64);
+  try {
+    synthesize(g, c, SynthesisOptions{});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("no program fits in memory: device"), std::string::npos) << m;
+    EXPECT_NE(m.find("short by at least"), std::string::npos) << m;
+    EXPECT_NE(m.find("bytes of its 64"), std::string::npos) << m;
+  }
+}
+
+TEST(Synthesizer, UnknownStrategyNamesTheValidOnes) {
+  EXPECT_EQ(parse_strategy("dp-cp"), Strategy::DpCp);
+  try {
+    parse_strategy("zero");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("hap, dp-ev, dp-cp, tp"), std::string::npos);
+  }
+}
+
+TEST(Segments, PerBlockGivesEachNumberedModuleItsOwnSegment) {
+  Tensor x = Tensor::meta({4, 3}, DType::F32);
+  Graph g = trace(
+      [&] {
+        Tensor h = x;
+        {
+          ops::ScopeGuard s("blocks.0");
+          h = gelu(h);
+        }
+        {
+          ops::ScopeGuard s("blocks.1");
+          ops::ScopeGuard t("mlp");
+          h = relu(h);
+        }
+        return mean(h);
+      },
+      {}, {{"x", x}});
+  int n = 0;
+  auto seg = assign_segments(g, SegmentMode::PerBlock, &n);
+  EXPECT_EQ(n, 3);
+  EXPECT_EQ(seg[0], 1);
+  EXPECT_EQ(seg[1], 2);
+  EXPECT_EQ(seg[2], 0);
+  EXPECT_EQ(g.nodes[1].module, "blocks.1.mlp");
+}
+
+}  // namespace
+}  // namespace hap::synth
