@@ -50,6 +50,7 @@ void for_each_logical(const Tensor& out, const LogicalSlice& slice, F&& f) {
 
 template <typename G>
 void fill_with(const Tensor& out, const LogicalSlice& slice, const char* what, G&& gen) {
+  if (!out.has_storage()) return;  // shape-only (MetaGuard)
   HAP_CHECK(out.is_contiguous(), what, ": output must be contiguous, got ", out.str());
   dispatch_all_types(out.dtype(), [&](auto tag) {
     using T = decltype(tag);

@@ -32,8 +32,16 @@ std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device de
 }
 }  // namespace
 
+namespace {
+thread_local bool t_meta = false;
+}  // namespace
+
+MetaGuard::MetaGuard() : prev_(t_meta) { t_meta = true; }
+MetaGuard::~MetaGuard() { t_meta = prev_; }
+bool MetaGuard::active() { return t_meta; }
+
 Tensor Tensor::empty(const Shape& shape, TensorOptions opt) {
-  Tensor t(make_impl(shape, opt.dtype, opt.device, true));
+  Tensor t(make_impl(shape, opt.dtype, opt.device, !t_meta));
   if (opt.requires_grad) t.set_requires_grad(true);
   return t;
 }
@@ -191,6 +199,7 @@ void Tensor::copy_from(const Tensor& src) const {
 }
 
 void Tensor::fill_(double value) const {
+  if (!has_storage()) return;  // shape-only (MetaGuard)
   dispatch_all_types(dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);

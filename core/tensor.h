@@ -58,6 +58,21 @@ struct TensorOptions {
   TensorOptions& with_requires_grad(bool r) { requires_grad = r; return *this; }
 };
 
+// While a MetaGuard is alive on this thread, Tensor::empty (and the factories built on it) make
+// shape-only tensors with no storage, and fills skip them: a model can be built and traced at any
+// size without allocating or initialising its parameters.
+class MetaGuard {
+ public:
+  MetaGuard();
+  ~MetaGuard();
+  MetaGuard(const MetaGuard&) = delete;
+  MetaGuard& operator=(const MetaGuard&) = delete;
+  static bool active();
+
+ private:
+  bool prev_;
+};
+
 class Tensor {
  public:
   Tensor() = default;

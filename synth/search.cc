@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <queue>
 #include <string>
 #include <unordered_map>
@@ -58,7 +59,26 @@ class Expander {
     for (const GraphNode& n : g_.nodes)
       for (int t : n.inputs)
         if (t >= 0) last_use_[t] = n.id;
-    for (const Device& d : cm.cluster().devices) limit_.push_back(static_cast<double>(d.memory_bytes));
+    // Devices with the same memory and the same share in every segment use memory alike: the
+    // search tracks one value per such class instead of one per device.
+    std::map<std::vector<double>, int> classes;
+    const auto& devs = cm.cluster().devices;
+    for (size_t d = 0; d < devs.size(); ++d) {
+      std::vector<double> k = {static_cast<double>(devs[d].memory_bytes)};
+      for (const auto& r : ratios) k.push_back(r[d]);
+      auto [it, inserted] = classes.try_emplace(k, static_cast<int>(rep_.size()));
+      if (inserted) {
+        rep_.push_back(static_cast<int>(d));
+        limit_.push_back(static_cast<double>(devs[d].memory_bytes));
+      }
+    }
+    // Compute costs under these ratios, per node and signature (index 0 is all-Replicated).
+    compute_cost_.resize(g_.nodes.size());
+    for (const GraphNode& n : g_.nodes) {
+      const std::vector<double>& r = ratios_[seg_[n.id]];
+      for (int sig = -1; sig < static_cast<int>(cm.signatures(n.id).size()); ++sig)
+        compute_cost_[n.id].push_back(cm.compute(n.id, sig).eval(r));
+    }
   }
 
   State initial() const {
@@ -112,8 +132,8 @@ class Expander {
           child.instrs.push_back(in);
         }
         double factor = gt.role == TensorRole::Parameter ? kParamStateFactor : 1.0;
-        for (size_t d = 0; d < child.mem.size(); ++d)
-          child.mem[d] += factor * cm_.held_bytes(t, q, r[d]);
+        for (size_t c = 0; c < child.mem.size(); ++c)
+          child.mem[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
         single = {t, bit(q), static_cast<int16_t>(seg)};
         if (last_use_[t] > n.id) {
           insert(child.live, single);
@@ -132,7 +152,7 @@ class Expander {
     c.node = n.id;
     c.signature = sig;
     c.segment = seg;
-    c.cost_s = cm_.compute(n.id, sig).eval(r);
+    c.cost_s = compute_cost_[n.id][sig + 1];
     child.g += c.cost_s;
     child.instrs.push_back(c);
 
@@ -140,20 +160,20 @@ class Expander {
       int t = n.outputs[o];
       Prop p = cm_.output_prop(n.id, sig, o);
       if (cm_.requires_grad(t))
-        for (size_t d = 0; d < child.mem.size(); ++d) child.mem[d] += cm_.held_bytes(t, p, r[d]);
+        for (size_t c = 0; c < child.mem.size(); ++c) child.mem[c] += cm_.held_bytes(t, p, r[rep_[c]]);
       if (!g_.tensors[t].consumers.empty()) insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
     }
     for (int t : n.inputs)
       if (t >= 0 && last_use_[t] == n.id) erase(child.live, t);
     bool fits = true;
-    for (size_t d = 0; d < limit_.size(); ++d) {
-      double excess = child.mem[d] - limit_[d];
+    for (size_t c = 0; c < limit_.size(); ++c) {
+      double excess = child.mem[c] - limit_[c];
       if (excess <= 0) continue;
       fits = false;
       // Remember the smallest shortfall seen: the program closest to fitting names the device.
       if (over_device_ < 0 || excess < over_) {
         over_ = excess;
-        over_device_ = static_cast<int>(d);
+        over_device_ = rep_[c];
       }
     }
     return fits;
@@ -164,10 +184,7 @@ class Expander {
   void prepare_heuristic() {
     h_suffix_.assign(g_.nodes.size() + 1, 0.0);
     for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
-      const std::vector<double>& r = ratios_[seg_[i]];
-      double best = cm_.compute(i, -1).eval(r);
-      for (size_t s = 0; s < cm_.signatures(i).size(); ++s)
-        best = std::min(best, cm_.compute(i, static_cast<int>(s)).eval(r));
+      double best = *std::min_element(compute_cost_[i].begin(), compute_cost_[i].end());
       h_suffix_[i] = h_suffix_[i + 1] + best;
     }
   }
@@ -218,7 +235,7 @@ class Expander {
       if (kind == InstrKind::Reshard) {
         cost = cm_.reshard_s(t, ratios_[from_seg], r);
       } else {
-        in.method = cm_.best_method(kind, t, ratios_[in.segment], &cost);
+        in.method = best_method(kind, t, in.segment, &cost);
       }
       in.cost_s = cost;
       if (cost < best_cost) {
@@ -251,7 +268,7 @@ class Expander {
     }
     L.mask |= bit(q);
     if (cm_.requires_grad(t))
-      for (size_t d = 0; d < child.mem.size(); ++d) child.mem[d] += cm_.held_bytes(t, q, r[d]);
+      for (size_t c = 0; c < child.mem.size(); ++c) child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
     return true;
   }
 
@@ -275,7 +292,22 @@ class Expander {
   const std::vector<int>& seg_;
   const SearchSpace& space_;
   std::vector<int> last_use_;
-  std::vector<double> limit_;
+  // The collective method and cost for (kind, tensor, segment), computed once.
+  CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {
+    uint64_t k = (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(seg) << 32) |
+                 static_cast<uint64_t>(t);
+    auto it = comm_cache_.find(k);
+    if (it == comm_cache_.end())
+      it = comm_cache_.emplace(k, std::make_pair(CollectiveMethod::None, 0.0)).first,
+      it->second.first = cm_.best_method(kind, t, ratios_[seg], &it->second.second);
+    *cost = it->second.second;
+    return it->second.first;
+  }
+
+  std::vector<int> rep_;       // a representative device of each memory class
+  std::vector<double> limit_;  // memory of each class
+  std::vector<std::vector<double>> compute_cost_;
+  mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> comm_cache_;
   std::vector<double> h_suffix_;
   mutable double over_ = 0;
   mutable int over_device_ = -1;

@@ -4,6 +4,7 @@
 #include <CoinPackedMatrix.hpp>
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <map>
 
 namespace hap::synth {
@@ -75,13 +76,29 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
                      const std::vector<Prop>& storage, int num_segments, double min_share,
                      std::vector<std::vector<double>>* ratios) {
   const int D = cm.num_devices();
-  const Graph& g = cm.graph();
-  auto rvar = [D](int seg, int d) { return seg * D + d; };
-  int ncols = num_segments * D;
+  const auto& devs = cm.cluster().devices;
+  // Devices with the same FLOP/s and memory are interchangeable in the cost model: they share one
+  // ratio per segment, which keeps the LP small and the solution symmetric.
+  std::vector<int> cls(D);
+  std::vector<int> rep, count;
+  {
+    std::map<std::pair<double, int64_t>, int> ids;
+    for (int d = 0; d < D; ++d) {
+      auto [it, inserted] = ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes}, static_cast<int>(rep.size()));
+      if (inserted) {
+        rep.push_back(d);
+        count.push_back(0);
+      }
+      cls[d] = it->second;
+      ++count[it->second];
+    }
+  }
+  const int C = static_cast<int>(rep.size());
+  auto rvar = [C](int seg, int c) { return seg * C + c; };
+  int ncols = num_segments * C;
   std::vector<double> obj(ncols, 0.0), collb(ncols, min_share), colub(ncols, 1.0);
   std::vector<int> rows_i, cols_i;
-  std::vector<double> vals;
-  std::vector<double> rowlb, rowub;
+  std::vector<double> vals, rowlb, rowub;
   int nrows = 0;
   auto add_row = [&](const std::vector<std::pair<int, double>>& entries, double lb, double ub) {
     for (auto [c, v] : entries) {
@@ -93,58 +110,68 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     rowub.push_back(ub);
     ++nrows;
   };
-  auto new_t = [&]() {
-    obj.push_back(1.0);
+  auto new_var = [&](double weight) {
+    obj.push_back(weight);
     collb.push_back(0.0);
     colub.push_back(COIN_DBL_MAX);
     return ncols++;
   };
   for (int s = 0; s < num_segments; ++s) {
     std::vector<std::pair<int, double>> e;
-    for (int d = 0; d < D; ++d) e.push_back({rvar(s, d), 1.0});
+    for (int c = 0; c < C; ++c) e.push_back({rvar(s, c), static_cast<double>(count[c])});
     add_row(e, 1.0, 1.0);
   }
+  // Terms max_d(coef_d r_d) whose coefficient vectors are proportional (every compute of a
+  // segment, every padded collective) share one epigraph variable y >= pattern_d r_d, weighted by
+  // the sum of their scales: exact, and the LP stays small.
+  std::map<std::pair<int, std::vector<double>>, int> groups;  // (segment, pattern) -> variable
   for (const Instruction& in : instrs) {
     if (in.kind == InstrKind::Reshard) {
-      double c = cm.reshard_coef(in.tensor);
-      if (c == 0) continue;
-      int t = new_t();
-      for (int d = 0; d < D; ++d) {
-        add_row({{t, 1.0}, {rvar(in.from_segment, d), -c}, {rvar(in.segment, d), c}}, 0.0, COIN_DBL_MAX);
-        add_row({{t, 1.0}, {rvar(in.from_segment, d), c}, {rvar(in.segment, d), -c}}, 0.0, COIN_DBL_MAX);
+      double k = cm.reshard_coef(in.tensor);
+      if (k == 0) continue;
+      int t = new_var(1.0);
+      for (int c = 0; c < C; ++c) {
+        add_row({{t, 1.0}, {rvar(in.from_segment, c), -k}, {rvar(in.segment, c), k}}, 0.0, COIN_DBL_MAX);
+        add_row({{t, 1.0}, {rvar(in.from_segment, c), k}, {rvar(in.segment, c), -k}}, 0.0, COIN_DBL_MAX);
       }
       continue;
     }
     LinearCost lc = in.kind == InstrKind::Compute ? cm.compute(in.node, in.signature)
                                                   : cm.communication(in.kind, in.tensor, in.method);
     if (lc.coef.empty()) continue;
-    int t = new_t();
-    for (int d = 0; d < D; ++d) add_row({{t, 1.0}, {rvar(in.segment, d), -lc.coef[d]}}, 0.0, COIN_DBL_MAX);
+    double scale = *std::max_element(lc.coef.begin(), lc.coef.end());
+    if (scale <= 0) continue;
+    std::vector<double> pattern(C);
+    for (int c = 0; c < C; ++c) pattern[c] = std::round(lc.coef[rep[c]] / scale * 1e12) / 1e12;
+    auto [it, inserted] = groups.try_emplace({in.segment, pattern}, -1);
+    if (inserted) {
+      it->second = new_var(0.0);
+      for (int c = 0; c < C; ++c)
+        add_row({{it->second, 1.0}, {rvar(in.segment, c), -pattern[c]}}, 0.0, COIN_DBL_MAX);
+    }
+    obj[it->second] += scale;
   }
   // Memory: bytes that scale with a segment's ratio, plus bytes every device holds.
+  std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
+  std::vector<std::vector<double>> zero(num_segments, std::vector<double>(D, 0.0));
+  std::vector<double> fixed = program_memory(cm, instrs, storage, zero);
+  std::vector<double> ones = program_memory(cm, instrs, storage, unit);
   std::vector<std::vector<double>> coef(D, std::vector<double>(num_segments, 0.0));
-  std::vector<double> fixed(D, 0.0);
-  {
-    std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
-    std::vector<double> ones = program_memory(cm, instrs, storage, unit);
-    for (int s = 0; s < num_segments; ++s) {
-      std::vector<std::vector<double>> probe = unit;
-      for (int d = 0; d < D; ++d) probe[s][d] = 0.0;
-      std::vector<double> without = program_memory(cm, instrs, storage, probe);
-      for (int d = 0; d < D; ++d) coef[d][s] = ones[d] - without[d];
-    }
-    std::vector<std::vector<double>> zero(num_segments, std::vector<double>(D, 0.0));
-    fixed = program_memory(cm, instrs, storage, zero);
+  for (int s = 0; s < num_segments; ++s) {
+    std::vector<std::vector<double>> probe = unit;
+    for (int d = 0; d < D; ++d) probe[s][d] = 0.0;
+    std::vector<double> without = program_memory(cm, instrs, storage, probe);
+    for (int d = 0; d < D; ++d) coef[d][s] = ones[d] - without[d];
   }
-  for (int d = 0; d < D; ++d) {
+  for (int c = 0; c < C; ++c) {
+    int d = rep[c];
     std::vector<std::pair<int, double>> e;
     for (int s = 0; s < num_segments; ++s)
-      if (coef[d][s] - fixed[d] > 0) e.push_back({rvar(s, d), coef[d][s] - fixed[d]});
-    double limit = static_cast<double>(cm.cluster().devices[d].memory_bytes) - fixed[d];
+      if (coef[d][s] > 0) e.push_back({rvar(s, c), coef[d][s]});
+    double limit = static_cast<double>(devs[d].memory_bytes) - fixed[d];
     if (!e.empty()) add_row(e, -COIN_DBL_MAX, limit);
     else if (limit < 0) return false;
   }
-  (void)g;
 
   CoinPackedMatrix m(false, rows_i.data(), cols_i.data(), vals.data(), static_cast<int>(vals.size()));
   m.setDimensions(nrows, ncols);
@@ -157,8 +184,8 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
   ratios->assign(num_segments, std::vector<double>(D));
   for (int s = 0; s < num_segments; ++s) {
     double sum = 0;
-    for (int d = 0; d < D; ++d) sum += std::max(x[rvar(s, d)], min_share);
-    for (int d = 0; d < D; ++d) (*ratios)[s][d] = std::max(x[rvar(s, d)], min_share) / sum;
+    for (int d = 0; d < D; ++d) sum += std::max(x[rvar(s, cls[d])], min_share);
+    for (int d = 0; d < D; ++d) (*ratios)[s][d] = std::max(x[rvar(s, cls[d])], min_share) / sum;
   }
   return true;
 }

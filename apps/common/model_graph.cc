@@ -17,7 +17,10 @@ nn::GPTConfig gpt_config(const TrainRunConfig& c) {
 
 TracedModel trace_model(const TrainRunConfig& config) {
   TracedModel tm;
-  tm.model = std::make_shared<nn::GPT>(gpt_config(config));
+  {
+    MetaGuard meta;  // the graph needs shapes only: no parameter is allocated or drawn
+    tm.model = std::make_shared<nn::GPT>(gpt_config(config));
+  }
   tm.model->train();
   Shape batch = {config.train.batch_size, config.train.seq_len};
   Tensor idx = Tensor::meta(batch, DType::I64);

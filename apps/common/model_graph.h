@@ -15,8 +15,9 @@ struct TracedModel {
   synth::Graph graph;
 };
 
-// Builds the configured model and traces one training step's forward (loss) on the global batch
-// [train.batch_size, train.seq_len], without touching any data.
+// Builds the configured model with shape-only parameters (MetaGuard) and traces one training
+// step's forward (loss) on the global batch [train.batch_size, train.seq_len]; no data is
+// allocated or touched, so any model size can be planned.
 TracedModel trace_model(const TrainRunConfig& config);
 
 }  // namespace hap::app

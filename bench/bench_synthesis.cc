@@ -1,0 +1,135 @@
+// Synthesis time and predicted step times. Part 1: GPT (d=768, 12 heads, vocab 50257, T=128,
+// global batch 8 x devices, so that 48 layers still fit in 16 GiB P100s under the memory model)
+// with 12, 24 and 48 layers on 4, 8, 16 and 64 mixed devices (V100 and P100 nodes, one core). Part 2: predicted step time of hap against
+// dp-ev, dp-cp and tp on the shipped clusters, with the ratio to the compute lower bound.
+// Writes bench/results/synthesis.json.
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/common/cluster_config.h"
+#include "apps/common/config.h"
+#include "apps/common/model_graph.h"
+#include "ops/threads.h"
+#include "synth/synthesizer.h"
+
+namespace {
+
+using namespace hap;
+
+// N devices in nodes of up to 8: the first quarter V100 nodes, the rest P100 (the paper's mix).
+synth::Cluster mixed_cluster(int n) {
+  synth::Cluster c;
+  c.name = "v100-p100-x" + std::to_string(n);
+  c.inter_node = {1.3e9, 2e-5};
+  int per_node = std::min(8, std::max(1, n / 2));
+  int v100 = std::max(1, n / 4);
+  for (int start = 0, node = 0; start < n; start += per_node, ++node) {
+    std::vector<synth::Device> devs;
+    for (int i = start; i < std::min(n, start + per_node); ++i) {
+      bool fast = i < v100;
+      devs.push_back({"d" + std::to_string(i), fast ? "v100" : "p100", fast ? 3.86e12 : 2.15e12,
+                      fast ? int64_t{32} << 30 : int64_t{16} << 30, -1});
+    }
+    c.add_node("node" + std::to_string(node), {1e10, 1e-5}, devs);
+  }
+  c.validate();
+  return c;
+}
+
+app::TrainRunConfig gpt_run(int layers, int64_t batch) {
+  app::TrainRunConfig r;
+  r.model.vocab_size = 50257;
+  r.model.block_size = 128;
+  r.model.n_layer = layers;
+  r.model.n_head = 12;
+  r.model.n_embd = 768;
+  r.train.batch_size = batch;
+  r.train.seq_len = 128;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App cli{"Synthesis time and predicted step times"};
+  std::string out = std::string(HAP_SOURCE_DIR) + "/bench/results/synthesis.json";
+  std::vector<int> layer_counts = {12, 24, 48}, device_counts = {4, 8, 16, 64};
+  cli.add_option("--out", out, "results JSON");
+  cli.add_option("--layers", layer_counts, "layer counts");
+  cli.add_option("--devices", device_counts, "device counts");
+  CLI11_PARSE(cli, argc, argv);
+  hap::set_num_threads(1);
+
+  nlohmann::json timing = nlohmann::json::array();
+  std::printf("synthesis time (hap strategy, one core)\n%8s %8s %10s %12s %10s\n", "layers", "devices",
+              "synth s", "states", "step s");
+  for (int L : layer_counts)
+    for (int N : device_counts) {
+      app::TracedModel tm = app::trace_model(gpt_run(L, 8 * N));
+      synth::Cluster c = mixed_cluster(N);
+      synth::DistributedProgram p;
+      try {
+        p = synth::synthesize(tm.graph, c, synth::SynthesisOptions{});
+      } catch (const hap::Error& e) {
+        std::printf("%8d %8d %10s  %s\n", L, N, "-", e.what());
+        timing.push_back({{"layers", L}, {"devices", N}, {"error", e.what()}});
+        continue;
+      }
+      std::printf("%8d %8d %10.3f %12lld %10.4f\n", L, N, p.synthesis_s,
+                  static_cast<long long>(p.states_expanded), p.predicted_step_s);
+      std::fflush(stdout);
+      timing.push_back({{"layers", L}, {"devices", N}, {"synthesis_s", p.synthesis_s},
+                        {"states", p.states_expanded}, {"rounds", p.search_iterations},
+                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", tm.graph.nodes.size()}});
+    }
+
+  // Predicted step times on the shipped clusters: the default GPT on the emulated CPU clusters,
+  // GPT-2 small (12 layers) with batch 32 x devices on the GPU clusters.
+  struct Case {
+    std::string cluster;
+    bool gpu;
+  };
+  std::vector<Case> cases = {{"emu-mixed4", false}, {"emu-2node", false}, {"hap-paper", true}, {"modern-mix", true}};
+  nlohmann::json predicted = nlohmann::json::array();
+  std::printf("\npredicted step time per strategy\n%-12s %10s %10s %10s %10s %10s %8s\n", "cluster", "hap", "dp-ev",
+              "dp-cp", "tp", "bound", "hap/bnd");
+  for (const Case& k : cases) {
+    synth::Cluster c = app::load_cluster_config(std::string(HAP_SOURCE_DIR) + "/configs/clusters/" + k.cluster + ".yaml");
+    app::TrainRunConfig run = k.gpu ? gpt_run(12, 32 * c.size())
+                                    : app::load_train_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml", {});
+    app::TracedModel tm = app::trace_model(run);
+    synth::CostModel cm(tm.graph, c);
+    nlohmann::json row = {{"cluster", k.cluster}, {"devices", c.size()}, {"layers", run.model.n_layer},
+                          {"global_batch", run.train.batch_size}, {"compute_lower_bound_s", cm.compute_lower_bound_s()}};
+    std::printf("%-12s", k.cluster.c_str());
+    for (auto s : {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp}) {
+      synth::SynthesisOptions o;
+      o.strategy = s;
+      try {
+        synth::DistributedProgram p = synth::synthesize(tm.graph, c, o);
+        row[synth::strategy_name(s)] = {{"predicted_step_s", p.predicted_step_s},
+                                        {"compute_s", p.compute_s},
+                                        {"communication_s", p.communication_s},
+                                        {"synthesis_s", p.synthesis_s}};
+        std::printf(" %10.4f", p.predicted_step_s);
+      } catch (const hap::Error& e) {
+        row[synth::strategy_name(s)] = {{"error", e.what()}};
+        std::printf(" %10s", "infeasible");
+      }
+    }
+    double hap_s = row["hap"].value("predicted_step_s", 0.0);
+    row["hap_over_lower_bound"] = hap_s / cm.compute_lower_bound_s();
+    std::printf(" %10.4f %8.3f\n", cm.compute_lower_bound_s(), hap_s / cm.compute_lower_bound_s());
+    predicted.push_back(row);
+  }
+  nlohmann::json doc = {{"benchmark", "synthesis"}, {"threads", 1}, {"synthesis_time", timing},
+                        {"predicted_step", predicted}};
+  std::ofstream(out) << doc.dump(2) << "\n";
+  std::printf("wrote %s\n", out.c_str());
+  return 0;
+}
