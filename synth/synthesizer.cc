@@ -236,8 +236,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int64_t states = 0;
   int rounds = 0;
   std::string last_error;
-  for (const auto& start : starts) {
-    std::vector<std::vector<double>> r = start;
+  for (size_t start_index = 0; start_index < starts.size(); ++start_index) {
+    std::vector<std::vector<double>> r = starts[start_index];
     double prev = std::numeric_limits<double>::infinity();
     for (int it = 0; it < options.max_iterations; ++it) {
       SearchResult res;
@@ -261,10 +261,14 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       };
       double cost = consider(res.instructions, r);
       if (options.strategy != Strategy::Hap || !(cost < prev * (1 - 1e-9))) break;
+      // A later start only refines its program if it beat the earlier starts' best.
+      if (start_index > 0 && cost > best.predicted_step_s) break;
       prev = cost;
       std::vector<std::vector<double>> next;
       if (D == 1 || !optimize_ratios(cm, res.instructions, res.storage, nseg, min_share, &next)) break;
-      consider(res.instructions, next);
+      double lp_cost = consider(res.instructions, next);
+      // New ratios that barely change the cost would lead the search to the same program.
+      if (!(lp_cost < cost * (1 - 1e-4))) break;
       r = next;
     }
   }
