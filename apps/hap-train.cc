@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   cli.add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
   cli.add_option("--resume", options.resume_path, "resume from a checkpoint written by --save");
   cli.add_option("--save", options.checkpoint_path, "write a checkpoint at the end");
+  cli.add_option("--stop-after", options.stop_after, "stop after this step (with --save: resume later)");
   cli.add_flag("--quiet", options.quiet, "no progress lines");
   try {
     cli.parse(argc, argv);

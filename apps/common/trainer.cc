@@ -102,7 +102,8 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
   double window_ms = 0, window_loss = 0;
   int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
-  for (int64_t step = start; step < t.steps; ++step) {
+  int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
+  for (int64_t step = start; step < end; ++step) {
     auto t0 = Clock::now();
     double lr = schedule.at(step);
     opt->set_lr(lr);
@@ -125,7 +126,7 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
     window_loss += loss_value;
     ++window_steps;
 
-    bool last = step + 1 == t.steps;
+    bool last = step + 1 == end;
     if ((step + 1) % t.log_every == 0 || last) {
       double avg_ms = window_ms / static_cast<double>(window_steps);
       double tok_s = tokens_per_step / (avg_ms / 1000.0);
@@ -155,7 +156,7 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
     std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
     summary.median_step_ms = s[s.size() / 2];
   }
-  if (!options.checkpoint_path.empty()) save_checkpoint(options.checkpoint_path, *model, opt.get(), t.steps);
+  if (!options.checkpoint_path.empty()) save_checkpoint(options.checkpoint_path, *model, opt.get(), end);
   log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
              {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},
              {"median_ms_per_step", summary.median_step_ms}});

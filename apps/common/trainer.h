@@ -11,6 +11,7 @@ namespace hap::app {
 struct TrainOptions {
   std::string resume_path;      // checkpoint to resume from ("" = fresh start)
   std::string checkpoint_path;  // checkpoint written at the end ("" = none)
+  int64_t stop_after = -1;      // stop after this step (the schedule still spans train.steps)
   bool quiet = false;           // no progress lines on stdout
 };
 
