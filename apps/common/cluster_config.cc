@@ -65,31 +65,6 @@ constexpr std::array<Unit, 10> kMemoryUnits = {{{"B", 1.0},
 
 // ---- the file ----
 
-YAML::Node parse_file(const Origin& origin) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(origin.file, ec))
-    fail(origin, "", "cannot read the cluster file: it is a directory, expected a YAML file");
-  std::ifstream in(origin.file, std::ios::binary);
-  if (!in) fail(origin, "", std::string("cannot read the cluster file: ") + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad())
-    fail(origin, "", std::string("cannot read the cluster file: ") + std::strerror(errno));
-
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAll(text.str());
-  } catch (const YAML::Exception& e) {
-    std::string where;
-    if (!e.mark.is_null())
-      where = " at line " + format_number(e.mark.line + 1) + ", column " +
-              format_number(e.mark.column + 1);
-    fail(origin, "", "YAML syntax error" + where + ": " + e.msg);
-  }
-  if (documents.size() > 1)
-    fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));
-  return documents.empty() ? YAML::Node() : documents.front();
-}
 
 // The value under `key` of a mapping the SectionReader has already checked (known keys, no
 // repeats), or nothing. Const access: yaml-cpp's non-const operator[] inserts the key.
@@ -184,7 +159,7 @@ void claim_name(const Origin& origin, std::map<std::string, NameSite, std::less<
 
 synth::Cluster load_cluster_config(const std::string& path) {
   Origin origin{.file = path, .overrides = {}};
-  const YAML::Node root = parse_file(origin);
+  const YAML::Node root = detail::parse_yaml_file(origin, "cluster file");
 
   // The top-level keys are keys, not sections: report unknown ones as such.
   if (root.IsMap())

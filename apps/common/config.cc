@@ -62,31 +62,6 @@ std::string_view name_of(const std::array<Choice<E>, N>& choices, E value) {
 
 // ---- the file and the overrides ----
 
-YAML::Node parse_file(const Origin& origin) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(origin.file, ec))
-    fail(origin, "", "cannot read the config file: it is a directory, expected a YAML file");
-  std::ifstream in(origin.file, std::ios::binary);
-  if (!in) fail(origin, "", std::string("cannot read the config file: ") + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad())
-    fail(origin, "", std::string("cannot read the config file: ") + std::strerror(errno));
-
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAll(text.str());
-  } catch (const YAML::Exception& e) {
-    std::string where;
-    if (!e.mark.is_null())
-      where = " at line " + format_number(e.mark.line + 1) + ", column " +
-              format_number(e.mark.column + 1);
-    fail(origin, "", "YAML syntax error" + where + ": " + e.msg);
-  }
-  if (documents.size() > 1)
-    fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));
-  return documents.empty() ? YAML::Node() : documents.front();
-}
 
 // Applies "section.key=value" overrides to the parsed tree, and records them in `origin` so that a
 // message about an overridden value points at its --set argument.
@@ -194,7 +169,7 @@ std::string_view to_string(Optimizer optimizer) { return name_of(kOptimizers, op
 TrainRunConfig load_train_config(const std::string& path,
                                  const std::vector<std::string>& overrides) {
   Origin origin{.file = path, .overrides = {}};
-  YAML::Node root = parse_file(origin);
+  YAML::Node root = detail::parse_yaml_file(origin, "config file");
   apply_overrides(origin, root, overrides);
 
   SectionReader document(origin, "", root, kSections);

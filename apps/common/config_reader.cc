@@ -1,7 +1,12 @@
 #include "apps/common/config_reader.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace hap::app::detail {
 namespace {
@@ -178,6 +183,32 @@ std::string SectionReader::unquoted_scalar(std::string_view key, const YAML::Nod
 
 std::string SectionReader::mapping_expectation() const {
   return "a mapping with keys " + join(keys_);
+}
+
+YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(origin.file, ec))
+    fail(origin, "", "cannot read the " + std::string(what) + ": it is a directory, expected a YAML file");
+  std::ifstream in(origin.file, std::ios::binary);
+  if (!in) fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad())
+    fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
+
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text.str());
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null())
+      where = " at line " + format_number(e.mark.line + 1) + ", column " +
+              format_number(e.mark.column + 1);
+    fail(origin, "", "YAML syntax error" + where + ": " + e.msg);
+  }
+  if (documents.size() > 1)
+    fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));
+  return documents.empty() ? YAML::Node() : documents.front();
 }
 
 }  // namespace hap::app::detail

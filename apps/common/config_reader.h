@@ -58,6 +58,10 @@ struct Origin {
   std::map<std::string, std::string, std::less<>> overrides;  // key path -> "--set" argument
 };
 
+// Reads and parses origin.file as exactly one YAML document (an empty file gives a null node);
+// `what` names the file in messages ("config file", "cluster file").
+YAML::Node parse_yaml_file(const Origin& origin, std::string_view what);
+
 // Throws the one message for one error: "<file>: <key path>: <problem>".
 [[noreturn]] void fail(const Origin& origin, std::string_view key_path, std::string_view problem);
 
