@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "autograd/engine.h"
 #include "autograd/gradcheck.h"
 #include "core/error.h"
@@ -16,21 +17,7 @@
 namespace hap::autograd {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+using namespace test_util;
 
 TensorOptions f64(bool rg = true) {
   return TensorOptions{}.with_dtype(DType::F64).with_requires_grad(rg);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/shape.h"
@@ -17,24 +18,9 @@
 namespace hap {
 namespace {
 
+using namespace test_util;
+
 // Runs f, expects a hap::Error, and returns its message (empty if none was thrown).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
-
 uint32_t float_bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

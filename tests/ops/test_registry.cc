@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
@@ -15,21 +16,7 @@
 namespace hap::ops {
 namespace {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+using namespace test_util;
 
 TEST(Registry, TableBuildsAndEveryOpHasACompleteEntry) {
   ASSERT_NO_THROW(op_table());

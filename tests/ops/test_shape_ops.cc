@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/test_util.h"
 #include "autograd/gradcheck.h"
 #include "core/error.h"
 #include "core/rng.h"
@@ -16,27 +17,9 @@
 namespace hap {
 namespace {
 
+using namespace test_util;
+
 using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
-
-TensorOptions opts(DType dt, bool rg = false) {
-  return TensorOptions{}.with_dtype(dt).with_requires_grad(rg);
-}
 
 // 0, 1, 2, ... in the given shape (f64), so values name their own position.
 Tensor iota(const Shape& s, bool rg = false) {
