@@ -34,9 +34,18 @@ bool moves_data_only(OpKind kind) {
 
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
   if (moves_data_only(kind)) return false;
-  for (const Tensor& t : inputs)
-    if (t.defined() && t.dtype() == DType::BF16) return true;
-  return false;
+  const Tensor* bf = nullptr;
+  const Tensor* other = nullptr;
+  for (const Tensor& t : inputs) {
+    if (!t.defined() || !is_floating(t.dtype())) continue;
+    (t.dtype() == DType::BF16 ? bf : other) = &t;
+  }
+  // Mixing bf16 with another float type would silently round the other operand's result to
+  // bf16: ask for an explicit cast instead, as for any other dtype mismatch.
+  HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
+            other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
+            other ? other->str() : "", "); cast one of them first");
+  return bf != nullptr;
 }
 }  // namespace
 

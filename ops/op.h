@@ -92,7 +92,6 @@ void register_shape_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
-void register_index_ops(OpTable& t);
 
 inline OpDef& def_of(OpTable& t, OpKind k) { return t[static_cast<size_t>(k)]; }
 

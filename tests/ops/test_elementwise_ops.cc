@@ -530,3 +530,19 @@ TEST(ElementwiseGrad, Bf16LeavesGetBf16Gradients) {
 
 }  // namespace
 }  // namespace hap
+
+namespace hap {
+namespace {
+
+TEST(Bf16, MixingBf16WithF32NamesTheOpAndBothTensors) {
+  Tensor a = Tensor::ones({2, 3}, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor b = Tensor::ones({2, 3});
+  std::string m = test_util::error_of([&] { add(a, b); });
+  EXPECT_HAS(m, "op add: inputs mix bf16 and f32");
+  EXPECT_HAS(m, "bf16[2, 3]");
+  EXPECT_HAS(m, "cast one of them first");
+  EXPECT_EQ(add(a, a).dtype(), DType::BF16);
+}
+
+}  // namespace
+}  // namespace hap
