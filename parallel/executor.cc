@@ -1,0 +1,291 @@
+#include "parallel/executor.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "ops/dispatch.h"
+#include "parallel/autograd_collectives.h"
+#include "parallel/shard.h"
+
+namespace hap::parallel {
+
+using synth::InstrKind;
+using synth::Instruction;
+
+namespace {
+
+CollectiveMethod method_of(synth::CollectiveMethod m) {
+  return m == synth::CollectiveMethod::Padded ? CollectiveMethod::Padded : CollectiveMethod::Grouped;
+}
+
+std::vector<ops::ShardSignature> signatures_of(const synth::Graph& g, const synth::GraphNode& n) {
+  const ops::OpDef& def = ops::op_def(n.kind);
+  if (!def.shard) return {};
+  ops::Metas in, out;
+  for (int t : n.inputs)
+    in.push_back(t < 0 ? ops::TensorMeta{{}, DType::F32, false}
+                       : ops::TensorMeta{g.tensors[t].shape, g.tensors[t].dtype, true});
+  for (int t : n.outputs) out.push_back({g.tensors[t].shape, g.tensors[t].dtype, true});
+  return def.shard(in, out, n.attrs);
+}
+
+}  // namespace
+
+Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& program,
+                   Communicator comm)
+    : graph_(graph), program_(program), comm_(std::move(comm)) {
+  HAP_CHECK(!program.ratios.empty(), "executor: the program has no ratios");
+  HAP_CHECK(static_cast<int>(program.ratios[0].size()) == comm_.size(), "executor: the plan is for ",
+            program.ratios[0].size(), " devices but the world has ", comm_.size(),
+            " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
+  for (const synth::GraphTensor& t : graph.tensors)
+    if (t.role == synth::TensorRole::Parameter) param_tensor_[t.name] = t.id;
+  for (const Instruction& in : program.instructions) {
+    if (in.kind != InstrKind::Compute) continue;
+    for (int t : graph.nodes[in.node].inputs)
+      if (t >= 0 && graph.tensors[t].role == synth::TensorRole::Parameter) param_segment_.try_emplace(t, in.segment);
+  }
+}
+
+std::vector<int64_t> Executor::lengths(int tensor, const Prop& p, int segment) const {
+  HAP_ASSERT(p.kind == ops::PropKind::Sharded);
+  return shard_lengths(graph_.tensors[tensor].shape[p.dim], program_.ratios[segment]);
+}
+
+Prop Executor::storage(const std::string& name) const {
+  auto it = param_tensor_.find(name);
+  HAP_CHECK(it != param_tensor_.end(), "executor: no parameter named '", name, "'");
+  return program_.storage[it->second];
+}
+
+void Executor::materialize_parameters(const TensorSource& source) {
+  params_.clear();
+  param_local_.clear();
+  for (const auto& [name, t] : param_tensor_) {
+    (void)name;
+    const synth::GraphTensor& gt = graph_.tensors[t];
+    Prop p = program_.storage[t];
+    Tensor local;
+    if (p.kind == ops::PropKind::Sharded) {
+      int seg = param_segment_.count(t) ? param_segment_.at(t) : 0;
+      ShardSpec spec(p.dim, lengths(t, p, seg));
+      local = source(gt.name, spec.local_shape(gt.shape, comm_.rank()), spec.logical_slice(gt.shape, comm_.rank()));
+    } else {
+      local = source(gt.name, gt.shape, LogicalSlice{});
+    }
+    local = local.detach();
+    local.set_requires_grad(true);
+    param_local_[t] = local;
+  }
+  // In graph order, so that every rank lists them alike.
+  for (const synth::GraphTensor& t : graph_.tensors)
+    if (t.role == synth::TensorRole::Parameter) params_.push_back({t.name, param_local_.at(t.id)});
+}
+
+Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSource* inputs) {
+  const synth::GraphTensor& gt = graph_.tensors[t];
+  if (gt.role == synth::TensorRole::Parameter) {
+    HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
+    Prop s = program_.storage[t];
+    HAP_ASSERT(s == p, "parameter ", gt.name, " stored ", s.str(), " but read as ", p.str());
+    const Tensor& leaf = param_local_.at(t);
+    // A Replicated parameter's replicas are one tensor: its Partial gradient is all-reduced.
+    return s.kind == ops::PropKind::Replicated ? functional::replicate(comm_, leaf) : leaf;
+  }
+  HAP_CHECK(gt.role == synth::TensorRole::Input, "executor: tensor %", t, " (", gt.name,
+            ") is a constant made during tracing; the executor cannot recreate its data yet");
+  if (p.kind == ops::PropKind::Sharded) {
+    ShardSpec spec(p.dim, lengths(t, p, segment));
+    return (*inputs)(gt.name, spec.local_shape(gt.shape, comm_.rank()), spec.logical_slice(gt.shape, comm_.rank()));
+  }
+  return (*inputs)(gt.name, gt.shape, LogicalSlice{});
+}
+
+Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
+  values_.assign(graph_.tensors.size(), {});
+  const int rank = comm_.rank();
+  for (const Instruction& in : program_.instructions) {
+    if (in.kind == InstrKind::Compute) {
+      const synth::GraphNode& n = graph_.nodes[in.node];
+      std::vector<ops::ShardSignature> sigs = signatures_of(graph_, n);
+      auto in_prop = [&](size_t k) { return in.signature < 0 ? Prop::replicated() : sigs[in.signature].inputs[k]; };
+      auto out_prop = [&](size_t o) { return in.signature < 0 ? Prop::replicated() : sigs[in.signature].outputs[o]; };
+      std::vector<Tensor> args;
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        int t = n.inputs[k];
+        if (t < 0) {
+          args.emplace_back();
+          continue;
+        }
+        Prop q = in_prop(k);
+        auto it = values_[t].find(q.str());
+        if (it == values_[t].end()) {
+          HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", q.str(), " value");
+          it = values_[t].emplace(q.str(), leaf_value(t, q, in.segment, &inputs)).first;
+        }
+        args.push_back(it->second);
+      }
+      // Localise attributes that hold global sizes or positions.
+      ops::Attrs attrs = n.attrs;
+      double post_scale = 1.0;
+      switch (n.kind) {
+        case ops::OpKind::Reshape:
+        case ops::OpKind::Expand: {
+          Prop o = out_prop(0);
+          Shape target = graph_.tensors[n.outputs[0]].shape;
+          if (o.kind == ops::PropKind::Sharded)
+            target[o.dim] = lengths(n.outputs[0], o, in.segment)[rank];
+          attrs = ops::ShapeAttrs{target};
+          break;
+        }
+        case ops::OpKind::Mean: {
+          const Shape& s = graph_.tensors[n.inputs[0]].shape;
+          Prop q = in_prop(0);
+          if (q.kind == ops::PropKind::Sharded) {
+            auto dims = std::get<ops::ReduceAttrs>(n.attrs).dims;
+            bool reduced = dims.empty();
+            for (int64_t d : dims) reduced = reduced || (d < 0 ? d + static_cast<int64_t>(s.size()) : d) == q.dim;
+            if (reduced) post_scale = static_cast<double>(lengths(n.inputs[0], q, in.segment)[rank]) / s[q.dim];
+          }
+          break;
+        }
+        case ops::OpKind::CrossEntropy: {
+          if (out_prop(0).kind == ops::PropKind::Partial) {
+            int64_t ignore = std::get<ops::CrossEntropyAttrs>(n.attrs).ignore_index;
+            int64_t local = 0;
+            Tensor tg = args[1].contiguous();
+            const int64_t* p = tg.data<int64_t>();
+            for (int64_t i = 0; i < tg.numel(); ++i) local += p[i] != ignore;
+            int64_t global = comm_.allreduce(local);
+            post_scale = global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
+          }
+          break;
+        }
+        case ops::OpKind::Dropout: {
+          Prop q = in_prop(0);
+          auto& r = std::get<ops::RandomAttrs>(attrs);
+          r.stream += random_offset;
+          if (q.kind == ops::PropKind::Sharded) {
+            const Shape& s = graph_.tensors[n.inputs[0]].shape;
+            ShardSpec spec(q.dim, lengths(n.inputs[0], q, in.segment));
+            r.slice = spec.logical_slice(s, rank);
+          }
+          break;
+        }
+        case ops::OpKind::Attention: {
+          Prop q = in_prop(0);
+          auto& a = std::get<ops::AttentionAttrs>(attrs);
+          a.dropout.stream += random_offset;
+          if (q.kind == ops::PropKind::Sharded && a.dropout.p > 0) {
+            const Shape& s = graph_.tensors[n.inputs[0]].shape;  // [B, H, T, D]
+            Shape probs = {s[0], s[1], s[2], graph_.tensors[n.inputs[1]].shape[2]};
+            ShardSpec spec(q.dim, lengths(n.inputs[0], q, in.segment));
+            a.dropout.slice = spec.logical_slice(probs, rank);
+          }
+          break;
+        }
+        case ops::OpKind::Embedding: {
+          Prop w = in_prop(0);
+          if (w.kind == ops::PropKind::Sharded) {
+            HAP_CHECK(w.dim == 0 || out_prop(0).kind == ops::PropKind::Sharded,
+                      "executor: embedding signature not supported");
+            if (w.dim == 0) {
+              ShardSpec spec(0, lengths(n.inputs[0], w, in.segment));
+              attrs = ops::SliceAttrs{0, spec.offset(rank), spec.offset(rank) + spec.length(rank)};
+            }
+          }
+          break;
+        }
+        default:
+          break;
+      }
+      ops::ScopeGuard scope(n.module);
+      std::vector<Tensor> outs = ops::call(n.kind, args, attrs);
+      if (post_scale != 1.0) outs[0] = ops::call1(ops::OpKind::MulScalar, {outs[0]}, ops::ScalarAttrs{post_scale});
+      for (size_t o = 0; o < outs.size(); ++o) values_[n.outputs[o]][out_prop(o).str()] = outs[o];
+      continue;
+    }
+    if (in.kind == InstrKind::GradAllReduce) continue;  // done by replicate() in backward
+    int t = in.tensor;
+    auto it = values_[t].find(in.from.str());
+    if (it == values_[t].end()) {
+      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", in.from.str(), " value");
+      it = values_[t].emplace(in.from.str(), leaf_value(t, in.from, in.segment, &inputs)).first;
+    }
+    Tensor x = it->second, y;
+    CollectiveMethod m = method_of(in.method);
+    switch (in.kind) {
+      case InstrKind::AllGather:
+        y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.segment), m);
+        break;
+      case InstrKind::ReduceScatter:
+        y = functional::reduce_scatter(comm_, x, in.to.dim, lengths(t, in.to, in.segment), m);
+        break;
+      case InstrKind::AllReduce:
+        y = functional::all_reduce(comm_, x, m);
+        break;
+      case InstrKind::AllToAll:
+        y = functional::all_to_all(comm_, x, in.to.dim, in.from.dim, lengths(t, in.to, in.segment),
+                                   lengths(t, in.from, in.segment), m);
+        break;
+      case InstrKind::Slice:
+        y = functional::shard_slice(comm_, x, in.to.dim, lengths(t, in.to, in.segment));
+        break;
+      case InstrKind::Reshard:
+        HAP_CHECK(program_.ratios[in.from_segment] == program_.ratios[in.segment],
+                  "executor: resharding %", t, " between segments ", in.from_segment, " and ",
+                  in.segment, " with different ratios is not supported yet (plan with --segments single)");
+        y = x;
+        break;
+      default:
+        HAP_ASSERT(false, "unexpected instruction");
+    }
+    values_[t][in.to.str()] = y;
+  }
+  const auto& lv = values_[graph_.loss];
+  if (auto it = lv.find(Prop::partial().str()); it != lv.end()) return it->second;
+  auto it = lv.find(Prop::replicated().str());
+  HAP_CHECK(it != lv.end(), "executor: the loss is neither Partial nor Replicated in this program");
+  return functional::to_partial(comm_, it->second);
+}
+
+double Executor::global_loss(const Tensor& local_loss) const { return comm_.allreduce(local_loss.item()); }
+
+double Executor::global_grad_norm() const {
+  double replicated = 0, sharded = 0;
+  for (const auto& [name, p] : params_) {
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    double s = 0;
+    for (double v : g.to_vector()) s += v * v;
+    (storage(name).kind == ops::PropKind::Sharded ? sharded : replicated) += s;
+  }
+  return std::sqrt(replicated + comm_.allreduce(sharded));
+}
+
+void Executor::scale_grads(double factor) const {
+  NoGradGuard no_grad;
+  for (const auto& [name, p] : params_) {
+    Tensor g = p.grad();
+    if (g.defined()) p.set_grad(ops::call1(ops::OpKind::MulScalar, {g}, ops::ScalarAttrs{factor}));
+  }
+}
+
+Tensor Executor::gather(const Tensor& local, int t, const Prop& p, int segment) const {
+  if (p.kind != ops::PropKind::Sharded) return local;
+  return all_gather(comm_, local.contiguous(), p.dim, lengths(t, p, segment), CollectiveMethod::Grouped);
+}
+
+Tensor Executor::gathered_grad(const std::string& name) const {
+  int t = param_tensor_.at(name);
+  Tensor g = param_local_.at(t).grad();
+  HAP_CHECK(g.defined(), "executor: parameter '", name, "' has no gradient");
+  return gather(g, t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
+}
+
+Tensor Executor::gathered_value(const std::string& name) const {
+  int t = param_tensor_.at(name);
+  return gather(param_local_.at(t).detach(), t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
+}
+
+}  // namespace hap::parallel

@@ -1,0 +1,78 @@
+// The SPMD executor: runs a DistributedProgram on one rank. Parameters are this rank's shards,
+// inputs are this rank's rows, computations run the graph's ops on local shards, and
+// communication instructions run the differentiable collectives, so that backward() on the local
+// loss yields this rank's local gradients (gradient convention: parallel/autograd_collectives.h).
+//
+// Supported today: every instruction except Reshard between segments with different ratios;
+// ops whose attributes hold global sizes are localised here (reshape, expand, mean and
+// cross-entropy with global counts, dropout/attention-dropout slices, vocabulary-parallel
+// embedding). An op signature the executor cannot localise is an error naming the op.
+#pragma once
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "parallel/communicator.h"
+#include "synth/graph.h"
+#include "synth/program.h"
+
+namespace hap::parallel {
+
+using ops::Prop;
+
+// Produces the local part of a named logical tensor: `local_shape` elements at `slice` (an empty
+// slice means the whole tensor).
+using TensorSource =
+    std::function<Tensor(const std::string& name, const Shape& local_shape, const LogicalSlice& slice)>;
+
+class Executor {
+ public:
+  // Checks that every rank holds the same program (size of the world = devices of the plan).
+  Executor(const synth::Graph& graph, const synth::DistributedProgram& program, Communicator comm);
+
+  // Creates this rank's parameters (leaves that require grad) from `source`.
+  void materialize_parameters(const TensorSource& source);
+  // name -> this rank's parameter tensor (its shard, or all of it when Replicated).
+  const std::vector<std::pair<std::string, Tensor>>& parameters() const { return params_; }
+  Prop storage(const std::string& name) const;
+
+  // Runs the program's forward on this rank's inputs and returns the local loss, a Partial
+  // (the global loss is the sum over ranks) ready for backward(). `random_offset` is added to the
+  // stream of every random op recorded in the graph (a model's per-step dropout streams; see
+  // nn::kRandomStreamsPerStep).
+  Tensor forward(const TensorSource& inputs, uint64_t random_offset = 0);
+  // The global loss (sum of the local ones), identical on every rank.
+  double global_loss(const Tensor& local_loss) const;
+  // The L2 norm of all gradients, counting Replicated parameters once.
+  double global_grad_norm() const;
+  // Scales every local gradient (global-norm clipping).
+  void scale_grads(double factor) const;
+  // The full logical gradient (or value) of a parameter, on every rank (for checks).
+  Tensor gathered_grad(const std::string& name) const;
+  Tensor gathered_value(const std::string& name) const;
+
+  const Communicator& comm() const { return comm_; }
+
+ private:
+  struct Shard {
+    int64_t offset = 0, length = 0;
+  };
+  std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
+  Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
+  Tensor run_compute(const synth::Instruction& in);
+  Tensor gather(const Tensor& local, int tensor, const Prop& p, int segment) const;
+
+  const synth::Graph& graph_;
+  const synth::DistributedProgram& program_;
+  Communicator comm_;
+  std::vector<std::pair<std::string, Tensor>> params_;
+  std::map<std::string, int> param_tensor_;  // name -> graph tensor
+  std::map<int, Tensor> param_local_;         // graph tensor -> local leaf
+  std::map<int, int> param_segment_;          // graph tensor -> segment its shard lengths use
+  // Values of the current forward: graph tensor -> property -> local tensor.
+  std::vector<std::map<std::string, Tensor>> values_;
+};
+
+}  // namespace hap::parallel
