@@ -1,6 +1,8 @@
 #include "parallel/executor.h"
 
 #include <cmath>
+#include <numeric>
+#include <tuple>
 
 #include "autograd/grad_mode.h"
 #include "ops/dispatch.h"
@@ -40,6 +42,7 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
             " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
   for (const synth::GraphTensor& t : graph.tensors)
     if (t.role == synth::TensorRole::Parameter) param_tensor_[t.name] = t.id;
+  compute_granules();
   for (const Instruction& in : program.instructions) {
     if (in.kind != InstrKind::Compute) continue;
     for (int t : graph.nodes[in.node].inputs)
@@ -47,9 +50,71 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
   }
 }
 
+// Shard lengths must agree wherever shards meet: all Sharded operands of one computation split the
+// same logical range, and a dim merged by a reshape ([B, T] -> [B * T], heads x head size) is split
+// in whole granules of the inner size. Each (tensor, dim) gets a granule; a computation's sharded
+// operands share one (their least common multiple), and a reshape scales it by the merged size.
+// Iterated to a fixed point over the program's chosen signatures.
+void Executor::compute_granules() {
+  granule_.resize(graph_.tensors.size());
+  for (const synth::GraphTensor& t : graph_.tensors) granule_[t.id].assign(t.shape.size(), 1);
+  struct Dim {
+    int tensor;
+    int64_t dim;
+  };
+  std::vector<std::vector<Dim>> groups;                  // operands that must split alike
+  std::vector<std::tuple<Dim, Dim, int64_t>> merges;     // out = in x factor (reshape)
+  for (const Instruction& in : program_.instructions) {
+    if (in.kind != InstrKind::Compute || in.signature < 0) continue;
+    const synth::GraphNode& n = graph_.nodes[in.node];
+    const ops::ShardSignature sig = signatures_of(graph_, n)[in.signature];
+    std::vector<Dim> group;
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] >= 0 && sig.inputs[k].kind == ops::PropKind::Sharded) group.push_back({n.inputs[k], sig.inputs[k].dim});
+    std::vector<Dim> outs;
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (sig.outputs[o].kind == ops::PropKind::Sharded) outs.push_back({n.outputs[o], sig.outputs[o].dim});
+    if (n.kind == ops::OpKind::Reshape && !group.empty() && !outs.empty()) {
+      int64_t a = graph_.tensors[group[0].tensor].shape[group[0].dim];
+      int64_t b = graph_.tensors[outs[0].tensor].shape[outs[0].dim];
+      if (a > 0 && b % a == 0) merges.push_back({group[0], outs[0], b / a});
+      continue;
+    }
+    group.insert(group.end(), outs.begin(), outs.end());
+    if (group.size() > 1) groups.push_back(group);
+  }
+  auto& g = granule_;
+  for (bool changed = true; changed;) {
+    changed = false;
+    auto raise = [&](const Dim& d, int64_t v) {
+      int64_t n = graph_.tensors[d.tensor].shape[d.dim];
+      int64_t cur = g[d.tensor][d.dim];
+      int64_t want = std::lcm(cur, v);
+      if (want != cur && n % want == 0) {
+        g[d.tensor][d.dim] = want;
+        changed = true;
+      }
+    };
+    for (const auto& group : groups) {
+      int64_t l = 1;
+      for (const Dim& d : group) l = std::lcm(l, g[d.tensor][d.dim]);
+      for (const Dim& d : group) raise(d, l);
+    }
+    for (const auto& [in, out, factor] : merges) {
+      raise(out, g[in.tensor][in.dim] * factor);
+      if (g[out.tensor][out.dim] % factor == 0) raise(in, g[out.tensor][out.dim] / factor);
+    }
+  }
+}
+
 std::vector<int64_t> Executor::lengths(int tensor, const Prop& p, int segment) const {
   HAP_ASSERT(p.kind == ops::PropKind::Sharded);
-  return shard_lengths(graph_.tensors[tensor].shape[p.dim], program_.ratios[segment]);
+  int64_t n = graph_.tensors[tensor].shape[p.dim];
+  int64_t g = granule_[tensor][p.dim];
+  if (g <= 0 || n % g != 0) g = 1;
+  std::vector<int64_t> l = shard_lengths(n / g, program_.ratios[segment]);
+  for (int64_t& x : l) x *= g;
+  return l;
 }
 
 Prop Executor::storage(const std::string& name) const {
@@ -129,7 +194,17 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
       ops::Attrs attrs = n.attrs;
       double post_scale = 1.0;
       switch (n.kind) {
-        case ops::OpKind::Reshape:
+        case ops::OpKind::Reshape: {
+          // The sharded output dim holds whatever the local input has left after the other dims.
+          Prop o = out_prop(0);
+          Shape target = graph_.tensors[n.outputs[0]].shape;
+          if (o.kind == ops::PropKind::Sharded) {
+            int64_t rest = shape_numel(target) / target[o.dim];
+            target[o.dim] = rest > 0 ? args[0].numel() / rest : 0;
+          }
+          attrs = ops::ShapeAttrs{target};
+          break;
+        }
         case ops::OpKind::Expand: {
           Prop o = out_prop(0);
           Shape target = graph_.tensors[n.outputs[0]].shape;

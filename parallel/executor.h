@@ -59,6 +59,7 @@ class Executor {
   struct Shard {
     int64_t offset = 0, length = 0;
   };
+  void compute_granules();
   std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
   Tensor run_compute(const synth::Instruction& in);
@@ -71,6 +72,9 @@ class Executor {
   std::map<std::string, int> param_tensor_;  // name -> graph tensor
   std::map<int, Tensor> param_local_;         // graph tensor -> local leaf
   std::map<int, int> param_segment_;          // graph tensor -> segment its shard lengths use
+  // Per tensor and dim, the granule its shards come in: a dim made by merging [B, T] into
+  // [B * T] is split in whole rows of T, so that it lines up with the unmerged tensors.
+  std::vector<std::vector<int64_t>> granule_;
   // Values of the current forward: graph tensor -> property -> local tensor.
   std::vector<std::map<std::string, Tensor>> values_;
 };
