@@ -1,13 +1,58 @@
-// hap-train: train a model from a YAML run config.
+// hap-train: train a model from a YAML run config, on one process or on a cluster.
 //   hap-train --config configs/gpt.yaml [--set key.path=value]... [--resume CKPT] [--save CKPT]
+//   mpirun -np N hap-train --config configs/gpt.yaml --cluster configs/clusters/X.yaml
+//          [--strategy hap|dp-ev|dp-cp|tp] [--segments single|per-block] [--plan-json FILE]
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "apps/common/cluster_config.h"
 #include "apps/common/config.h"
+#include "apps/common/dist_trainer.h"
 #include "apps/common/trainer.h"
+
+namespace {
+
+int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& config,
+                    const std::string& cluster_path, const std::string& strategy,
+                    const std::string& segments, const std::string& plan_json, bool quiet) {
+  hap::parallel::MpiSession mpi(&argc, &argv);
+  hap::parallel::Communicator comm = hap::parallel::Communicator::world();
+  bool lead = comm.rank() == 0;
+  hap::app::DistTrainOptions opt;
+  opt.quiet = quiet;
+  opt.plan_json = plan_json;
+  try {
+    // Errors up to here come from the same inputs on every rank, so every rank stops alike.
+    hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
+    try {
+      opt.synthesis.strategy = hap::synth::parse_strategy(strategy);
+    } catch (const hap::Error& e) {
+      throw hap::app::ConfigError(std::string("--strategy: ") + e.what());
+    }
+    if (segments != "single" && segments != "per-block")
+      throw hap::app::ConfigError("--segments: expected single or per-block, got '" + segments + "'");
+    opt.synthesis.segments = segments == "single" ? hap::synth::SegmentMode::Single : hap::synth::SegmentMode::PerBlock;
+    if (lead && !quiet) std::printf("%s\n", hap::app::describe(config).c_str());
+    hap::app::TrainSummary s = hap::app::train_distributed(config, cluster, opt, comm);
+    if (lead && !quiet)
+      std::printf("hap-train: done on %d ranks: %ld steps, loss %.4f -> %.4f, val loss %.4f, median %.1f ms/step\n",
+                  comm.size(), static_cast<long>(s.steps_run), s.first_loss, s.last_loss, s.last_val_loss,
+                  s.median_step_ms);
+    return 0;
+  } catch (const hap::app::ConfigError& e) {
+    if (lead) std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    // Possibly on this rank only: end every rank now rather than leave them in a collective.
+    std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(), e.what());
+    comm.abort_all(1);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App cli{"hap-train: train a model as a YAML run config describes"};
@@ -20,6 +65,11 @@ int main(int argc, char** argv) {
   cli.add_option("--save", options.checkpoint_path, "write a checkpoint at the end");
   cli.add_option("--stop-after", options.stop_after, "stop after this step (with --save: resume later)");
   cli.add_flag("--quiet", options.quiet, "no progress lines");
+  std::string cluster_path, strategy = "hap", segments = "single", plan_json;
+  cli.add_option("--cluster", cluster_path, "train on MPI ranks: the cluster they form (YAML)");
+  cli.add_option("--strategy", strategy, "with --cluster: hap, dp-ev, dp-cp or tp");
+  cli.add_option("--segments", segments, "with --cluster: single or per-block ratio vectors");
+  cli.add_option("--plan-json", plan_json, "with --cluster: write the plan (rank 0)");
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -33,6 +83,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;
   }
+  if (!cluster_path.empty()) return run_distributed(argc, argv, config, cluster_path, strategy, segments, plan_json, options.quiet);
   if (!options.quiet) std::printf("%s\n", hap::app::describe(config).c_str());
   try {
     hap::app::TrainSummary s = hap::app::train(config, options);

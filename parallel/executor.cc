@@ -166,7 +166,7 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
   return (*inputs)(gt.name, gt.shape, LogicalSlice{});
 }
 
-Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
+Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, bool training) {
   values_.assign(graph_.tensors.size(), {});
   const int rank = comm_.rank();
   for (const Instruction& in : program_.instructions) {
@@ -240,6 +240,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
           Prop q = in_prop(0);
           auto& r = std::get<ops::RandomAttrs>(attrs);
           r.stream += random_offset;
+          if (!training) r.p = 0;
           if (q.kind == ops::PropKind::Sharded) {
             const Shape& s = graph_.tensors[n.inputs[0]].shape;
             ShardSpec spec(q.dim, lengths(n.inputs[0], q, in.segment));
@@ -251,6 +252,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
           Prop q = in_prop(0);
           auto& a = std::get<ops::AttentionAttrs>(attrs);
           a.dropout.stream += random_offset;
+          if (!training) a.dropout.p = 0;
           if (q.kind == ops::PropKind::Sharded && a.dropout.p > 0) {
             const Shape& s = graph_.tensors[n.inputs[0]].shape;  // [B, H, T, D]
             Shape probs = {s[0], s[1], s[2], graph_.tensors[n.inputs[1]].shape[2]};
@@ -275,7 +277,9 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset) {
           break;
       }
       ops::ScopeGuard scope(n.module);
-      std::vector<Tensor> outs = ops::call(n.kind, args, attrs);
+      std::vector<Tensor> outs;
+      if (n.kind == ops::OpKind::Dropout && std::get<ops::RandomAttrs>(attrs).p == 0) outs = {args[0]};
+      else outs = ops::call(n.kind, args, attrs);
       if (post_scale != 1.0) outs[0] = ops::call1(ops::OpKind::MulScalar, {outs[0]}, ops::ScalarAttrs{post_scale});
       for (size_t o = 0; o < outs.size(); ++o) values_[n.outputs[o]][out_prop(o).str()] = outs[o];
       continue;

@@ -42,7 +42,8 @@ class Executor {
   // (the global loss is the sum over ranks) ready for backward(). `random_offset` is added to the
   // stream of every random op recorded in the graph (a model's per-step dropout streams; see
   // nn::kRandomStreamsPerStep).
-  Tensor forward(const TensorSource& inputs, uint64_t random_offset = 0);
+  // With training = false, dropout (and attention dropout) is the identity, as in eval().
+  Tensor forward(const TensorSource& inputs, uint64_t random_offset = 0, bool training = true);
   // The global loss (sum of the local ones), identical on every rank.
   double global_loss(const Tensor& local_loss) const;
   // The L2 norm of all gradients, counting Replicated parameters once.

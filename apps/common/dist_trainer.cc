@@ -1,0 +1,150 @@
+#include "apps/common/dist_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include "apps/common/data.h"
+#include "apps/common/model_graph.h"
+#include "apps/common/plan_report.h"
+#include "autograd/grad_mode.h"
+#include "models/init.h"
+#include "models/lr_schedule.h"
+#include "models/module.h"
+#include "models/optim.h"
+#include "ops/functional.h"
+#include "ops/threads.h"
+#include "parallel/executor.h"
+
+namespace hap::app {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Rows [offset[0], offset[0] + local[0]) of the global batch (and columns, for a plan that splits
+// the sequence), read from the corpus: a rank never reads the rows of another.
+parallel::TensorSource batch_source(const TextCorpus& corpus, Split split, const TrainConfig& t,
+                                    uint64_t step) {
+  return [&corpus, split, &t, step](const std::string& name, const Shape& local, const LogicalSlice& s) {
+    int64_t row0 = s.offset.empty() ? 0 : s.offset[0];
+    Batch b = corpus.batch(split, t.seq_len, t.seed, step, row0, row0 + local[0]);
+    Tensor full = name == "idx" ? b.idx : b.targets;
+    if ((!s.offset.empty() && s.offset[1] != 0) || local[1] != t.seq_len)
+      full = narrow(full, 1, s.offset.empty() ? 0 : s.offset[1], local[1]).contiguous();
+    return full;
+  };
+}
+
+// A fingerprint of a program, to check that every rank runs the same one.
+double plan_digest(const synth::DistributedProgram& p) {
+  double h = 0;
+  for (size_t i = 0; i < p.instructions.size(); ++i) {
+    const synth::Instruction& in = p.instructions[i];
+    h += (i + 1) * (static_cast<double>(in.kind) * 7 + in.node * 3 + in.signature + in.tensor * 5 +
+                    static_cast<double>(in.method) * 11 + in.from.dim * 13 + in.to.dim * 17);
+  }
+  for (const auto& r : p.ratios)
+    for (double x : r) h += x * 1e3;
+  return h;
+}
+
+}  // namespace
+
+TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluster& cluster,
+                               const DistTrainOptions& options, const parallel::Communicator& comm) {
+  const TrainConfig& t = config.train;
+  const bool lead = comm.rank() == 0 && !options.quiet;
+  if (comm.size() != cluster.size())
+    throw ConfigError("the cluster '" + cluster.name + "' has " + std::to_string(cluster.size()) +
+                      " devices but " + std::to_string(comm.size()) +
+                      " ranks were launched (run mpirun -np " + std::to_string(cluster.size()) + ")");
+  if (config.model.vocab_size < 256)
+    throw ConfigError(config.source_file + ": model.vocab_size: expected an integer >= 256 (the corpus is "
+                      "read as byte tokens), got " + std::to_string(config.model.vocab_size));
+  // Ranks usually share a machine's cores: by default each computes on one thread.
+  set_num_threads(t.threads > 0 ? t.threads : 1);
+
+  TracedModel tm = trace_model(config);
+  synth::DistributedProgram plan = synth::synthesize(tm.graph, cluster, options.synthesis);
+  double digest = plan_digest(plan);
+  HAP_CHECK(comm.allreduce(digest, parallel::ReduceOp::Max) == comm.allreduce(digest, parallel::ReduceOp::Min),
+            "the ranks synthesized different programs (non-deterministic planning?)");
+  synth::CostModel cm(tm.graph, cluster);
+  if (lead) {
+    std::printf("%s\n", plan_report(cm, plan, {}).c_str());
+    std::fflush(stdout);
+  }
+  if (comm.rank() == 0 && !options.plan_json.empty()) std::ofstream(options.plan_json) << plan_to_json(cm, plan).dump(2) << "\n";
+
+  TextCorpus corpus = TextCorpus::load(config.data.path, config.data.val_fraction, t.seq_len);
+  parallel::Executor ex(tm.graph, plan, comm);
+  ex.materialize_parameters([&](const std::string& name, const Shape& local, const LogicalSlice& slice) {
+    Tensor p = Tensor::empty(local);
+    nn::init_parameter(p, tm.model->init_rule_of(name), t.seed, name, slice);
+    return p;
+  });
+  auto groups = optim::weight_decay_groups(ex.parameters(), t.weight_decay);
+  std::unique_ptr<optim::Optimizer> opt;
+  if (t.optimizer == Optimizer::kSgd)
+    opt = std::make_unique<optim::SGD>(groups, optim::SGDOptions{t.lr, t.momentum, t.weight_decay, false});
+  else
+    opt = std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
+  optim::WarmupCosineSchedule schedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
+
+  TrainSummary summary;
+  std::vector<double> step_ms;
+  const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
+  for (int64_t step = 0; step < t.steps; ++step) {
+    auto t0 = Clock::now();
+    double lr = schedule.at(step);
+    opt->set_lr(lr);
+    Tensor local = ex.forward(batch_source(corpus, Split::kTrain, t, static_cast<uint64_t>(step)),
+                              static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep);
+    double loss = ex.global_loss(local);
+    HAP_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step,
+              " (lower train.lr, or enable train.grad_clip)");
+    opt->zero_grad();
+    local.backward();
+    double norm = ex.global_grad_norm();
+    HAP_CHECK(std::isfinite(norm), "training diverged: the gradient norm is ", norm, " at step ", step);
+    if (t.grad_clip > 0 && norm > t.grad_clip) ex.scale_grads(t.grad_clip / (norm + 1e-6));
+    opt->step();
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    // The slowest rank sets the pace: report its time.
+    ms = comm.allreduce(ms, parallel::ReduceOp::Max);
+    step_ms.push_back(ms);
+    if (summary.steps_run == 0) summary.first_loss = loss;
+    summary.last_loss = loss;
+    ++summary.steps_run;
+    bool last = step + 1 == t.steps;
+    if (lead && ((step + 1) % t.log_every == 0 || last)) {
+      std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | %9.0f tok/s\n",
+                  static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm, ms,
+                  tokens_per_step / (ms / 1000.0));
+      std::fflush(stdout);
+    }
+    if ((step + 1) % t.eval_every == 0 || last) {
+      NoGradGuard no_grad;
+      double sum = 0;
+      for (int64_t b = 0; b < t.eval_batches; ++b)
+        sum += ex.global_loss(ex.forward(batch_source(corpus, Split::kVal, t, static_cast<uint64_t>(b)), 0, false));
+      summary.last_val_loss = sum / static_cast<double>(t.eval_batches);
+      if (lead) {
+        std::printf("step %6ld/%ld | val loss %.4f\n", static_cast<long>(step + 1), static_cast<long>(t.steps),
+                    summary.last_val_loss);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::vector<double> s = step_ms;
+  if (!s.empty()) {
+    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
+    summary.median_step_ms = s[s.size() / 2];
+  }
+  return summary;
+}
+
+}  // namespace hap::app

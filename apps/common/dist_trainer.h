@@ -1,0 +1,23 @@
+// Training on MPI ranks: plan (or check the plan) for the cluster, then run the synthesized
+// program with the SPMD executor, each rank holding its shards and reading its rows of the batch.
+#pragma once
+#include "apps/common/config.h"
+#include "apps/common/trainer.h"
+#include "parallel/communicator.h"
+#include "synth/cluster.h"
+#include "synth/synthesizer.h"
+
+namespace hap::app {
+
+struct DistTrainOptions {
+  synth::SynthesisOptions synthesis;
+  std::string plan_json;  // write the plan here (rank 0); "" = none
+  bool quiet = false;
+};
+
+// Every rank calls this with the same arguments. Throws hap::Error (ConfigError for a world size
+// that does not match the cluster) identically on every rank where the inputs are the cause.
+TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluster& cluster,
+                               const DistTrainOptions& options, const parallel::Communicator& comm);
+
+}  // namespace hap::app

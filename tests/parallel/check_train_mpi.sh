@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# mpirun hap-train against one process: the same config must give the same losses (to float
+# reassociation), and a world size that differs from the cluster must stop every rank with exit 2.
+# Usage: check_train_mpi.sh MPIEXEC HAP_TRAIN SOURCE_DIR
+set -u
+MPIEXEC=$1 TRAIN=$2 SRC=$3
+CFG="$SRC/configs/gpt-tiny.yaml"
+CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
+ARGS=(--config "$CFG" --set train.steps=12 --set train.log_every=4 --set model.dropout=0.1)
+losses() { grep -E '^step .*\| loss ' | sed -E 's/.*\| loss ([0-9.]+) .*/\1/'; }
+
+single=$("$TRAIN" "${ARGS[@]}" | losses) || { echo "single-process run failed"; exit 1; }
+for strategy in hap dp-ev tp; do
+  dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+         --strategy "$strategy" | losses) || { echo "mpirun ($strategy) failed"; exit 1; }
+  if [ -z "$dist" ] || [ "$(echo "$dist" | wc -l)" != "$(echo "$single" | wc -l)" ]; then
+    echo "mpirun ($strategy) printed losses '$dist', single-process '$single'"; exit 1
+  fi
+  paste <(echo "$single") <(echo "$dist") | while read -r a b; do
+    python3 -c "import sys; a,b=float('$a'),float('$b'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
+      || { echo "loss differs ($strategy): single $a, distributed $b"; exit 1; }
+  done || exit 1
+  echo "$strategy: losses match: $(echo $dist)"
+done
+
+start=$(date +%s)
+err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 3 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" 2>&1 >/dev/null)
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+if [ $rc -eq 0 ] || ! echo "$err" | grep -q "has 4 devices but 3 ranks"; then
+  echo "world-size mismatch: rc=$rc, message: $err"; exit 1
+fi
+[ $elapsed -le 30 ] || { echo "world-size mismatch took ${elapsed}s to stop"; exit 1; }
+echo "world-size mismatch stops every rank (rc=$rc, ${elapsed}s)"
