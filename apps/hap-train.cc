@@ -65,10 +65,10 @@ int main(int argc, char** argv) {
   cli.add_option("--save", options.checkpoint_path, "write a checkpoint at the end");
   cli.add_option("--stop-after", options.stop_after, "stop after this step (with --save: resume later)");
   cli.add_flag("--quiet", options.quiet, "no progress lines");
-  std::string cluster_path, strategy = "hap", segments = "single", plan_json;
+  std::string cluster_path, strategy = "hap", segments = "per-block", plan_json;
   cli.add_option("--cluster", cluster_path, "train on MPI ranks: the cluster they form (YAML)");
   cli.add_option("--strategy", strategy, "with --cluster: hap, dp-ev, dp-cp or tp");
-  cli.add_option("--segments", segments, "with --cluster: single or per-block ratio vectors");
+  cli.add_option("--segments", segments, "with --cluster: per-block (one ratio vector per block) or single");
   cli.add_option("--plan-json", plan_json, "with --cluster: write the plan (rank 0)");
   try {
     cli.parse(argc, argv);

@@ -295,7 +295,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
     CollectiveMethod m = method_of(in.method);
     switch (in.kind) {
       case InstrKind::AllGather:
-        y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.segment), m);
+        y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.from_segment), m);
         break;
       case InstrKind::ReduceScatter:
         y = functional::reduce_scatter(comm_, x, in.to.dim, lengths(t, in.to, in.segment), m);
@@ -305,17 +305,20 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
         break;
       case InstrKind::AllToAll:
         y = functional::all_to_all(comm_, x, in.to.dim, in.from.dim, lengths(t, in.to, in.segment),
-                                   lengths(t, in.from, in.segment), m);
+                                   lengths(t, in.from, in.from_segment), m);
         break;
       case InstrKind::Slice:
         y = functional::shard_slice(comm_, x, in.to.dim, lengths(t, in.to, in.segment));
         break;
-      case InstrKind::Reshard:
-        HAP_CHECK(program_.ratios[in.from_segment] == program_.ratios[in.segment],
-                  "executor: resharding %", t, " between segments ", in.from_segment, " and ",
-                  in.segment, " with different ratios is not supported yet (plan with --segments single)");
-        y = x;
+      case InstrKind::Reshard: {
+        // From one segment's shard lengths to another's: gather, then take the new slice
+        // (differentiable both ways; a point-to-point exchange would move less).
+        std::vector<int64_t> from = lengths(t, in.from, in.from_segment), to = lengths(t, in.to, in.segment);
+        y = from == to ? x
+                       : functional::shard_slice(comm_, functional::all_gather(comm_, x, in.from.dim, from, m),
+                                                 in.to.dim, to);
         break;
+      }
       default:
         HAP_ASSERT(false, "unexpected instruction");
     }

@@ -3,7 +3,7 @@
 // communication instructions run the differentiable collectives, so that backward() on the local
 // loss yields this rank's local gradients (gradient convention: parallel/autograd_collectives.h).
 //
-// Supported today: every instruction except Reshard between segments with different ratios;
+// Every instruction kind is supported (a reshard between segments' ratios gathers, then slices);
 // ops whose attributes hold global sizes are localised here (reshape, expand, mean and
 // cross-entropy with global counts, dropout/attention-dropout slices, vocabulary-parallel
 // embedding). An op signature the executor cannot localise is an error naming the op.

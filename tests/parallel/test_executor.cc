@@ -158,7 +158,8 @@ nn::GPTConfig tiny_gpt(double dropout) {
   return c;
 }
 
-void check_gpt(synth::Strategy strategy, double dropout, int steps) {
+void check_gpt(synth::Strategy strategy, double dropout, int steps,
+               synth::SegmentMode segments = synth::SegmentMode::Single) {
   SCOPED_TRACE(synth::strategy_name(strategy));
   const int64_t B = 7, T = 6;
   nn::GPTConfig cfg = tiny_gpt(dropout);
@@ -180,7 +181,7 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps) {
                                 {{"idx", im}, {"targets", tm}});
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
-  opt.segments = synth::SegmentMode::Single;
+  opt.segments = segments;
   synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
   expect_distributed(g, plan, strategy);
 
@@ -225,6 +226,10 @@ TEST(Executor, GptMatchesOneDeviceUnderDataParallelEven) { check_gpt(synth::Stra
 TEST(Executor, GptMatchesOneDeviceUnderDataParallelProportional) { check_gpt(synth::Strategy::DpCp, 0.0, 1); }
 TEST(Executor, GptMatchesOneDeviceUnderTensorParallel) { check_gpt(synth::Strategy::Tp, 0.0, 1); }
 TEST(Executor, GptMatchesOneDeviceUnderHap) { check_gpt(synth::Strategy::Hap, 0.0, 1); }
+
+TEST(Executor, GptMatchesOneDeviceWithOneRatioVectorPerBlock) {
+  check_gpt(synth::Strategy::Hap, 0.0, 1, synth::SegmentMode::PerBlock);
+}
 
 TEST(Executor, GptParametersMatchAfterTenAdamWStepsWithDropout) {
   for (auto s : {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
