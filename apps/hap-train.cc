@@ -17,13 +17,15 @@ namespace {
 
 int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& config,
                     const std::string& cluster_path, const std::string& strategy,
-                    const std::string& segments, const std::string& plan_json, bool quiet) {
+                    const std::string& segments, const std::string& plan_json,
+                    const std::string& plan_file, bool quiet) {
   hap::parallel::MpiSession mpi(&argc, &argv);
   hap::parallel::Communicator comm = hap::parallel::Communicator::world();
   bool lead = comm.rank() == 0;
   hap::app::DistTrainOptions opt;
   opt.quiet = quiet;
   opt.plan_json = plan_json;
+  opt.plan_file = plan_file;
   try {
     // Errors up to here come from the same inputs on every rank, so every rank stops alike.
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
@@ -70,6 +72,8 @@ int main(int argc, char** argv) {
   cli.add_option("--strategy", strategy, "with --cluster: hap, dp-ev, dp-cp or tp");
   cli.add_option("--segments", segments, "with --cluster: per-block (one ratio vector per block) or single");
   cli.add_option("--plan-json", plan_json, "with --cluster: write the plan (rank 0)");
+  std::string plan_file;
+  cli.add_option("--plan", plan_file, "with --cluster: run this plan (from hap-plan --json)");
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -83,7 +87,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;
   }
-  if (!cluster_path.empty()) return run_distributed(argc, argv, config, cluster_path, strategy, segments, plan_json, options.quiet);
+  if (!cluster_path.empty())
+    return run_distributed(argc, argv, config, cluster_path, strategy, segments, plan_json, plan_file, options.quiet);
+  if (!plan_file.empty()) {
+    std::fprintf(stderr, "hap-train: --plan needs --cluster (the cluster the plan was made for)\n");
+    return 2;
+  }
   if (!options.quiet) std::printf("%s\n", hap::app::describe(config).c_str());
   try {
     hap::app::TrainSummary s = hap::app::train(config, options);

@@ -68,11 +68,12 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   set_num_threads(t.threads > 0 ? t.threads : 1);
 
   TracedModel tm = trace_model(config);
-  synth::DistributedProgram plan = synth::synthesize(tm.graph, cluster, options.synthesis);
+  synth::CostModel cm(tm.graph, cluster);
+  synth::DistributedProgram plan = options.plan_file.empty() ? synth::synthesize(tm.graph, cluster, options.synthesis)
+                                                             : load_plan(options.plan_file, cm);
   double digest = plan_digest(plan);
   HAP_CHECK(comm.allreduce(digest, parallel::ReduceOp::Max) == comm.allreduce(digest, parallel::ReduceOp::Min),
             "the ranks synthesized different programs (non-deterministic planning?)");
-  synth::CostModel cm(tm.graph, cluster);
   if (lead) {
     std::printf("%s\n", plan_report(cm, plan, {}).c_str());
     std::fflush(stdout);

@@ -12,6 +12,7 @@ namespace hap::app {
 struct DistTrainOptions {
   synth::SynthesisOptions synthesis;
   std::string plan_json;  // write the plan here (rank 0); "" = none
+  std::string plan_file;  // run this plan (from hap-plan --json) instead of synthesizing
   bool quiet = false;
 };
 

@@ -2,13 +2,19 @@
 
 #include <cstdio>
 #include <functional>
+#include <cmath>
+#include <fstream>
 #include <map>
 #include <sstream>
+
+#include "apps/common/config.h"
+#include "synth/synthesizer.h"
 
 namespace hap::app {
 
 using synth::Instruction;
 using synth::InstrKind;
+using synth::Prop;
 
 namespace {
 
@@ -224,6 +230,109 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
           {"device_compute_s", p.device_compute_s},
           {"device_memory_bytes", p.device_memory_bytes},
           {"synthesis_s", p.synthesis_s}};
+}
+
+namespace {
+
+Prop parse_prop(const std::string& s, const std::string& where) {
+  if (s == "R") return Prop::replicated();
+  if (s == "P") return Prop::partial();
+  if (s.size() > 3 && s.rfind("S(", 0) == 0 && s.back() == ')') return Prop::sharded(std::stoll(s.substr(2, s.size() - 3)));
+  throw ConfigError(where + ": expected a property R, P or S(d), got '" + s + "'");
+}
+
+InstrKind parse_kind(const std::string& s, const std::string& where) {
+  for (int k = 0; k <= static_cast<int>(InstrKind::GradAllReduce); ++k)
+    if (s == synth::instr_name(static_cast<InstrKind>(k))) return static_cast<InstrKind>(k);
+  throw ConfigError(where + ": unknown instruction kind '" + s + "'");
+}
+
+synth::CollectiveMethod parse_method(const std::string& s, const std::string& where) {
+  for (auto m : {synth::CollectiveMethod::None, synth::CollectiveMethod::Padded, synth::CollectiveMethod::Grouped})
+    if (s == synth::method_name(m)) return m;
+  throw ConfigError(where + ": unknown collective method '" + s + "'");
+}
+
+}  // namespace
+
+synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm) {
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read the plan file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw ConfigError(path + ": not a JSON plan file (" + e.what() + ")");
+  }
+  try {
+    if (j.value("format", "") != "hap-plan-v1")
+      throw ConfigError(path + ": format: expected 'hap-plan-v1' (a file written by hap-plan --json)");
+    std::string g = graph_fingerprint(cm.graph()), c = cluster_fingerprint(cm.cluster());
+    if (j.at("graph_fingerprint") != g)
+      throw ConfigError(path + ": the plan was made for another model or batch (graph fingerprint " +
+                        j.at("graph_fingerprint").get<std::string>() + ", this run's is " + g + ")");
+    if (j.at("cluster_fingerprint") != c)
+      throw ConfigError(path + ": the plan was made for another cluster ('" + j.value("cluster", "?") +
+                        "', fingerprint " + j.at("cluster_fingerprint").get<std::string>() + "; this run's '" +
+                        cm.cluster().name + "' is " + c + ")");
+    synth::DistributedProgram p;
+    p.strategy = j.at("strategy").get<std::string>();
+    p.ratios = j.at("ratios").get<std::vector<std::vector<double>>>();
+    for (size_t s = 0; s < p.ratios.size(); ++s) {
+      const auto& r = p.ratios[s];
+      std::string where = path + ": ratios[" + std::to_string(s) + "]";
+      if (static_cast<int>(r.size()) != cm.num_devices())
+        throw ConfigError(where + ": expected " + std::to_string(cm.num_devices()) + " shares, got " + std::to_string(r.size()));
+      double sum = 0;
+      for (double x : r) {
+        if (!(x > 0) || !std::isfinite(x)) throw ConfigError(where + ": expected positive shares, got " + std::to_string(x));
+        sum += x;
+      }
+      if (std::abs(sum - 1.0) > 1e-6) throw ConfigError(where + ": shares sum to " + std::to_string(sum) + ", expected 1");
+    }
+    p.node_segment = j.at("node_segment").get<std::vector<int>>();
+    if (p.node_segment.size() != cm.graph().nodes.size())
+      throw ConfigError(path + ": node_segment: expected " + std::to_string(cm.graph().nodes.size()) + " entries");
+    for (int s : p.node_segment)
+      if (s < 0 || s >= static_cast<int>(p.ratios.size())) throw ConfigError(path + ": node_segment: segment " + std::to_string(s) + " has no ratios");
+    p.storage.assign(cm.graph().tensors.size(), Prop::replicated());
+    const auto& storage = j.at("storage");
+    for (const synth::GraphTensor& t : cm.graph().tensors)
+      if (storage.contains(t.name)) p.storage[t.id] = parse_prop(storage[t.name], path + ": storage." + t.name);
+    int i = 0;
+    for (const auto& e : j.at("instructions")) {
+      std::string where = path + ": instructions[" + std::to_string(i++) + "]";
+      synth::Instruction in;
+      in.kind = parse_kind(e.at("kind"), where);
+      in.segment = e.at("segment");
+      if (in.kind == InstrKind::Compute) {
+        in.node = e.at("node");
+        in.signature = e.at("signature");
+        if (in.node < 0 || in.node >= static_cast<int>(cm.graph().nodes.size()) ||
+            in.signature >= static_cast<int>(cm.signatures(in.node).size()))
+          throw ConfigError(where + ": node or signature out of range");
+      } else {
+        in.tensor = e.at("tensor");
+        if (in.tensor < 0 || in.tensor >= static_cast<int>(cm.graph().tensors.size()))
+          throw ConfigError(where + ": tensor out of range");
+        in.from = parse_prop(e.at("from"), where + ".from");
+        in.to = parse_prop(e.at("to"), where + ".to");
+        in.method = parse_method(e.at("method"), where + ".method");
+        in.from_segment = e.value("from_segment", in.segment);
+      }
+      if (in.segment < 0 || in.segment >= static_cast<int>(p.ratios.size()))
+        throw ConfigError(where + ": segment out of range");
+      p.instructions.push_back(in);
+    }
+    p.predicted_step_s = synth::recost(cm, p.instructions, p.ratios);
+    p.device_memory_bytes = synth::program_memory(cm, p.instructions, p.storage, p.ratios);
+    p.device_compute_s.assign(cm.num_devices(), 0.0);
+    for (const synth::Instruction& x : p.instructions)
+      (x.kind == InstrKind::Compute ? p.compute_s : p.communication_s) += x.cost_s;
+    return p;
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(path + ": malformed plan (" + e.what() + ")");
+  }
 }
 
 }  // namespace hap::app

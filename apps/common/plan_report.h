@@ -21,4 +21,10 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
 
 nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::DistributedProgram& p);
 
+// Reads a plan written by plan_to_json back for this model and cluster. Throws ConfigError naming
+// the file when it is not a plan, was made for another model or cluster (fingerprints differ),
+// or holds ratios that are not one positive share per device summing to 1. The returned
+// program is re-costed with its ratios.
+synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm);
+
 }  // namespace hap::app

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # mpirun hap-train against one process: the same config must give the same losses (to float
 # reassociation), and a world size that differs from the cluster must stop every rank with exit 2.
-# Usage: check_train_mpi.sh MPIEXEC HAP_TRAIN SOURCE_DIR
+# Also: a plan written by hap-plan --json runs as is, and a plan for another cluster or with ratios
+# that do not sum to 1 is refused with exit 2.
+# Usage: check_train_mpi.sh MPIEXEC HAP_TRAIN HAP_PLAN SOURCE_DIR
 set -u
-MPIEXEC=$1 TRAIN=$2 SRC=$3
+MPIEXEC=$1 TRAIN=$2 PLAN=$3 SRC=$4
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
 CFG="$SRC/configs/gpt-tiny.yaml"
 CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 ARGS=(--config "$CFG" --set train.steps=12 --set train.log_every=4 --set model.dropout=0.1)
@@ -21,6 +25,25 @@ for strategy in hap dp-ev tp; do
       || { echo "loss differs ($strategy): single $a, distributed $b"; exit 1; }
   done || exit 1
   echo "$strategy: losses match: $(echo $dist)"
+done
+
+# A saved plan runs as is.
+"$PLAN" --config "$CFG" --cluster "$CLUSTER" --set model.dropout=0.1 --json "$TMP/plan.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
+planned=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+          --plan "$TMP/plan.json" | losses) || { echo "mpirun --plan failed"; exit 1; }
+[ "$(echo $planned)" = "$(echo $dist)" ] || { echo "--plan losses '$planned' differ from '$dist'"; exit 1; }
+echo "--plan: losses match"
+# Refused plans: another cluster; ratios that do not sum to 1.
+"$PLAN" --config "$CFG" --cluster "$SRC/configs/clusters/emu-2node.yaml" --set model.dropout=0.1 \
+        --json "$TMP/other.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
+python3 -c "import json; p=json.load(open('$TMP/plan.json')); p['ratios'][0][0] += 0.1; json.dump(p, open('$TMP/bad.json', 'w'))"
+for case in "other.json:made for another cluster" "bad.json:sum to"; do
+  file=${case%%:*} want=${case#*:}
+  err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+        --plan "$TMP/$file" 2>&1 >/dev/null)
+  rc=$?
+  [ $rc -ne 0 ] && echo "$err" | grep -q "$want" || { echo "$file: rc=$rc, message: $err"; exit 1; }
+  echo "$file refused: $want"
 done
 
 start=$(date +%s)
