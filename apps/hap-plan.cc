@@ -11,19 +11,20 @@
 
 #include "apps/common/cluster_config.h"
 #include "apps/common/config.h"
+#include "apps/common/dist_trainer.h"
 #include "apps/common/model_graph.h"
 #include "apps/common/plan_report.h"
 #include "synth/synthesizer.h"
 
 int main(int argc, char** argv) {
   CLI::App cli{"hap-plan: synthesize a ratio-sharded SPMD program for a model on a cluster"};
-  std::string config_path, cluster_path, strategy = "hap", segments = "per-block", json_path;
+  std::string config_path, cluster_path, strategy, segments, json_path;
   std::vector<std::string> overrides;
   bool dump_graph = false;
   cli.add_option("--config", config_path, "run config (YAML): the model and the global batch")->required();
   cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
-  cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp");
-  cli.add_option("--segments", segments, "per-block (one ratio vector per block) or single");
+  cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp (default: the config's parallel.strategy)");
+  cli.add_option("--segments", segments, "per-block or single (default: the config's parallel.segments)");
   cli.add_option("--set", overrides, "override a config key (repeatable)");
   cli.add_option("--json", json_path, "write the plan as JSON");
   cli.add_flag("--dump-graph", dump_graph, "print the traced graph");
@@ -36,27 +37,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-plan: --cluster FILE is required to plan (or pass --dump-graph)\n");
     return 2;
   }
-  hap::synth::Strategy strat;
-  try {
-    strat = hap::synth::parse_strategy(strategy);
-  } catch (const hap::Error& e) {
-    std::fprintf(stderr, "hap-plan: --strategy: %s\n", e.what());
-    return 2;
-  }
+  if (!strategy.empty()) overrides.push_back("parallel.strategy=" + strategy);
+  if (!segments.empty()) overrides.push_back("parallel.segments=" + segments);
   try {
     hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, overrides);
-    if (segments != "per-block" && segments != "single") {
-      std::fprintf(stderr, "hap-plan: --segments: expected per-block or single, got '%s'\n", segments.c_str());
-      return 2;
-    }
     hap::app::TracedModel tm = hap::app::trace_model(config);
     if (dump_graph) std::printf("%s", tm.graph.str().c_str());
     if (cluster_path.empty()) return 0;
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
 
-    hap::synth::SynthesisOptions opt;
-    opt.strategy = strat;
-    opt.segments = segments == "single" ? hap::synth::SegmentMode::Single : hap::synth::SegmentMode::PerBlock;
+    hap::synth::SynthesisOptions opt = hap::app::synthesis_options(config.parallel);
+    hap::synth::Strategy strat = opt.strategy;
     hap::synth::DistributedProgram plan = hap::synth::synthesize(tm.graph, cluster, opt);
     std::vector<hap::synth::DistributedProgram> baselines;
     for (auto s : {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp}) {

@@ -1,7 +1,7 @@
 // hap-train: train a model from a YAML run config, on one process or on a cluster.
 //   hap-train --config configs/gpt.yaml [--set key.path=value]... [--resume CKPT] [--save CKPT]
 //   mpirun -np N hap-train --config configs/gpt.yaml --cluster configs/clusters/X.yaml
-//          [--strategy hap|dp-ev|dp-cp|tp] [--segments single|per-block] [--plan-json FILE]
+//          [--set parallel.strategy=hap|dp-ev|dp-cp|tp] [--plan FILE] [--plan-json FILE]
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -16,8 +16,7 @@
 namespace {
 
 int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& config,
-                    const std::string& cluster_path, const std::string& strategy,
-                    const std::string& segments, const std::string& plan_json,
+                    const std::string& cluster_path, const std::string& plan_json,
                     const std::string& plan_file, bool quiet) {
   hap::parallel::MpiSession mpi(&argc, &argv);
   hap::parallel::Communicator comm = hap::parallel::Communicator::world();
@@ -29,14 +28,7 @@ int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& confi
   try {
     // Errors up to here come from the same inputs on every rank, so every rank stops alike.
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
-    try {
-      opt.synthesis.strategy = hap::synth::parse_strategy(strategy);
-    } catch (const hap::Error& e) {
-      throw hap::app::ConfigError(std::string("--strategy: ") + e.what());
-    }
-    if (segments != "single" && segments != "per-block")
-      throw hap::app::ConfigError("--segments: expected single or per-block, got '" + segments + "'");
-    opt.synthesis.segments = segments == "single" ? hap::synth::SegmentMode::Single : hap::synth::SegmentMode::PerBlock;
+    opt.synthesis = hap::app::synthesis_options(config.parallel);
     if (lead && !quiet) std::printf("%s\n", hap::app::describe(config).c_str());
     hap::app::TrainSummary s = hap::app::train_distributed(config, cluster, opt, comm);
     if (lead && !quiet)
@@ -67,10 +59,10 @@ int main(int argc, char** argv) {
   cli.add_option("--save", options.checkpoint_path, "write a checkpoint at the end");
   cli.add_option("--stop-after", options.stop_after, "stop after this step (with --save: resume later)");
   cli.add_flag("--quiet", options.quiet, "no progress lines");
-  std::string cluster_path, strategy = "hap", segments = "per-block", plan_json;
-  cli.add_option("--cluster", cluster_path, "train on MPI ranks: the cluster they form (YAML)");
-  cli.add_option("--strategy", strategy, "with --cluster: hap, dp-ev, dp-cp or tp");
-  cli.add_option("--segments", segments, "with --cluster: per-block (one ratio vector per block) or single");
+  std::string cluster_path, plan_json;
+  cli.add_option("--cluster", cluster_path,
+                 "train on MPI ranks: the cluster they form (YAML); the config's parallel section "
+                 "(--set parallel.strategy=hap|dp-ev|dp-cp|tp) says how");
   cli.add_option("--plan-json", plan_json, "with --cluster: write the plan (rank 0)");
   std::string plan_file;
   cli.add_option("--plan", plan_file, "with --cluster: run this plan (from hap-plan --json)");
@@ -88,7 +80,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!cluster_path.empty())
-    return run_distributed(argc, argv, config, cluster_path, strategy, segments, plan_json, plan_file, options.quiet);
+    return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options.quiet);
   if (!plan_file.empty()) {
     std::fprintf(stderr, "hap-train: --plan needs --cluster (the cluster the plan was made for)\n");
     return 2;

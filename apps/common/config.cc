@@ -31,7 +31,8 @@ using detail::SectionReader;
 
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
-constexpr std::array<std::string_view, 3> kSections = {"model", "data", "train"};
+constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
+constexpr std::array<std::string_view, 2> kParallelKeys = {"strategy", "segments"};
 constexpr std::array<std::string_view, 8> kModelKeys = {
     "name", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias"};
 constexpr std::array<std::string_view, 2> kDataKeys = {"path", "val_fraction"};
@@ -46,10 +47,17 @@ std::span<const std::string_view> keys_of(std::string_view section) {
   if (section == "model") return kModelKeys;
   if (section == "data") return kDataKeys;
   if (section == "train") return kTrainKeys;
+  if (section == "parallel") return kParallelKeys;
   return {};
 }
 
 constexpr std::array<Choice<ModelName>, 1> kModelNames = {{{"gpt", ModelName::kGpt}}};
+constexpr std::array<Choice<Strategy>, 4> kStrategies = {{{"hap", Strategy::kHap},
+                                                          {"dp-ev", Strategy::kDpEv},
+                                                          {"dp-cp", Strategy::kDpCp},
+                                                          {"tp", Strategy::kTp}}};
+constexpr std::array<Choice<Segments>, 2> kSegmentModes = {
+    {{"per-block", Segments::kPerBlock}, {"single", Segments::kSingle}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
     {{"adamw", Optimizer::kAdamW}, {"sgd", Optimizer::kSgd}}};
 
@@ -161,8 +169,18 @@ TrainConfig read_train(SectionReader& s, const ModelConfig& model) {
   return t;
 }
 
+ParallelConfig read_parallel(SectionReader& s) {
+  ParallelConfig p;
+  p.strategy = s.choice("strategy", kStrategies, p.strategy);
+  p.segments = s.choice("segments", kSegmentModes, p.segments);
+  s.finish();
+  return p;
+}
+
 }  // namespace
 
+std::string_view to_string(Strategy strategy) { return name_of(kStrategies, strategy); }
+std::string_view to_string(Segments segments) { return name_of(kSegmentModes, segments); }
 std::string_view to_string(ModelName name) { return name_of(kModelNames, name); }
 std::string_view to_string(Optimizer optimizer) { return name_of(kOptimizers, optimizer); }
 
@@ -181,6 +199,8 @@ TrainRunConfig load_train_config(const std::string& path,
   config.data = read_data(data);
   SectionReader train = document.section("train", kTrainKeys);
   config.train = read_train(train, config.model);
+  SectionReader parallel = document.section("parallel", kParallelKeys, /*optional=*/true);
+  config.parallel = read_parallel(parallel);
   document.finish();
   return config;
 }
@@ -250,6 +270,9 @@ nlohmann::json to_json(const TrainRunConfig& config) {
         {"eval_batches", t.eval_batches},
         {"log_file", t.log_file},
         {"threads", t.threads}}},
+      {"parallel",
+       {{"strategy", std::string(to_string(config.parallel.strategy))},
+        {"segments", std::string(to_string(config.parallel.segments))}}},
   };
 }
 

@@ -76,10 +76,21 @@ struct TrainConfig {
   int threads = 0;                // CPU threads, >= 0; 0 means all cores
 };
 
+// How to train on several ranks (used with hap-train --cluster, or hap-plan).
+enum class Strategy { kHap, kDpEv, kDpCp, kTp };
+enum class Segments { kPerBlock, kSingle };
+struct ParallelConfig {
+  Strategy strategy = Strategy::kHap;
+  Segments segments = Segments::kPerBlock;
+};
+std::string_view to_string(Strategy strategy);  // "hap", "dp-ev", "dp-cp", "tp"
+std::string_view to_string(Segments segments);  // "per-block", "single"
+
 struct TrainRunConfig {
   ModelConfig model;
   DataConfig data;
   TrainConfig train;
+  ParallelConfig parallel;  // optional section
   std::string source_file;  // the config path as passed to load_train_config
 };
 

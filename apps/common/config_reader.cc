@@ -103,10 +103,11 @@ SectionReader::SectionReader(const Origin& origin, std::string section, const YA
   }
 }
 
-SectionReader SectionReader::section(std::string_view key, std::span<const std::string_view> keys) {
+SectionReader SectionReader::section(std::string_view key, std::span<const std::string_view> keys,
+                                     bool optional) {
   const std::optional<YAML::Node> node = find(key);
   SectionReader reader(origin_, path(key), node.value_or(YAML::Node()), keys);
-  if (!node)
+  if (!node && !optional)
     fail(origin_, path(key), "missing required section; expected " + reader.mapping_expectation());
   return reader;
 }

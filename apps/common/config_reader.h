@@ -164,8 +164,10 @@ class SectionReader {
   SectionReader(const Origin& origin, std::string section, const YAML::Node& node,
                 std::span<const std::string_view> keys);
 
-  // The mapping under `key`, which must be present.
-  SectionReader section(std::string_view key, std::span<const std::string_view> keys);
+  // The mapping under `key`, which must be present (unless `optional`: then an absent section
+  // reads as empty, and its keys take their defaults).
+  SectionReader section(std::string_view key, std::span<const std::string_view> keys,
+                        bool optional = false);
 
   template <typename T>
   T integer(std::string_view key, std::type_identity_t<std::optional<T>> fallback,

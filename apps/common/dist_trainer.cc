@@ -53,6 +53,18 @@ double plan_digest(const synth::DistributedProgram& p) {
 
 }  // namespace
 
+synth::SynthesisOptions synthesis_options(const ParallelConfig& p) {
+  synth::SynthesisOptions o;
+  switch (p.strategy) {
+    case Strategy::kHap: o.strategy = synth::Strategy::Hap; break;
+    case Strategy::kDpEv: o.strategy = synth::Strategy::DpEv; break;
+    case Strategy::kDpCp: o.strategy = synth::Strategy::DpCp; break;
+    case Strategy::kTp: o.strategy = synth::Strategy::Tp; break;
+  }
+  o.segments = p.segments == Segments::kSingle ? synth::SegmentMode::Single : synth::SegmentMode::PerBlock;
+  return o;
+}
+
 TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluster& cluster,
                                const DistTrainOptions& options, const parallel::Communicator& comm) {
   const TrainConfig& t = config.train;

@@ -9,6 +9,9 @@
 
 namespace hap::app {
 
+// The synthesizer's options for a run config's parallel section.
+synth::SynthesisOptions synthesis_options(const ParallelConfig& p);
+
 struct DistTrainOptions {
   synth::SynthesisOptions synthesis;
   std::string plan_json;  // write the plan here (rank 0); "" = none

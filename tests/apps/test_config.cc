@@ -372,3 +372,30 @@ TEST_F(ConfigFileTest, SetThatBreaksACrossKeyRuleIsRejected) {
 
 }  // namespace
 }  // namespace hap::app
+
+namespace hap::app {
+namespace {
+
+TEST(ParallelSection, IsOptionalAndDefaultsToHapPerBlock) {
+  TrainRunConfig c = load_train_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml", {});
+  EXPECT_EQ(c.parallel.strategy, Strategy::kHap);
+  EXPECT_EQ(c.parallel.segments, Segments::kPerBlock);
+}
+
+TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
+  std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml";
+  TrainRunConfig c = load_train_config(path, {"parallel.strategy=dp-cp", "parallel.segments=single"});
+  EXPECT_EQ(c.parallel.strategy, Strategy::kDpCp);
+  EXPECT_EQ(c.parallel.segments, Segments::kSingle);
+  try {
+    load_train_config(path, {"parallel.strategy=zero"});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
+              std::string::npos) << m;
+  }
+}
+
+}  // namespace
+}  // namespace hap::app

@@ -16,7 +16,7 @@ losses() { grep -E '^step .*\| loss ' | sed -E 's/.*\| loss ([0-9.]+) .*/\1/'; }
 single=$("$TRAIN" "${ARGS[@]}" | losses) || { echo "single-process run failed"; exit 1; }
 for strategy in hap dp-ev tp; do
   dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
-         --strategy "$strategy" | losses) || { echo "mpirun ($strategy) failed"; exit 1; }
+         --set parallel.strategy="$strategy" | losses) || { echo "mpirun ($strategy) failed"; exit 1; }
   if [ -z "$dist" ] || [ "$(echo "$dist" | wc -l)" != "$(echo "$single" | wc -l)" ]; then
     echo "mpirun ($strategy) printed losses '$dist', single-process '$single'"; exit 1
   fi
