@@ -310,6 +310,9 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
       case InstrKind::Slice:
         y = functional::shard_slice(comm_, x, in.to.dim, lengths(t, in.to, in.segment));
         break;
+      case InstrKind::ToPartial:
+        y = functional::to_partial(comm_, x);
+        break;
       case InstrKind::Reshard: {
         // From one segment's shard lengths to another's: gather, then take the new slice
         // (differentiable both ways; a point-to-point exchange would move less).

@@ -26,6 +26,7 @@ const char* instr_name(InstrKind k) {
     case InstrKind::Slice: return "slice";
     case InstrKind::Reshard: return "reshard";
     case InstrKind::GradAllReduce: return "grad_all_reduce";
+    case InstrKind::ToPartial: return "to_partial";
   }
   return "?";
 }
@@ -127,7 +128,8 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
     case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient
       pass(c, grad ? 2 : 1);
       break;
-    case InstrKind::Slice:  // local; backward embeds the shard's gradient as a Partial
+    case InstrKind::Slice:      // local; backward embeds the shard's gradient as a Partial
+    case InstrKind::ToPartial:  // local both ways (e.g. a Replicated bias on a Partial sum)
       break;
     case InstrKind::AllReduce:  // backward: all-reduce of the Partial gradient
       c.constant_s = (grad ? 2 : 1) * ring_allreduce;

@@ -24,6 +24,7 @@ enum class InstrKind : uint8_t {
   Slice,          // Replicated -> Sharded(d), local (its backward gathers the gradient)
   Reshard,        // Sharded(d) under one segment's ratios -> Sharded(d) under another's
   GradAllReduce,  // backward only: sum the gradient of a Replicated tensor over ranks
+  ToPartial,      // Replicated -> Partial: one rank keeps the value, the others zeros (local)
 };
 const char* instr_name(InstrKind k);
 

@@ -117,6 +117,9 @@ class Expander {
       } else if (!L) {
         const GraphTensor& gt = g_.tensors[t];
         HAP_ASSERT(gt.producer < 0, "tensor %", t, " used before it is produced");
+        // A leaf wanted as a Partial is stored Replicated and handed on by a local to_partial.
+        Prop want = q;
+        if (q.kind == PropKind::Partial) q = Prop::replicated();
         if (!leaf_allows(gt, q)) return false;
         child.stored.push_back({t, q});
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t)) {
@@ -141,6 +144,7 @@ class Expander {
         } else {
           L = &single;
         }
+        if (!(want == q) && !convert(*L, want, seg, child)) return false;
       } else if (!(L->mask & bit(q)) ||
                  (q.kind == PropKind::Sharded && L->segment != seg)) {
         if (!convert(*L, q, seg, child)) return false;
@@ -253,9 +257,13 @@ class Expander {
       if (q.kind == PropKind::Replicated) {
         if (p.kind == PropKind::Sharded) consider(InstrKind::AllGather, p, L.segment);
         if (p.kind == PropKind::Partial) consider(InstrKind::AllReduce, p, L.segment);
+      } else if (q.kind == PropKind::Partial) {
+        if (p.kind == PropKind::Replicated) consider(InstrKind::ToPartial, p, L.segment);
       } else if (q.kind == PropKind::Sharded) {
-        if (p.kind == PropKind::Partial) consider(InstrKind::ReduceScatter, p, L.segment);
-        if (p.kind == PropKind::Sharded && p.dim != q.dim) consider(InstrKind::AllToAll, p, L.segment);
+        if (p.kind == PropKind::Partial && space_.allow_reduce_scatter)
+          consider(InstrKind::ReduceScatter, p, L.segment);
+        if (p.kind == PropKind::Sharded && p.dim != q.dim && space_.allow_all_to_all)
+          consider(InstrKind::AllToAll, p, L.segment);
         if (p.kind == PropKind::Replicated && space_.allow_slice) consider(InstrKind::Slice, p, L.segment);
       }
     }

@@ -205,6 +205,8 @@ SearchSpace space_for(Strategy s, int64_t max_states) {
     case Strategy::Tp:
       sp.shard_inputs = false;
       sp.allow_slice = false;
+      sp.allow_reduce_scatter = false;
+      sp.allow_all_to_all = false;
       break;
   }
   return sp;

@@ -148,6 +148,7 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
     std::string key = std::string(synth::instr_name(in.kind)) + " " + synth::method_name(in.method);
     coll[key].first++;
     coll[key].second += in.cost_s;
+    if (in.kind == InstrKind::Reshard && in.cost_s == 0) continue;  // equal ratios: nothing moves
     if (listed++ < 40) {
       const synth::GraphTensor& t = g.tensors[in.tensor];
       std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
@@ -242,7 +243,7 @@ Prop parse_prop(const std::string& s, const std::string& where) {
 }
 
 InstrKind parse_kind(const std::string& s, const std::string& where) {
-  for (int k = 0; k <= static_cast<int>(InstrKind::GradAllReduce); ++k)
+  for (int k = 0; k <= static_cast<int>(InstrKind::ToPartial); ++k)
     if (s == synth::instr_name(static_cast<InstrKind>(k))) return static_cast<InstrKind>(k);
   throw ConfigError(where + ": unknown instruction kind '" + s + "'");
 }
