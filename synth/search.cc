@@ -198,16 +198,24 @@ class Expander {
   double worst_overflow() const { return over_; }
   int worst_device() const { return over_device_; }
 
-  // The memo key: the next node and every live tensor's properties, packed into 64-bit words
-  // (tensor id 32 bits, mask 20 bits, segment 12 bits) so that equal states compare equal.
-  static std::vector<uint64_t> key(const State& s) {
-    std::vector<uint64_t> k;
-    k.reserve(s.live.size() + 1);
-    k.push_back(static_cast<uint64_t>(s.next));
-    for (const Live& l : s.live)
-      k.push_back((static_cast<uint64_t>(l.tensor) << 32) | (static_cast<uint64_t>(l.mask & 0xFFFFF) << 12) |
-                  static_cast<uint64_t>(l.segment & 0xFFF));
-    return k;
+  // The memo key: a 128-bit hash (two independent 64-bit mixes) of the next node and every live
+  // tensor's (id, properties, segment). Equal states have equal keys; a collision of both halves
+  // is vanishingly unlikely (about 2^-128 per pair).
+  static std::pair<uint64_t, uint64_t> key(const State& s) {
+    auto mix = [](uint64_t h, uint64_t x, uint64_t m) {
+      h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      return h * m;
+    };
+    uint64_t a = 1469598103934665603ull, b = 0x84222325cbf29ce4ull;
+    a = mix(a, static_cast<uint64_t>(s.next), 1099511628211ull);
+    b = mix(b, static_cast<uint64_t>(s.next), 0xff51afd7ed558ccdull);
+    for (const Live& l : s.live) {
+      uint64_t w = (static_cast<uint64_t>(l.tensor) << 32) | (static_cast<uint64_t>(l.mask & 0xFFFFF) << 12) |
+                   static_cast<uint64_t>(l.segment & 0xFFF);
+      a = mix(a, w, 1099511628211ull);
+      b = mix(b, w, 0xff51afd7ed558ccdull);
+    }
+    return {a, b};
   }
 
  private:
@@ -258,7 +266,10 @@ class Expander {
         if (p.kind == PropKind::Sharded) consider(InstrKind::AllGather, p, L.segment);
         if (p.kind == PropKind::Partial) consider(InstrKind::AllReduce, p, L.segment);
       } else if (q.kind == PropKind::Partial) {
-        if (p.kind == PropKind::Replicated) consider(InstrKind::ToPartial, p, L.segment);
+        // Only parameters (a bias added to a Partial sum): for activations it would only widen
+        // the search without new useful programs.
+        if (p.kind == PropKind::Replicated && g_.tensors[t].role == TensorRole::Parameter)
+          consider(InstrKind::ToPartial, p, L.segment);
       } else if (q.kind == PropKind::Sharded) {
         if (p.kind == PropKind::Partial && space_.allow_reduce_scatter)
           consider(InstrKind::ReduceScatter, p, L.segment);
@@ -322,14 +333,7 @@ class Expander {
 };
 
 struct KeyHash {
-  size_t operator()(const std::vector<uint64_t>& k) const {
-    uint64_t h = 1469598103934665603ull;
-    for (uint64_t x : k) {
-      h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-      h *= 1099511628211ull;
-    }
-    return static_cast<size_t>(h);
-  }
+  size_t operator()(const std::pair<uint64_t, uint64_t>& k) const { return static_cast<size_t>(k.first ^ (k.second >> 1)); }
 };
 
 // Rebuilds the program of the path to `goal` by replaying its signature choices.
@@ -419,7 +423,7 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   ex.prepare_heuristic();
   std::vector<State> arena;
   arena.push_back(ex.initial());
-  std::unordered_map<std::vector<uint64_t>, double, KeyHash> best_g;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, double, KeyHash> best_g;
   best_g[Expander::key(arena[0])] = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
   std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>> open;
