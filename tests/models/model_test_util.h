@@ -2,6 +2,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -11,24 +13,7 @@
 
 namespace hap::testing {
 
-// The message of the hap::Error that f() throws (a test failure if it throws nothing or another
-// exception type).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+using ::hap::test_util::error_of;  // and EXPECT_HAS, from tests/test_util.h
 
 struct Stats {
   double mean = 0, std = 0, min = 0, max = 0;

@@ -3,6 +3,8 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include "tests/test_util.h"
+
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -140,22 +142,6 @@ inline ::testing::AssertionResult close_values(const Tensor& actual, const Tenso
   return ::testing::AssertionSuccess();
 }
 
-// Runs f, expects a hap::Error, and returns its message (empty if none was thrown).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected hap::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected hap::Error, nothing was thrown";
-  return "";
-}
-
-#define EXPECT_HAS(msg, part) \
-  EXPECT_NE(std::string(msg).find(part), std::string::npos) << "message: " << (msg)
+using ::hap::test_util::error_of;  // and EXPECT_HAS, from tests/test_util.h
 
 }  // namespace hap::parallel::testing
