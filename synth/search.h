@@ -20,8 +20,9 @@ struct SearchSpace {
   bool inputs_must_shard_dim0 = false;  // data parallel: inputs are read split on dim 0
   bool shard_parameters = true;     // parameters may be stored Sharded (tensor parallel, ZeRO)
   bool allow_slice = true;          // Replicated -> Sharded by a local slice
-  bool allow_reduce_scatter = true; // Partial -> Sharded (Megatron tensor parallelism has none,
-  bool allow_all_to_all = true;     // nor all-to-all)
+  // Megatron tensor parallelism (the tp baseline) uses neither of these two.
+  bool allow_reduce_scatter = true;  // Partial -> Sharded(d)
+  bool allow_all_to_all = true;      // Sharded(a) -> Sharded(b)
   int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
 };
 
