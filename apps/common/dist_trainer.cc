@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "apps/common/data.h"
+#include "apps/common/jsonl_log.h"
 #include "apps/common/model_graph.h"
 #include "apps/common/plan_report.h"
 #include "autograd/grad_mode.h"
@@ -99,13 +100,11 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     nn::init_parameter(p, tm.model->init_rule_of(name), t.seed, name, slice);
     return p;
   });
-  auto groups = optim::weight_decay_groups(ex.parameters(), t.weight_decay);
-  std::unique_ptr<optim::Optimizer> opt;
-  if (t.optimizer == Optimizer::kSgd)
-    opt = std::make_unique<optim::SGD>(groups, optim::SGDOptions{t.lr, t.momentum, t.weight_decay, false});
-  else
-    opt = std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(t, ex.parameters());
   optim::WarmupCosineSchedule schedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
+  JsonlLog log(comm.rank() == 0 ? t.log_file : "");
+  log.write({{"type", "config"}, {"config", to_json(config)}, {"ranks", comm.size()},
+             {"cluster", cluster.name}, {"plan", plan_to_json(cm, plan)}});
 
   TrainSummary summary;
   std::vector<double> step_ms;
@@ -133,6 +132,9 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     summary.last_loss = loss;
     ++summary.steps_run;
     bool last = step + 1 == t.steps;
+    if ((step + 1) % t.log_every == 0 || last)
+      log.write({{"type", "train"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
+                 {"ms_per_step", ms}, {"tokens_per_s", tokens_per_step / (ms / 1000.0)}});
     if (lead && ((step + 1) % t.log_every == 0 || last)) {
       std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | %9.0f tok/s\n",
                   static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm, ms,
@@ -145,6 +147,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
       for (int64_t b = 0; b < t.eval_batches; ++b)
         sum += ex.global_loss(ex.forward(batch_source(corpus, Split::kVal, t, static_cast<uint64_t>(b)), 0, false));
       summary.last_val_loss = sum / static_cast<double>(t.eval_batches);
+      log.write({{"type", "eval"}, {"step", step + 1}, {"val_loss", summary.last_val_loss}});
       if (lead) {
         std::printf("step %6ld/%ld | val loss %.4f\n", static_cast<long>(step + 1), static_cast<long>(t.steps),
                     summary.last_val_loss);
@@ -157,6 +160,9 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
     summary.median_step_ms = s[s.size() / 2];
   }
+  log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
+             {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},
+             {"median_ms_per_step", summary.median_step_ms}});
   return summary;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "apps/common/data.h"
+#include "apps/common/jsonl_log.h"
 #include "apps/common/model_graph.h"
 #include "autograd/grad_mode.h"
 #include "models/clip.h"
@@ -29,32 +30,6 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
-// One JSON object per line; flushed so that a crashed run keeps everything logged so far.
-class JsonlLog {
- public:
-  explicit JsonlLog(const std::string& path) {
-    if (path.empty()) return;
-    std::filesystem::path p(path);
-    if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
-    out_.open(path, std::ios::trunc);
-    HAP_CHECK(out_.good(), "train.log_file: cannot open '", path, "' for writing");
-  }
-  void write(const nlohmann::json& j) {
-    if (!out_.is_open()) return;
-    out_ << j.dump() << "\n";
-    out_.flush();
-  }
-
- private:
-  std::ofstream out_;
-};
-
-std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t, const nn::Module& model) {
-  auto groups = optim::weight_decay_groups(model.named_parameters(), t.weight_decay);
-  if (t.optimizer == Optimizer::kSgd)
-    return std::make_unique<optim::SGD>(groups, optim::SGDOptions{t.lr, t.momentum, t.weight_decay, false});
-  return std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
-}
 
 double evaluate(nn::GPT& model, const TextCorpus& corpus, const TrainConfig& t) {
   NoGradGuard no_grad;
@@ -70,6 +45,14 @@ double evaluate(nn::GPT& model, const TextCorpus& corpus, const TrainConfig& t) 
 
 }  // namespace
 
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t,
+                                                 const std::vector<std::pair<std::string, Tensor>>& named) {
+  auto groups = optim::weight_decay_groups(named, t.weight_decay);
+  if (t.optimizer == Optimizer::kSgd)
+    return std::make_unique<optim::SGD>(groups, optim::SGDOptions{t.lr, t.momentum, t.weight_decay, false});
+  return std::make_unique<optim::AdamW>(groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
+}
+
 TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
   const TrainConfig& t = config.train;
   set_num_threads(t.threads);
@@ -80,7 +63,7 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
 
   auto model = std::make_shared<nn::GPT>(gpt_config(config));
   model->train();
-  auto opt = make_optimizer(t, *model);
+  auto opt = make_optimizer(t, model->named_parameters());
   optim::WarmupCosineSchedule schedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
   std::vector<Tensor> params = model->parameters();
 

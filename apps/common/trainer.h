@@ -2,9 +2,11 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "apps/common/config.h"
+#include "models/optim.h"
 
 namespace hap::app {
 
@@ -22,6 +24,10 @@ struct TrainSummary {
   double last_val_loss = -1;  // -1 when no evaluation ran
   double median_step_ms = 0;
 };
+
+// AdamW or SGD as train.optimizer says, with weight decay on parameters of dim >= 2 only.
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t,
+                                                 const std::vector<std::pair<std::string, Tensor>>& named);
 
 // Trains as configured. Throws hap::Error for bad data, a non-finite loss (naming the step) and
 // other run-time failures.

@@ -27,6 +27,14 @@ for strategy in hap dp-ev tp; do
   echo "$strategy: losses match: $(echo $dist)"
 done
 
+# Rank 0 writes the JSONL metrics log.
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+  --set train.log_file="$TMP/run.jsonl" || { echo "mpirun with a log failed"; exit 1; }
+for kind in config train eval done; do
+  grep -q "\"type\":\"$kind\"" "$TMP/run.jsonl" || { echo "no $kind record in the JSONL log"; exit 1; }
+done
+echo "JSONL log written"
+
 # A saved plan runs as is.
 "$PLAN" --config "$CFG" --cluster "$CLUSTER" --set model.dropout=0.1 --json "$TMP/plan.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
 planned=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
