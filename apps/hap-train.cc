@@ -17,7 +17,8 @@ namespace {
 
 int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& config,
                     const std::string& cluster_path, const std::string& plan_json,
-                    const std::string& plan_file, bool quiet) {
+                    const std::string& plan_file, const hap::app::TrainOptions& train_options) {
+  bool quiet = train_options.quiet;
   hap::parallel::MpiSession mpi(&argc, &argv);
   hap::parallel::Communicator comm = hap::parallel::Communicator::world();
   bool lead = comm.rank() == 0;
@@ -25,6 +26,9 @@ int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& confi
   opt.quiet = quiet;
   opt.plan_json = plan_json;
   opt.plan_file = plan_file;
+  opt.checkpoint_path = train_options.checkpoint_path;
+  opt.resume_path = train_options.resume_path;
+  opt.stop_after = train_options.stop_after;
   try {
     // Errors up to here come from the same inputs on every rank, so every rank stops alike.
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
@@ -80,7 +84,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!cluster_path.empty())
-    return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options.quiet);
+    return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options);
   if (!plan_file.empty()) {
     std::fprintf(stderr, "hap-train: --plan needs --cluster (the cluster the plan was made for)\n");
     return 2;

@@ -368,6 +368,19 @@ Tensor Executor::gathered_grad(const std::string& name) const {
   return gather(g, t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
 }
 
+Tensor Executor::gathered_like(const std::string& name, const Tensor& local) const {
+  int t = param_tensor_.at(name);
+  return gather(local.detach(), t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
+}
+
+LogicalSlice Executor::slice_of(const std::string& name) const {
+  int t = param_tensor_.at(name);
+  Prop p = program_.storage[t];
+  if (p.kind != ops::PropKind::Sharded) return {};
+  ShardSpec spec(p.dim, lengths(t, p, param_segment_.count(t) ? param_segment_.at(t) : 0));
+  return spec.logical_slice(graph_.tensors[t].shape, comm_.rank());
+}
+
 Tensor Executor::gathered_value(const std::string& name) const {
   int t = param_tensor_.at(name);
   return gather(param_local_.at(t).detach(), t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);

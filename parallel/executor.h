@@ -53,6 +53,11 @@ class Executor {
   // The full logical gradient (or value) of a parameter, on every rank (for checks).
   Tensor gathered_grad(const std::string& name) const;
   Tensor gathered_value(const std::string& name) const;
+  // The full logical tensor of a local tensor laid out like parameter `name` (e.g. an optimizer
+  // state slot), on every rank.
+  Tensor gathered_like(const std::string& name, const Tensor& local) const;
+  // Where this rank's part of parameter `name` sits in the logical tensor (empty: all of it).
+  LogicalSlice slice_of(const std::string& name) const;
 
   const Communicator& comm() const { return comm_; }
 

@@ -15,6 +15,7 @@
 #include "models/lr_schedule.h"
 #include "models/module.h"
 #include "models/optim.h"
+#include "models/serialize.h"
 #include "ops/functional.h"
 #include "ops/threads.h"
 #include "parallel/executor.h"
@@ -50,6 +51,53 @@ double plan_digest(const synth::DistributedProgram& p) {
   for (const auto& r : p.ratios)
     for (double x : r) h += x * 1e3;
   return h;
+}
+
+// Checkpoints hold logical (unsharded) tensors under the names save_checkpoint uses, so a run on
+// any plan, cluster, or one process can resume them.
+void save_distributed(const std::string& path, const parallel::Executor& ex, const optim::Optimizer& opt,
+                      int64_t step, uint64_t seed) {
+  NamedTensors out;
+  auto i64 = [](int64_t v) { return Tensor::from_vector(std::vector<int64_t>{v}, {}); };
+  for (const auto& [name, p] : ex.parameters()) out.emplace_back("model." + name, ex.gathered_value(name));
+  for (const auto& [name, p] : ex.parameters()) {
+    const optim::Optimizer::ParamState* st = opt.state(p);
+    for (size_t s = 0; s < st->slots.size(); ++s)
+      out.emplace_back("optim." + opt.state_slots()[s] + "." + name, ex.gathered_like(name, st->slots[s]));
+    out.emplace_back("optim.step." + name, i64(st->step));
+  }
+  out.emplace_back("meta.step", i64(step));
+  out.emplace_back("meta.random_seed", i64(static_cast<int64_t>(seed)));
+  out.emplace_back("meta.random_step", i64(step));
+  if (ex.comm().rank() == 0) save_tensors(path, out);
+  ex.comm().barrier();
+}
+
+int64_t resume_distributed(const std::string& path, const parallel::Executor& ex, optim::Optimizer& opt) {
+  std::map<std::string, Tensor> by_name;
+  for (auto& [n, t] : load_tensors(path)) by_name[n] = t;
+  auto take = [&](const std::string& n) {
+    auto it = by_name.find(n);
+    HAP_CHECK(it != by_name.end(), path, ": the checkpoint has no tensor '", n, "'");
+    return it->second;
+  };
+  NoGradGuard no_grad;
+  auto place = [&](const Tensor& local, const Tensor& full, const std::string& name) {
+    HAP_CHECK(full.dim() == local.dim(), path, ": '", name, "' has shape ", shape_str(full.shape()));
+    LogicalSlice s = ex.slice_of(name);
+    int64_t off = full.offset();
+    for (size_t d = 0; d < s.offset.size(); ++d) off += s.offset[d] * full.strides()[d];
+    Tensor part = s.offset.empty() ? full : full.as_strided(local.shape(), full.strides(), off);
+    HAP_CHECK(part.shape() == local.shape(), path, ": '", name, "' has shape ", shape_str(full.shape()));
+    local.copy_from(part);
+  };
+  for (const auto& [name, p] : ex.parameters()) {
+    place(p, take("model." + name), name);
+    optim::Optimizer::ParamState* st = opt.state(p);
+    for (size_t s = 0; s < st->slots.size(); ++s) place(st->slots[s], take("optim." + opt.state_slots()[s] + "." + name), name);
+    st->step = static_cast<int64_t>(take("optim.step." + name).item());
+  }
+  return static_cast<int64_t>(take("meta.step").item());
 }
 
 }  // namespace
@@ -106,10 +154,12 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   log.write({{"type", "config"}, {"config", to_json(config)}, {"ranks", comm.size()},
              {"cluster", cluster.name}, {"plan", plan_to_json(cm, plan)}});
 
+  int64_t start = options.resume_path.empty() ? 0 : resume_distributed(options.resume_path, ex, *opt);
   TrainSummary summary;
   std::vector<double> step_ms;
   const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
-  for (int64_t step = 0; step < t.steps; ++step) {
+  const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
+  for (int64_t step = start; step < end; ++step) {
     auto t0 = Clock::now();
     double lr = schedule.at(step);
     opt->set_lr(lr);
@@ -131,7 +181,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     if (summary.steps_run == 0) summary.first_loss = loss;
     summary.last_loss = loss;
     ++summary.steps_run;
-    bool last = step + 1 == t.steps;
+    bool last = step + 1 == end;
     if ((step + 1) % t.log_every == 0 || last)
       log.write({{"type", "train"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
                  {"ms_per_step", ms}, {"tokens_per_s", tokens_per_step / (ms / 1000.0)}});
@@ -160,6 +210,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
     summary.median_step_ms = s[s.size() / 2];
   }
+  if (!options.checkpoint_path.empty()) save_distributed(options.checkpoint_path, ex, *opt, end, t.seed);
   log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
              {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},
              {"median_ms_per_step", summary.median_step_ms}});

@@ -16,6 +16,9 @@ struct DistTrainOptions {
   synth::SynthesisOptions synthesis;
   std::string plan_json;  // write the plan here (rank 0); "" = none
   std::string plan_file;  // run this plan (from hap-plan --json) instead of synthesizing
+  std::string checkpoint_path;  // write a checkpoint of logical tensors at the end ("" = none)
+  std::string resume_path;      // resume from a checkpoint (from any plan, or one process)
+  int64_t stop_after = -1;      // stop after this step (the schedule still spans train.steps)
   bool quiet = false;
 };
 

@@ -35,6 +35,22 @@ for kind in config train eval done; do
 done
 echo "JSONL log written"
 
+# Checkpoints hold logical tensors: stop on 4 ranks, resume on one process, and the other way
+# round; both end with the loss of the straight run.
+last() { tail -n 1; }
+straight=$(echo "$single" | last)
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+  --stop-after 6 --save "$TMP/dist.hapt" || { echo "mpirun --save failed"; exit 1; }
+resumed=$("$TRAIN" "${ARGS[@]}" --resume "$TMP/dist.hapt" | losses | last)
+"$TRAIN" "${ARGS[@]}" --quiet --stop-after 6 --save "$TMP/one.hapt" || { echo "--save failed"; exit 1; }
+resumed_dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+               --resume "$TMP/one.hapt" | losses | last)
+for r in "$resumed" "$resumed_dist"; do
+  python3 -c "import sys; a,b=float('$straight'),float('${r:-nan}'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
+    || { echo "resumed run ends at loss '$r', the straight run at $straight"; exit 1; }
+done
+echo "checkpoints resume across plans: $straight $resumed $resumed_dist"
+
 # A saved plan runs as is.
 "$PLAN" --config "$CFG" --cluster "$CLUSTER" --set model.dropout=0.1 --json "$TMP/plan.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
 planned=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
