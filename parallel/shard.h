@@ -54,4 +54,8 @@ struct ShardSpec {
   Tensor slice_of(const Tensor& logical, int rank) const;
 };
 
+// A raw view of the box `slice` (as a TensorSource receives it) of a logical tensor: all of it
+// when the slice is empty.
+Tensor box_of(const Tensor& logical, const Shape& local_shape, const LogicalSlice& slice);
+
 }  // namespace hap::parallel

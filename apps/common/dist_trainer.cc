@@ -19,6 +19,7 @@
 #include "ops/functional.h"
 #include "ops/threads.h"
 #include "parallel/executor.h"
+#include "parallel/shard.h"
 
 namespace hap::app {
 
@@ -84,10 +85,7 @@ int64_t resume_distributed(const std::string& path, const parallel::Executor& ex
   NoGradGuard no_grad;
   auto place = [&](const Tensor& local, const Tensor& full, const std::string& name) {
     HAP_CHECK(full.dim() == local.dim(), path, ": '", name, "' has shape ", shape_str(full.shape()));
-    LogicalSlice s = ex.slice_of(name);
-    int64_t off = full.offset();
-    for (size_t d = 0; d < s.offset.size(); ++d) off += s.offset[d] * full.strides()[d];
-    Tensor part = s.offset.empty() ? full : full.as_strided(local.shape(), full.strides(), off);
+    Tensor part = parallel::box_of(full, local.shape(), ex.slice_of(name));
     HAP_CHECK(part.shape() == local.shape(), path, ": '", name, "' has shape ", shape_str(full.shape()));
     local.copy_from(part);
   };

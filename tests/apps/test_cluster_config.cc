@@ -2,6 +2,8 @@
 // names, memory sizes take units, and every kind of bad input gives one message naming the file,
 // the key path, the value and the expectation.
 #include <gtest/gtest.h>
+
+#include "yaml_file_test.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,37 +45,21 @@ nodes:
       - {type: gpu-c, flops_per_s: 1.0e12, memory_bytes: 8.0e9}
 )";
 
-class ClusterFileTest : public ::testing::Test {
+class ClusterFileTest : public YamlFileTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("hap_test_cluster_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string write(const std::string& text, const std::string& name = "cluster.yaml") const {
-    const fs::path path = dir_ / name;
-    std::ofstream(path) << text;
-    return path.string();
+    return YamlFileTest::write(text, name);
   }
 
-  // The valid cluster with the first occurrence of `from` replaced by `to`.
+  // The valid document with the first occurrence of `from` replaced by `to`.
   static std::string edited(const std::string& from, const std::string& to) {
-    std::string text = kValidCluster;
-    const std::size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << "the valid cluster has no '" << from << "'";
-    if (at == std::string::npos) return text;
-    return text.replace(at, from.size(), to);
+    return replace_first(kValidCluster, from, to);
   }
 
   // The valid cluster with the memory of nodes[1].devices[0] written as `memory`.
   std::string with_memory(const std::string& memory) const {
     return write(edited("memory_bytes: 8.0e9", "memory_bytes: " + memory));
   }
-
-  fs::path dir_;
 };
 
 // The message of the ConfigError that loading throws; fails the test when nothing is thrown.

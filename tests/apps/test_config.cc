@@ -2,6 +2,8 @@
 // and every kind of bad input gives one message naming the file, the key, the value and the
 // expectation.
 #include <gtest/gtest.h>
+
+#include "yaml_file_test.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -39,31 +41,16 @@ train:
 )";
 
 // Writes YAML files into a per-test directory and removes it afterwards.
-class ConfigFileTest : public ::testing::Test {
+class ConfigFileTest : public YamlFileTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           ("hap_test_config_" + std::to_string(::getpid()) + "_" + info->name());
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   std::string write(const std::string& text, const std::string& name = "run.yaml") const {
-    const fs::path path = dir_ / name;
-    std::ofstream(path) << text;
-    return path.string();
+    return YamlFileTest::write(text, name);
   }
 
-  // The run text with the first occurrence of `from` replaced by `to`.
+  // The valid document with the first occurrence of `from` replaced by `to`.
   static std::string edited(const std::string& from, const std::string& to) {
-    std::string text = kValidRun;
-    const std::size_t at = text.find(from);
-    EXPECT_NE(at, std::string::npos) << "the valid run has no '" << from << "'";
-    return text.replace(at, from.size(), to);
+    return replace_first(kValidRun, from, to);
   }
-
-  fs::path dir_;
 };
 
 // The message of the ConfigError that loading throws; fails the test when nothing is thrown.

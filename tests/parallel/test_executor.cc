@@ -14,6 +14,7 @@
 #include "models/optim.h"
 #include "ops/functional.h"
 #include "parallel/executor.h"
+#include "parallel/shard.h"
 #include "parallel_test_util.h"
 #include "synth/synthesizer.h"
 
@@ -53,10 +54,7 @@ synth::Cluster cluster_for(int n) {
 
 // The box `slice` of a full tensor (all of it for an empty slice), as a fresh tensor.
 Tensor box(const Tensor& full, const Shape& local, const LogicalSlice& slice) {
-  if (slice.offset.empty()) return full.clone();
-  int64_t off = full.offset();
-  for (size_t d = 0; d < local.size(); ++d) off += slice.offset[d] * full.strides()[d];
-  return full.as_strided(local, full.strides(), off).clone();
+  return box_of(full, local, slice).clone();
 }
 
 double rel_err(const Tensor& a, const Tensor& b) {
