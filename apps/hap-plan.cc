@@ -2,8 +2,10 @@
 //   hap-plan --config configs/gpt.yaml --cluster configs/clusters/hap-paper.yaml
 //            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
 //   hap-plan --config configs/gpt.yaml --dump-graph
+//   hap-plan --cluster FILE --describe-cluster   (the validated cluster as JSON: scripts read it)
 // Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -16,22 +18,71 @@
 #include "apps/common/plan_report.h"
 #include "synth/synthesizer.h"
 
+namespace {
+
+// The validated cluster, one device per rank, for scripts (scripts/hap-emulate) that must not
+// parse cluster files themselves.
+nlohmann::json cluster_to_json(const hap::synth::Cluster& cluster) {
+  auto link = [](const hap::synth::Link& l) {
+    return nlohmann::json{{"bandwidth_bytes_per_s", l.bandwidth_bytes_per_s}, {"latency_s", l.latency_s}};
+  };
+  nlohmann::json j;
+  j["name"] = cluster.name;
+  j["devices"] = nlohmann::json::array();
+  for (int r = 0; r < cluster.size(); ++r) {
+    const hap::synth::Device& d = cluster.devices[r];
+    j["devices"].push_back({{"rank", r},
+                            {"name", d.name},
+                            {"type", d.type},
+                            {"node", d.node},
+                            {"flops_per_s", d.flops_per_s},
+                            {"memory_bytes", d.memory_bytes},
+                            {"cpu_quota", d.cpu_quota}});
+  }
+  j["nodes"] = nlohmann::json::array();
+  for (const hap::synth::Node& n : cluster.nodes)
+    j["nodes"].push_back({{"name", n.name}, {"devices", n.devices}, {"link", link(n.link)}});
+  if (cluster.num_nodes() > 1) j["inter_node"] = link(cluster.inter_node);
+  return j;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App cli{"hap-plan: synthesize a ratio-sharded SPMD program for a model on a cluster"};
   std::string config_path, cluster_path, strategy, segments, json_path;
   std::vector<std::string> overrides;
-  bool dump_graph = false;
-  cli.add_option("--config", config_path, "run config (YAML): the model and the global batch")->required();
+  bool dump_graph = false, describe_cluster = false;
+  cli.add_option("--config", config_path, "run config (YAML): the model and the global batch");
   cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
   cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp (default: the config's parallel.strategy)");
   cli.add_option("--segments", segments, "per-block or single (default: the config's parallel.segments)");
   cli.add_option("--set", overrides, "override a config key (repeatable)");
   cli.add_option("--json", json_path, "write the plan as JSON");
   cli.add_flag("--dump-graph", dump_graph, "print the traced graph");
+  cli.add_flag("--describe-cluster", describe_cluster,
+               "print the validated --cluster as JSON (one device per rank) and exit");
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return cli.exit(e) == 0 ? 0 : 2;
+  }
+  if (describe_cluster) {
+    if (cluster_path.empty()) {
+      std::fprintf(stderr, "hap-plan: --describe-cluster needs --cluster FILE\n");
+      return 2;
+    }
+    try {
+      std::printf("%s\n", cluster_to_json(hap::app::load_cluster_config(cluster_path)).dump(2).c_str());
+      return 0;
+    } catch (const hap::app::ConfigError& e) {
+      std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
+      return 2;
+    }
+  }
+  if (config_path.empty()) {
+    std::fprintf(stderr, "hap-plan: --config FILE is required\n");
+    return 2;
   }
   if (!dump_graph && cluster_path.empty()) {
     std::fprintf(stderr, "hap-plan: --cluster FILE is required to plan (or pass --dump-graph)\n");

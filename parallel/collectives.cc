@@ -170,12 +170,12 @@ void exchange_allgather(const Communicator& comm, const Tensor& send, const Tens
                         const Layout& l, CollectiveMethod method, const char* op) {
   MPI_Datatype type = mpi_datatype(send.dtype());
   if (method == CollectiveMethod::Padded) {
-    HAP_MPI_CHECK(
-        MPI_Allgather(send.raw_data(), l.slot, type, recv.raw_data(), l.slot, type, comm.handle()));
+    HAP_MPI_RUN(MPI_Iallgather(send.raw_data(), l.slot, type, recv.raw_data(), l.slot, type,
+                               comm.handle(), &hap_mpi_req_));
   } else {
-    HAP_MPI_CHECK(MPI_Allgatherv(send.raw_data(), mpi_count(send.numel(), op), type,
-                                 recv.raw_data(), l.counts.data(), l.displs.data(), type,
-                                 comm.handle()));
+    HAP_MPI_RUN(MPI_Iallgatherv(send.raw_data(), mpi_count(send.numel(), op), type,
+                                recv.raw_data(), l.counts.data(), l.displs.data(), type,
+                                comm.handle(), &hap_mpi_req_));
   }
 }
 
@@ -186,12 +186,12 @@ void exchange_alltoall(const Communicator& comm, const Tensor& send, const Layou
   MPI_Datatype type = mpi_datatype(send.dtype());
   if (method == CollectiveMethod::Padded) {
     HAP_ASSERT(sl.slot == rl.slot, "padded all-to-all with slots ", sl.slot, " and ", rl.slot);
-    HAP_MPI_CHECK(MPI_Alltoall(send.raw_data(), sl.slot, type, recv.raw_data(), rl.slot, type,
-                               comm.handle()));
+    HAP_MPI_RUN(MPI_Ialltoall(send.raw_data(), sl.slot, type, recv.raw_data(), rl.slot, type,
+                              comm.handle(), &hap_mpi_req_));
   } else {
-    HAP_MPI_CHECK(MPI_Alltoallv(send.raw_data(), sl.counts.data(), sl.displs.data(), type,
-                                recv.raw_data(), rl.counts.data(), rl.displs.data(), type,
-                                comm.handle()));
+    HAP_MPI_RUN(MPI_Ialltoallv(send.raw_data(), sl.counts.data(), sl.displs.data(), type,
+                               recv.raw_data(), rl.counts.data(), rl.displs.data(), type,
+                               comm.handle(), &hap_mpi_req_));
   }
 }
 
@@ -367,10 +367,10 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
     }
   }
   int64_t header_len = static_cast<int64_t>(header.size());
-  HAP_MPI_CHECK(MPI_Bcast(&header_len, 1, MPI_INT64_T, root, comm.handle()));
+  HAP_MPI_RUN(MPI_Ibcast(&header_len, 1, MPI_INT64_T, root, comm.handle(), &hap_mpi_req_));
   header.resize(static_cast<size_t>(header_len));
-  HAP_MPI_CHECK(
-      MPI_Bcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root, comm.handle()));
+  HAP_MPI_RUN(MPI_Ibcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root,
+                         comm.handle(), &hap_mpi_req_));
   HAP_CHECK(header[0] >= 0, is_root ? root_error
                                     : std::string(op) + ": the root rank " + std::to_string(root) +
                                           "'s tensor is unusable");
@@ -378,10 +378,10 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   const Shape shape(header.begin() + 2, header.end());
 
   Tensor out = is_root ? x.clone() : Tensor::empty(shape, TensorOptions{}.with_dtype(dtype));
-  HAP_MPI_CHECK(MPI_Bcast(out.raw_data(), mpi_count(out.numel(), op), mpi_datatype(dtype), root,
-                          comm.handle()));
+  HAP_MPI_RUN(MPI_Ibcast(out.raw_data(), mpi_count(out.numel(), op), mpi_datatype(dtype), root,
+                         comm.handle(), &hap_mpi_req_));
   // Checked only after the transfer, so a rank with a mismatched tensor throws without leaving
-  // the root blocked in MPI_Bcast.
+  // the root blocked in the broadcast.
   if (!is_root && x.defined())
     HAP_CHECK(x.shape() == shape && x.dtype() == dtype, op, ": rank ", comm.rank(), " passed ",
               x.str(), " but root ", root, " broadcasts ", dtype_name(dtype), shape_str(shape));

@@ -1,6 +1,10 @@
 #include "parallel/communicator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -70,6 +74,46 @@ bool MpiSession::active() {
   return initialised && !finalised;
 }
 
+// ---- waiting ----
+
+namespace {
+WaitPolicy policy_from_env() {
+  const char* v = std::getenv("HAP_COMM_WAIT");
+  if (v == nullptr || *v == 0 || std::strcmp(v, "spin") == 0) return WaitPolicy::Spin;
+  if (std::strcmp(v, "sleep") == 0) return WaitPolicy::Sleep;
+  HAP_CHECK(false, "HAP_COMM_WAIT='", v, "': expected spin or sleep");
+}
+std::atomic<int> g_wait_policy{-1};
+}  // namespace
+
+WaitPolicy wait_policy() {
+  int p = g_wait_policy.load();
+  if (p < 0) {
+    p = static_cast<int>(policy_from_env());
+    g_wait_policy.store(p);
+  }
+  return static_cast<WaitPolicy>(p);
+}
+
+void set_wait_policy(WaitPolicy policy) { g_wait_policy.store(static_cast<int>(policy)); }
+
+void complete(MPI_Request& request, const char* call) {
+  int rc = MPI_SUCCESS;
+  if (wait_policy() == WaitPolicy::Spin) {
+    rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
+  } else {
+    int done = 0;
+    auto pause = std::chrono::microseconds(20);
+    for (;;) {
+      rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS || done) break;
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+    }
+  }
+  if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, call, __FILE__, __LINE__);
+}
+
 // ---- Communicator ----
 
 struct Communicator::State {
@@ -109,7 +153,7 @@ int Communicator::rank() const { return state().rank; }
 int Communicator::size() const { return state().size; }
 MPI_Comm Communicator::handle() const { return state().comm; }
 
-void Communicator::barrier() const { HAP_MPI_CHECK(MPI_Barrier(handle())); }
+void Communicator::barrier() const { HAP_MPI_RUN(MPI_Ibarrier(handle(), &hap_mpi_req_)); }
 
 Communicator Communicator::adopt(MPI_Comm comm) {
   auto s = std::make_shared<State>();
@@ -137,13 +181,13 @@ void Communicator::broadcast_bytes(std::vector<uint8_t>& bytes, int root) const 
   HAP_CHECK(root >= 0 && root < size(), "broadcast: root ", root, " out of range for ", size(),
             " ranks");
   int64_t n = static_cast<int64_t>(bytes.size());
-  HAP_MPI_CHECK(MPI_Bcast(&n, 1, MPI_INT64_T, root, handle()));
+  HAP_MPI_RUN(MPI_Ibcast(&n, 1, MPI_INT64_T, root, handle(), &hap_mpi_req_));
   bytes.resize(static_cast<size_t>(n));
   // Chunks keep every count within MPI's int range.
   constexpr int64_t kChunk = int64_t{1} << 30;
   for (int64_t at = 0; at < n; at += kChunk) {
     int count = static_cast<int>(std::min(kChunk, n - at));
-    HAP_MPI_CHECK(MPI_Bcast(bytes.data() + at, count, MPI_BYTE, root, handle()));
+    HAP_MPI_RUN(MPI_Ibcast(bytes.data() + at, count, MPI_BYTE, root, handle(), &hap_mpi_req_));
   }
 }
 
@@ -155,13 +199,15 @@ std::string Communicator::broadcast_string(const std::string& s, int root) const
 
 std::vector<double> Communicator::allgather(double value) const {
   std::vector<double> all(static_cast<size_t>(size()));
-  HAP_MPI_CHECK(MPI_Allgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, handle()));
+  HAP_MPI_RUN(
+      MPI_Iallgather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, handle(), &hap_mpi_req_));
   return all;
 }
 
 std::vector<int64_t> Communicator::allgather(int64_t value) const {
   std::vector<int64_t> all(static_cast<size_t>(size()));
-  HAP_MPI_CHECK(MPI_Allgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, handle()));
+  HAP_MPI_RUN(MPI_Iallgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, handle(),
+                             &hap_mpi_req_));
   return all;
 }
 

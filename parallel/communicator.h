@@ -32,6 +32,15 @@ namespace detail {
 
 }  // namespace hap::parallel
 
+// Starts a nonblocking MPI call whose last argument is `&hap_mpi_req_` and completes it under
+// the wait policy: HAP_MPI_RUN(MPI_Ibcast(buf, n, type, root, comm, &hap_mpi_req_)).
+#define HAP_MPI_RUN(call)                                \
+  do {                                                   \
+    MPI_Request hap_mpi_req_ = MPI_REQUEST_NULL;         \
+    HAP_MPI_CHECK(call);                                 \
+    ::hap::parallel::complete(hap_mpi_req_, #call);      \
+  } while (0)
+
 #define HAP_MPI_CHECK(call)                                                             \
   do {                                                                                  \
     int hap_mpi_rc_ = (call);                                                           \
@@ -62,6 +71,18 @@ class MpiSession {
 };
 
 enum class ReduceOp { Sum, Max, Min };
+
+// How a rank waits for its collectives to complete. Spin waits inside MPI (lowest latency, keeps
+// the core busy). Sleep polls the request and sleeps between polls (20 us, doubling to 1 ms), so
+// a rank waiting for a slower one leaves the core to others: scripts/hap-emulate uses it so that
+// waiting does not spend the CPU quota a rank's device is emulated with (a GPU rank waits on its
+// GPU, not on a core). The default comes from HAP_COMM_WAIT=spin|sleep (unset: spin).
+enum class WaitPolicy { Spin, Sleep };
+WaitPolicy wait_policy();
+void set_wait_policy(WaitPolicy policy);
+
+// Completes a started nonblocking MPI operation under the wait policy; `call` names it in errors.
+void complete(MPI_Request& request, const char* call);
 
 // A group of ranks. Copies share one MPI communicator (handle semantics); communicators made by
 // split() are freed when the last copy goes (or left alone once MPI is finalised).

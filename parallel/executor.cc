@@ -6,6 +6,7 @@
 
 #include "autograd/grad_mode.h"
 #include "ops/dispatch.h"
+#include "ops/functional.h"
 #include "parallel/autograd_collectives.h"
 #include "parallel/shard.h"
 
@@ -154,8 +155,9 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
     Prop s = program_.storage[t];
     HAP_ASSERT(s == p, "parameter ", gt.name, " stored ", s.str(), " but read as ", p.str());
     const Tensor& leaf = param_local_.at(t);
-    // A Replicated parameter's replicas are one tensor: its Partial gradient is all-reduced.
-    return s.kind == ops::PropKind::Replicated ? functional::replicate(comm_, leaf) : leaf;
+    // A Replicated parameter's replicas are one tensor: its Partial gradient is all-reduced in
+    // backward(), bucketed with the others.
+    return leaf;
   }
   HAP_CHECK(gt.role == synth::TensorRole::Input, "executor: tensor %", t, " (", gt.name,
             ") is a constant made during tracing; the executor cannot recreate its data yet");
@@ -332,6 +334,41 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
   auto it = lv.find(Prop::replicated().str());
   HAP_CHECK(it != lv.end(), "executor: the loss is neither Partial nor Replicated in this program");
   return functional::to_partial(comm_, it->second);
+}
+
+void Executor::backward(const Tensor& local_loss) {
+  local_loss.backward();
+  constexpr int64_t kBucketBytes = int64_t{32} << 20;
+  NoGradGuard no_grad;
+  // Every rank runs the same program, so the same gradients are defined on every rank.
+  std::vector<std::pair<Tensor, Tensor>> pending;  // (parameter, local gradient)
+  int64_t pending_bytes = 0;
+  auto flush = [&]() {
+    if (pending.empty()) return;
+    std::vector<Tensor> flat;
+    std::vector<int64_t> sizes;
+    for (const auto& [p, g] : pending) {
+      flat.push_back(hap::reshape(g.contiguous(), {g.numel()}));
+      sizes.push_back(g.numel());
+    }
+    Tensor sum = parallel::all_reduce(comm_, flat.size() == 1 ? flat[0] : hap::concat(flat, 0));
+    std::vector<Tensor> parts = hap::split(sum, sizes, 0);
+    for (size_t i = 0; i < pending.size(); ++i)
+      pending[i].first.set_grad(hap::reshape(parts[i], pending[i].second.shape()).contiguous());
+    pending.clear();
+    pending_bytes = 0;
+  };
+  for (const auto& [name, p] : params_) {
+    if (storage(name).kind != ops::PropKind::Replicated) continue;
+    Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const int64_t bytes = g.numel() * static_cast<int64_t>(dtype_size(g.dtype()));
+    if (!pending.empty() && (pending.front().second.dtype() != g.dtype() || pending_bytes + bytes > kBucketBytes))
+      flush();
+    pending.push_back({p, g});
+    pending_bytes += bytes;
+  }
+  flush();
 }
 
 double Executor::global_loss(const Tensor& local_loss) const { return comm_.allreduce(local_loss.item()); }

@@ -44,6 +44,11 @@ class Executor {
   // nn::kRandomStreamsPerStep).
   // With training = false, dropout (and attention dropout) is the identity, as in eval().
   Tensor forward(const TensorSource& inputs, uint64_t random_offset = 0, bool training = true);
+  // Backward of the local loss from forward(): every rank's local gradients, then one all-reduce
+  // per bucket (up to 32 MiB of one dtype, in parameter order) of the Replicated parameters'
+  // Partial gradients, as data-parallel frameworks do, instead of one per parameter. The sums
+  // are the same element by element (rank order) either way.
+  void backward(const Tensor& local_loss);
   // The global loss (sum of the local ones), identical on every rank.
   double global_loss(const Tensor& local_loss) const;
   // The L2 norm of all gradients, counting Replicated parameters once.

@@ -29,6 +29,9 @@ struct Device {
   double flops_per_s = 0;        // effective (profiled), not peak
   std::int64_t memory_bytes = 0;  // usable by training
   int node = -1;                 // index into Cluster::nodes
+  // Emulated clusters only (scripts/hap-emulate): the share of one CPU core this rank is capped
+  // to. 0 for a real device. The planner never reads it; flops_per_s is what it plans with.
+  double cpu_quota = 0;
 };
 
 struct Node {

@@ -45,7 +45,10 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster)
 
   requires_grad_.assign(graph.tensors.size(), false);
   for (const GraphTensor& t : graph.tensors)
-    if (t.role == TensorRole::Parameter) requires_grad_[t.id] = true;
+    if (t.role == TensorRole::Parameter) {
+      requires_grad_[t.id] = true;
+      ++num_params_;
+    }
   sigs_.resize(graph.nodes.size());
   step_flops_.resize(graph.nodes.size());
   for (const GraphNode& n : graph.nodes) {
@@ -100,46 +103,86 @@ LinearCost CostModel::compute(int node, int sig) const {
   return c;
 }
 
+CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int num_devices,
+                                 double bytes, double max_share) {
+  CollectiveTerms t;
+  const double P = num_devices;
+  if (num_devices <= 1) return t;
+  const double logp = std::ceil(std::log2(P));
+  switch (kind) {
+    case InstrKind::AllGather:
+    case InstrKind::ReduceScatter:
+      // One uneven gather or scatter pass: a ring over shards padded to the largest, or one
+      // broadcast/reduce per rank inside a group call.
+      if (method == CollectiveMethod::Grouped) {
+        t.byte_terms = bytes;
+        t.latency_terms = P * logp;
+      } else {
+        t.byte_terms = (P - 1) * bytes * max_share;
+        t.latency_terms = P - 1;
+      }
+      break;
+    case InstrKind::AllReduce:
+    case InstrKind::GradAllReduce:  // ring all-reduce
+      t.byte_terms = 2.0 * (P - 1) / P * bytes;
+      t.latency_terms = 2.0 * (P - 1);
+      break;
+    case InstrKind::AllToAll:
+      t.byte_terms = bytes * max_share;
+      t.latency_terms = P - 1;
+      break;
+    case InstrKind::Slice:
+    case InstrKind::ToPartial:
+      break;
+    case InstrKind::Reshard:
+    case InstrKind::Compute:
+      HAP_ASSERT(false, "collective_terms() called for ", instr_name(kind));
+  }
+  return t;
+}
+
 LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod method) const {
   LinearCost c;
   int P = num_devices();
   if (P <= 1) return c;
   double B = static_cast<double>(graph_.tensors[tensor].bytes());
   double bw = link_.bandwidth_bytes_per_s, lat = link_.latency_s;
-  double logp = std::ceil(std::log2(static_cast<double>(P)));
   bool grad = requires_grad_[tensor];
-  // One uneven gather or scatter pass: ring over shards padded to the largest, or one
-  // broadcast/reduce per rank inside a group call.
-  auto pass = [&](LinearCost& lc, double times) {
-    if (method == CollectiveMethod::Grouped) {
-      lc.constant_s += times * (B / bw + P * logp * lat);
+  // Terms whose bytes scale with the largest share become per-device LP coefficients (the share
+  // is r[d]); the rest is constant.
+  auto add = [&](double times) {
+    const bool by_share = kind == InstrKind::AllToAll ||
+                          ((kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter) &&
+                           method != CollectiveMethod::Grouped);
+    const CollectiveTerms t = collective_terms(kind, method, P, B, 1.0);
+    c.constant_s += times * t.latency_terms * lat;
+    if (by_share) {
+      if (c.coef.empty()) c.coef.assign(P, 0.0);
+      for (double& x : c.coef) x += times * t.byte_terms / bw;
     } else {
-      if (lc.coef.empty()) lc.coef.assign(P, 0.0);
-      for (double& x : lc.coef) x += times * (P - 1) * B / bw;
-      lc.constant_s += times * (P - 1) * lat;
+      c.constant_s += times * t.byte_terms / bw;
     }
   };
-  double ring_allreduce = 2.0 * (P - 1) / P * B / bw + 2.0 * (P - 1) * lat;
   // Gradients follow the executor's convention (parallel/autograd_collectives.h): the gradient
   // of a Replicated tensor is Partial, of Sharded(d) Sharded(d), of Partial Replicated; every
   // backward is the transpose of its forward.
   switch (kind) {
-    case InstrKind::AllGather:  // backward: reduce-scatter of the Partial gradient
+    case InstrKind::AllGather:      // backward: reduce-scatter of the Partial gradient
     case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient
-      pass(c, grad ? 2 : 1);
+    case InstrKind::AllReduce:      // backward: all-reduce of the Partial gradient
+    case InstrKind::AllToAll:       // backward: the reverse all-to-all
+      add(grad ? 2 : 1);
       break;
+    case InstrKind::GradAllReduce: {
+      // A Replicated parameter's Partial gradient, once per step. The executor sums all of them
+      // in one bucketed all-reduce (Executor::backward): each pays its bytes and an equal share
+      // of the bucket's latency.
+      const CollectiveTerms t = collective_terms(kind, method, P, B, 1.0);
+      c.constant_s = t.byte_terms / bw + t.latency_terms * lat / std::max(1, num_params_);
+      break;
+    }
     case InstrKind::Slice:      // local; backward embeds the shard's gradient as a Partial
     case InstrKind::ToPartial:  // local both ways (e.g. a Replicated bias on a Partial sum)
-      break;
-    case InstrKind::AllReduce:  // backward: all-reduce of the Partial gradient
-      c.constant_s = (grad ? 2 : 1) * ring_allreduce;
-      break;
-    case InstrKind::GradAllReduce:  // a Replicated parameter's Partial gradient, once per step
-      c.constant_s = ring_allreduce;
-      break;
-    case InstrKind::AllToAll:  // backward: the reverse all-to-all
-      c.coef.assign(P, (grad ? 2.0 : 1.0) * B / bw);
-      c.constant_s = (grad ? 2.0 : 1.0) * (P - 1) * lat;
       break;
     case InstrKind::Reshard:
     case InstrKind::Compute:

@@ -19,6 +19,20 @@ struct LinearCost {
   double eval(const std::vector<double>& r) const;
 };
 
+// The cost model's price of one forward collective over P devices on one link, as two terms:
+// time_s = latency_terms * latency_s + byte_terms / bandwidth_bytes_per_s. `bytes` is the logical
+// tensor's size, `max_share` the largest device's share of it (1/P when even; unused by the
+// methods whose cost does not depend on the ratios). CostModel::communication prices every
+// collective this way (plus the backward adjoint where a gradient flows); hap-profile fits a
+// link's latency and bandwidth to measured times with the same terms, so the figures it writes
+// mean what the planner reads them as.
+struct CollectiveTerms {
+  double latency_terms = 0;
+  double byte_terms = 0;
+};
+CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int num_devices,
+                                 double bytes, double max_share);
+
 class CostModel {
  public:
   CostModel(const Graph& graph, const Cluster& cluster);
@@ -63,6 +77,7 @@ class CostModel {
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
   std::vector<double> step_flops_;
+  int num_params_ = 0;  // parameter tensors of the graph
 };
 
 }  // namespace hap::synth

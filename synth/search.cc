@@ -56,9 +56,15 @@ class Expander {
            const std::vector<int>& node_segment, const SearchSpace& space)
       : cm_(cm), g_(cm.graph()), ratios_(ratios), seg_(node_segment), space_(space) {
     last_use_.assign(g_.tensors.size(), -1);
-    for (const GraphNode& n : g_.nodes)
+    linear_weight_.assign(g_.tensors.size(), false);
+    for (const GraphNode& n : g_.nodes) {
       for (int t : n.inputs)
         if (t >= 0) last_use_[t] = n.id;
+      const bool product = n.kind == ops::OpKind::Linear || n.kind == ops::OpKind::MatMul;
+      if (product && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
+          g_.tensors[n.inputs[1]].role == TensorRole::Parameter)
+        linear_weight_[n.inputs[1]] = true;
+    }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
     std::map<std::vector<double>, int> classes;
@@ -221,7 +227,10 @@ class Expander {
  private:
   bool leaf_allows(const GraphTensor& t, const Prop& q) const {
     if (q.kind == PropKind::Partial) return false;
-    if (t.role == TensorRole::Parameter) return q.kind == PropKind::Replicated || space_.shard_parameters;
+    if (t.role == TensorRole::Parameter) {
+      if (space_.linear_weights_must_shard && linear_weight_[t.id]) return q.kind == PropKind::Sharded;
+      return q.kind == PropKind::Replicated || space_.shard_parameters;
+    }
     if (t.role == TensorRole::Input) {
       if (space_.inputs_must_shard_dim0) return q.kind == PropKind::Sharded && q.dim == 0;
       return q.kind == PropKind::Replicated || space_.shard_inputs;
@@ -310,6 +319,7 @@ class Expander {
   const std::vector<std::vector<double>>& ratios_;
   const std::vector<int>& seg_;
   const SearchSpace& space_;
+  std::vector<bool> linear_weight_;  // the weight (input 1) of a Linear or MatMul
   std::vector<int> last_use_;
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {

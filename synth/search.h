@@ -23,6 +23,9 @@ struct SearchSpace {
   // Megatron tensor parallelism (the tp baseline) uses neither of these two.
   bool allow_reduce_scatter = true;  // Partial -> Sharded(d)
   bool allow_all_to_all = true;      // Sharded(a) -> Sharded(b)
+  // Tensor parallelism proper (the tp baseline): the weight of every Linear/MatMul is stored
+  // Sharded (column- or row-parallel), never Replicated.
+  bool linear_weights_must_shard = false;
   int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
 };
 

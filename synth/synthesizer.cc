@@ -207,6 +207,7 @@ SearchSpace space_for(Strategy s, int64_t max_states) {
       sp.allow_slice = false;
       sp.allow_reduce_scatter = false;
       sp.allow_all_to_all = false;
+      sp.linear_weights_must_shard = true;
       break;
   }
   return sp;

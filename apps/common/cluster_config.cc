@@ -36,8 +36,8 @@ using detail::show;
 
 constexpr std::array<std::string_view, 3> kTopKeys = {"name", "inter_node", "nodes"};
 constexpr std::array<std::string_view, 3> kNodeKeys = {"name", "link", "devices"};
-constexpr std::array<std::string_view, 5> kDeviceKeys = {"name", "type", "flops_per_s",
-                                                         "memory_bytes", "count"};
+constexpr std::array<std::string_view, 6> kDeviceKeys = {"name",         "type",  "flops_per_s",
+                                                         "memory_bytes", "count", "cpu_quota"};
 constexpr std::array<std::string_view, 2> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s"};
 
 constexpr std::int64_t kMaxCount = 65536;
@@ -219,6 +219,8 @@ synth::Cluster load_cluster_config(const std::string& path) {
       device.type = type;
       device.flops_per_s = s.number("flops_per_s", std::nullopt, RealRange::above(0));
       device.memory_bytes = read_memory(origin, s, entries[e]);
+      device.cpu_quota = s.number("cpu_quota", 0.0,
+                                  RealRange::open_closed(0, 1).because("a share of one CPU core"));
       s.finish();
       for (std::int64_t i = 0; i < count; ++i) {
         const int index = of_type[type]++;

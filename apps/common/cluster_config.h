@@ -18,7 +18,8 @@
 // "1.5 GB", rounded to whole bytes), `count` (optional integer in [1, 65536], default 1: the entry
 // stands for that many identical devices) and `name` (optional, unique in the cluster; not allowed
 // with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier devices of that
-// type from 0). Link keys: `bandwidth_bytes_per_s` (> 0) and `latency_s` (>= 0), both required.
+// type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share of one CPU core
+// scripts/hap-emulate caps the rank to; the planner ignores it). Link keys: `bandwidth_bytes_per_s` (> 0) and `latency_s` (>= 0), both required.
 //
 // Loading is strict like the training config (apps/common/config.h): unknown, repeated, missing or
 // mistyped keys and out-of-range values throw one ConfigError naming the file, the key path (list

@@ -79,6 +79,7 @@ struct Bounds {
   static Bounds closed(T lo, T hi) { return make(lo, hi, false, false); }
   static Bounds closed_open(T lo, T hi) { return make(lo, hi, false, true); }
   static Bounds open(T lo, T hi) { return make(lo, hi, true, true); }
+  static Bounds open_closed(T lo, T hi) { return make(lo, hi, true, false); }
 
   Bounds because(std::string why) const {
     Bounds copy = *this;

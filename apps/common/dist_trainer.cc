@@ -167,7 +167,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     HAP_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step,
               " (lower train.lr, or enable train.grad_clip)");
     opt->zero_grad();
-    local.backward();
+    ex.backward(local);
     double norm = ex.global_grad_norm();
     HAP_CHECK(std::isfinite(norm), "training diverged: the gradient norm is ", norm, " at step ", step);
     if (t.grad_clip > 0 && norm > t.grad_clip) ex.scale_grads(t.grad_clip / (norm + 1e-6));

@@ -1,0 +1,463 @@
+// hap-profile: measure a cluster and write the cluster file hap-plan and hap-train read.
+//   mpirun -np N hap-profile --out cluster.yaml [--config configs/gpt.yaml] [--name NAME]
+//          [--node-name NAME] [--type TYPE] [--quick] [--raw FILE.json]
+//
+// Every rank measures its compute rate (GEMM at several sizes, and one training step of the
+// config's GPT on its share of the batch; the step's rate is the device's flops_per_s) and its
+// usable memory. The ranks are grouped into nodes by hostname (or --node-name / HAP_NODE_NAME);
+// each node's ranks then time all_reduce, all_gather, reduce_scatter and all_to_all at several
+// sizes, with even and uneven shards and both methods (padded, grouped), and so do all ranks
+// together when there are several nodes. Each group's link is fitted to its timings with the
+// cost model's own formulas (parallel/profile.h). With one rank only compute is profiled.
+//
+// Rank 0 shows progress on stderr and writes the file at the end, through a temporary file and
+// a rename: an interrupted profile leaves no file behind. Under scripts/hap-emulate, the
+// emulated device's name, type, node and cpu_quota come from the environment (HAP_DEVICE_NAME,
+// HAP_DEVICE_TYPE, HAP_NODE_NAME, HAP_CPU_QUOTA), so the file can be emulated again as is.
+// Exit codes: 0 written, 1 run-time error, 2 bad input.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "apps/common/cluster_config.h"
+#include "apps/common/config.h"
+#include "apps/common/model_graph.h"
+#include "apps/common/trainer.h"
+#include "core/rng.h"
+#include "models/gpt.h"
+#include "ops/threads.h"
+#include "parallel/communicator.h"
+#include "parallel/profile.h"
+#include "synth/cost_model.h"
+
+namespace {
+
+using hap::parallel::CollectiveMethod;
+using hap::parallel::CollectiveSample;
+using hap::parallel::Communicator;
+using hap::synth::InstrKind;
+using Clock = std::chrono::steady_clock;
+
+// The temporary file being written, removed if a signal ends the run.
+char g_tmp_path[4096] = {0};
+
+void remove_tmp_and_exit(int sig) {
+  if (g_tmp_path[0]) unlink(g_tmp_path);
+  _exit(128 + sig);
+}
+
+std::string env_or(const char* name, const std::string& fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::string(v) : fallback;
+}
+
+// Every rank's string, in rank order.
+std::vector<std::string> allgather_strings(const Communicator& comm, const std::string& mine) {
+  std::vector<std::string> out(comm.size());
+  for (int r = 0; r < comm.size(); ++r) out[r] = comm.broadcast_string(mine, r);
+  return out;
+}
+
+struct Options {
+  std::string out_path, config_path = "configs/gpt.yaml", name, node_name, type, raw_path;
+  bool quick = false;
+};
+
+struct ComputeResult {
+  std::vector<hap::parallel::GemmRate> gemm;
+  double step_flops = 0, step_s = 0, flops_per_s = 0;
+  int64_t batch_rows = 0;
+};
+
+class Progress {
+ public:
+  Progress(bool lead, int total) : lead_(lead), total_(total) {}
+  void step(const std::string& what) {
+    ++done_;
+    if (!lead_) return;
+    std::fprintf(stderr, "hap-profile: [%3d/%d] %s\n", done_, total_, what.c_str());
+    std::fflush(stderr);
+  }
+
+ private:
+  bool lead_;
+  int total_, done_ = 0;
+};
+
+std::string format_bytes(double b) {
+  char buf[32];
+  if (b >= 1048576) std::snprintf(buf, sizeof buf, "%.0f MiB", b / 1048576);
+  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.0f KiB", b / 1024);
+  else std::snprintf(buf, sizeof buf, "%.0f B", b);
+  return buf;
+}
+
+// One training step of the config's GPT on `rows` sequences: median seconds and FLOPs.
+ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, bool quick,
+                              Progress& progress) {
+  ComputeResult r;
+  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{128, 256}
+                                           : std::vector<int64_t>{128, 256, 512, 1024};
+  for (int64_t n : sizes) {
+    r.gemm.push_back(hap::parallel::profile_gemm(n, quick ? 2 : 3));
+    progress.step("compute: GEMM " + std::to_string(n) + "^3");
+  }
+
+  hap::app::TrainRunConfig config = base;
+  r.batch_rows = std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
+  config.train.batch_size = r.batch_rows;
+  {
+    hap::app::TracedModel traced = hap::app::trace_model(config);
+    hap::synth::Cluster one;
+    one.name = "one";
+    one.add_node("n", {1e9, 0}, {hap::synth::Device{"d", "d", 1.0, 1, -1, 0}});
+    hap::synth::CostModel cm(traced.graph, one);
+    for (size_t n = 0; n < traced.graph.nodes.size(); ++n) r.step_flops += cm.step_flops(static_cast<int>(n));
+  }
+  auto model = std::make_shared<hap::nn::GPT>(hap::app::gpt_config(config));
+  model->train();
+  auto opt = hap::app::make_optimizer(config.train, model->named_parameters());
+  const int64_t T = config.train.seq_len, V = config.model.vocab_size;
+  std::vector<int64_t> tokens(static_cast<size_t>(r.batch_rows * (T + 1)));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (int64_t& t : tokens) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    t = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(V));
+  }
+  std::vector<int64_t> idx, tgt;
+  for (int64_t b = 0; b < r.batch_rows; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      idx.push_back(tokens[b * (T + 1) + t]);
+      tgt.push_back(tokens[b * (T + 1) + t + 1]);
+    }
+  hap::Tensor x = hap::Tensor::from_vector(idx, {r.batch_rows, T});
+  hap::Tensor y = hap::Tensor::from_vector(tgt, {r.batch_rows, T});
+  const int warmup = 1, timed = quick ? 2 : 5;
+  std::vector<double> times;
+  for (int i = 0; i < warmup + timed; ++i) {
+    auto t0 = Clock::now();
+    hap::Tensor loss = model->loss(x, y);
+    opt->zero_grad();
+    loss.backward();
+    opt->step();
+    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  r.step_s = times[times.size() / 2];
+  r.flops_per_s = r.step_flops / r.step_s;
+  progress.step("compute: GPT training step (" + std::to_string(r.batch_rows) + " x " +
+                std::to_string(T) + " tokens)");
+  return r;
+}
+
+struct Measurement {
+  InstrKind kind;
+  CollectiveMethod method;
+  bool uneven;
+  double bytes;
+};
+
+std::vector<Measurement> measurement_plan(bool quick) {
+  const std::vector<double> sizes = quick ? std::vector<double>{4096, 262144}
+                                          : std::vector<double>{4096, 65536, 1048576, 4194304};
+  std::vector<Measurement> plan;
+  for (double bytes : sizes)
+    for (bool uneven : {false, true}) {
+      plan.push_back({InstrKind::AllReduce, CollectiveMethod::Grouped, uneven, bytes});
+      for (InstrKind k : {InstrKind::AllGather, InstrKind::ReduceScatter, InstrKind::AllToAll})
+        for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped})
+          plan.push_back({k, m, uneven, bytes});
+    }
+  return plan;
+}
+
+std::vector<CollectiveSample> profile_group(const Communicator& group,
+                                            const std::vector<double>& rates,
+                                            const std::vector<Measurement>& plan, int reps,
+                                            const std::string& label, Progress& progress) {
+  // Uneven shards follow the measured rates (what a plan would use); if the ranks are alike,
+  // a fixed skew still exercises the uneven paths.
+  std::vector<double> uneven = rates;
+  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
+  if (*hi < 1.05 * *lo)
+    for (size_t i = 0; i < uneven.size(); ++i) uneven[i] = static_cast<double>(uneven.size() - i);
+  double sum = 0;
+  for (double u : uneven) sum += u;
+  for (double& u : uneven) u /= sum;
+  const std::vector<double> even(rates.size(), 1.0 / static_cast<double>(rates.size()));
+
+  std::vector<CollectiveSample> samples;
+  for (const Measurement& m : plan) {
+    samples.push_back(hap::parallel::time_collective(group, m.kind, m.method, m.bytes,
+                                                     m.uneven ? uneven : even, reps));
+    progress.step(label + ": " + hap::synth::instr_name(m.kind) +
+                  (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::parallel::method_name(m.method)) +
+                  (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
+  }
+  return samples;
+}
+
+nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const CollectiveSample& s : samples)
+    j.push_back({{"collective", hap::synth::instr_name(s.kind)},
+                 {"method", s.kind == InstrKind::AllReduce ? "-" : hap::parallel::method_name(s.method)},
+                 {"ranks", s.group_size},
+                 {"bytes", s.bytes},
+                 {"max_share", s.max_share},
+                 {"uneven", s.uneven},
+                 {"seconds", s.seconds}});
+  return j;
+}
+
+std::string number(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+std::string link_yaml(const hap::parallel::LinkFit& f) {
+  return "{bandwidth_bytes_per_s: " + number(f.bandwidth_bytes_per_s) +
+         ", latency_s: " + number(f.latency_s) + "}";
+}
+
+// Writes `text` to `path` through a temporary file in the same directory and a rename.
+void write_atomically(const std::string& path, const std::string& text) {
+  const std::filesystem::path p(path);
+  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
+  const std::string tmp =
+      (dir / ("." + p.filename().string() + ".tmp." + std::to_string(getpid()))).string();
+  HAP_CHECK(tmp.size() < sizeof g_tmp_path, "output path too long: ", path);
+  std::snprintf(g_tmp_path, sizeof g_tmp_path, "%s", tmp.c_str());
+  {
+    std::ofstream out(tmp);
+    HAP_CHECK(static_cast<bool>(out), "cannot write '", tmp, "' (for --out ", path, ")");
+    out << text;
+    out.flush();
+    HAP_CHECK(static_cast<bool>(out), "writing '", tmp, "' failed (disk full?)");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) {
+    unlink(tmp.c_str());
+    g_tmp_path[0] = 0;
+    HAP_CHECK(false, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  }
+  g_tmp_path[0] = 0;
+}
+
+int run(const Options& opt, const hap::app::TrainRunConfig& config, const Communicator& world) {
+  const int P = world.size(), me = world.rank();
+  const bool lead = me == 0;
+  hap::set_num_threads(config.train.threads > 0 ? config.train.threads : 1);
+
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  const std::string node_name = !opt.node_name.empty() ? opt.node_name : env_or("HAP_NODE_NAME", host);
+  const std::vector<std::string> node_of = allgather_strings(world, node_name);
+  std::vector<std::string> nodes;  // in order of first rank
+  std::vector<int> node_index(P);
+  for (int r = 0; r < P; ++r) {
+    auto it = std::find(nodes.begin(), nodes.end(), node_of[r]);
+    if (it == nodes.end()) {
+      nodes.push_back(node_of[r]);
+      it = nodes.end() - 1;
+    }
+    node_index[r] = static_cast<int>(it - nodes.begin());
+    if (r > 0 && node_index[r] != node_index[r - 1] && node_index[r] != static_cast<int>(nodes.size()) - 1)
+      throw hap::app::ConfigError(
+          "the ranks of node '" + node_of[r] + "' are not contiguous (rank " + std::to_string(r) +
+          " comes after ranks of another node); a cluster file lists devices node by node in rank "
+          "order: launch with mpirun --map-by slot (or node-contiguous ranks)");
+  }
+  const int local_ranks = static_cast<int>(std::count(node_index.begin(), node_index.end(), node_index[me]));
+  const std::vector<Measurement> plan = measurement_plan(opt.quick);
+  std::vector<int> group_sizes;
+  for (size_t n = 0; n < nodes.size(); ++n)
+    group_sizes.push_back(static_cast<int>(std::count(node_index.begin(), node_index.end(), static_cast<int>(n))));
+  const int sizes_compute = opt.quick ? 3 : 5;
+  const bool lead_node_measured = group_sizes[0] >= 2;
+  const bool world_measured = P >= 2 && nodes.size() > 1;
+  Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
+                              (world_measured ? static_cast<int>(plan.size()) : 0));
+  if (lead) {
+    std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
+                 P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
+    std::fflush(stderr);
+  }
+
+  const ComputeResult compute = profile_compute(config, P, opt.quick, progress);
+  const std::vector<double> rates = world.allgather(compute.flops_per_s);
+  const std::vector<int64_t> memory = world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
+  const int reps = opt.quick ? 2 : 5;
+
+  // Links: each node's ranks together (at the same time on every node), then all ranks.
+  Communicator node_comm = world.split(node_index[me], me);
+  std::vector<CollectiveSample> node_samples, world_samples;
+  if (node_comm.size() >= 2) {
+    std::vector<double> node_rates;
+    for (int r = 0; r < P; ++r)
+      if (node_index[r] == node_index[me]) node_rates.push_back(rates[r]);
+    node_samples = profile_group(node_comm, node_rates, plan, reps, "node " + node_name, progress);
+  }
+  world.barrier();
+  if (world_measured) world_samples = profile_group(world, rates, plan, reps, "all nodes", progress);
+
+  // Rank 0 collects each node's fit (from that node's first rank).
+  std::vector<hap::parallel::LinkFit> node_fits(nodes.size());
+  std::vector<double> node_fit_values = {0, 0, 0};
+  if (!node_samples.empty()) {
+    const auto f = hap::parallel::fit_link(node_samples);
+    node_fit_values = {f.bandwidth_bytes_per_s, f.latency_s, f.rms_relative_error};
+  }
+  std::vector<double> bw = world.allgather(node_fit_values[0]);
+  std::vector<double> lat = world.allgather(node_fit_values[1]);
+  std::vector<double> err = world.allgather(node_fit_values[2]);
+  nlohmann::json raw_node_samples = samples_json(node_samples);
+  std::vector<std::string> raw_per_rank = allgather_strings(world, raw_node_samples.dump());
+  for (int r = P - 1; r >= 0; --r) node_fits[node_index[r]] = {bw[r], lat[r], err[r]};
+  hap::parallel::LinkFit inter{};
+  if (world_measured) inter = hap::parallel::fit_link(world_samples);
+
+  const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
+  const std::string dev_type = !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", "cpu");
+  const std::string quota = env_or("HAP_CPU_QUOTA", "");
+  const std::vector<std::string> names = allgather_strings(world, dev_name);
+  const std::vector<std::string> types = allgather_strings(world, dev_type);
+  const std::vector<std::string> quotas = allgather_strings(world, quota);
+  const std::vector<double> step_s = world.allgather(compute.step_s);
+  std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
+  for (size_t i = 0; i < compute.gemm.size(); ++i) gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
+  if (!lead) return 0;
+
+  // ---- the cluster file ----
+  std::ostringstream y;
+  std::time_t now = std::time(nullptr);
+  char when[64];
+  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
+  y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
+    << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
+  y << "# flops_per_s: one training step of the GPT in " << opt.config_path << " on "
+    << compute.batch_rows << " x " << config.train.seq_len << " tokens per rank ("
+    << number(compute.step_flops) << " FLOPs, forward + backward), one thread per rank.\n";
+  y << "# GEMM for comparison (FLOP/s at n = ";
+  for (size_t i = 0; i < compute.gemm.size(); ++i) y << (i ? ", " : "") << compute.gemm[i].n;
+  y << "):\n";
+  for (int r = 0; r < P; ++r) {
+    y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms; GEMM";
+    for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
+    y << "\n";
+  }
+  if (P == 1) {
+    y << "# Links: not measured (one rank); the node link below is a placeholder the planner never\n"
+         "# uses with one device.\n";
+  } else {
+    y << "# Links: latency and bandwidth fitted to " << plan.size()
+      << " timed collectives per group (all_reduce, all_gather, reduce_scatter, all_to_all; even\n"
+         "# and uneven shards; padded and grouped) with the cost model's formulas; 'fit' is the\n"
+         "# rms relative error of the fitted times.\n";
+  }
+  y << "name: " << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";
+  if (nodes.size() > 1)
+    y << "inter_node: " << link_yaml(inter) << "   # fit " << number(inter.rms_relative_error * 100) << "%\n";
+  y << "nodes:\n";
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    y << "  - name: " << nodes[n] << "\n";
+    hap::parallel::LinkFit link = node_fits[n];
+    std::string note;
+    if (group_sizes[n] < 2) {
+      link = world_measured ? inter : hap::parallel::LinkFit{1e10, 1e-5, 0};
+      note = "   # not measured (one rank on this node; unused by the planner)";
+    } else {
+      note = "   # fit " + number(link.rms_relative_error * 100) + "%";
+    }
+    y << "    link: " << link_yaml(link) << note << "\n";
+    y << "    devices:\n";
+    for (int r = 0; r < P; ++r) {
+      if (node_index[r] != static_cast<int>(n)) continue;
+      y << "      - {name: " << (names[r].empty() ? nodes[n] + ".r" + std::to_string(r) : names[r])
+        << ", type: " << types[r] << ", flops_per_s: " << number(rates[r])
+        << ", memory_bytes: " << memory[r];
+      if (!quotas[r].empty()) y << ", cpu_quota: " << quotas[r];
+      y << "}\n";
+    }
+  }
+  write_atomically(opt.out_path, y.str());
+  // The file must load as is.
+  hap::app::load_cluster_config(opt.out_path);
+  std::fprintf(stderr, "hap-profile: wrote %s\n", opt.out_path.c_str());
+
+  if (!opt.raw_path.empty()) {
+    nlohmann::json raw;
+    raw["ranks"] = nlohmann::json::array();
+    for (int r = 0; r < P; ++r) {
+      nlohmann::json g = nlohmann::json::array();
+      for (size_t i = 0; i < compute.gemm.size(); ++i) g.push_back({{"n", compute.gemm[i].n}, {"flops_per_s", gemm_rates[i][r]}});
+      raw["ranks"].push_back({{"rank", r}, {"node", node_of[r]}, {"gpt_step_s", step_s[r]},
+                              {"gpt_step_flops", compute.step_flops}, {"flops_per_s", rates[r]},
+                              {"memory_bytes", memory[r]}, {"gemm", g},
+                              {"cpu_quota", quotas[r]}});
+    }
+    raw["node_samples"] = nlohmann::json::object();
+    for (int r = 0; r < P; ++r)
+      if (r == 0 || node_index[r] != node_index[r - 1])
+        raw["node_samples"][node_of[r]] = nlohmann::json::parse(raw_per_rank[r]);
+    raw["world_samples"] = samples_json(world_samples);
+    write_atomically(opt.raw_path, raw.dump(2) + "\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App cli{"hap-profile: measure the cluster the MPI ranks run on and write its cluster file"};
+  Options opt;
+  std::vector<std::string> overrides;
+  cli.add_option("--out", opt.out_path, "the cluster file to write (YAML)")->required();
+  cli.add_option("--config", opt.config_path, "run config whose GPT is timed (default configs/gpt.yaml)");
+  cli.add_option("--set", overrides, "override a key of that config (repeatable)");
+  cli.add_option("--name", opt.name, "the cluster's name (default: the --out file's stem)");
+  cli.add_option("--node-name", opt.node_name, "this rank's node (default: HAP_NODE_NAME or the hostname)");
+  cli.add_option("--type", opt.type, "device type written to the file (default: HAP_DEVICE_TYPE or cpu)");
+  cli.add_option("--raw", opt.raw_path, "also write every measurement as JSON");
+  cli.add_flag("--quick", opt.quick, "fewer sizes and repetitions (a smoke test, not a profile)");
+  try {
+    cli.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return cli.exit(e) == 0 ? 0 : 2;
+  }
+  std::signal(SIGINT, remove_tmp_and_exit);
+  std::signal(SIGTERM, remove_tmp_and_exit);
+
+  hap::parallel::MpiSession mpi(&argc, &argv);
+  Communicator world = Communicator::world();
+  int rc = 0;
+  try {
+    if (std::filesystem::is_directory(opt.out_path))
+      throw hap::app::ConfigError("--out '" + opt.out_path + "' is a directory; expected a file path");
+    const hap::app::TrainRunConfig config = hap::app::load_train_config(opt.config_path, overrides);
+    rc = run(opt, config, world);
+  } catch (const hap::app::ConfigError& e) {
+    // Same inputs on every rank: every rank stops alike.
+    if (world.rank() == 0) std::fprintf(stderr, "hap-profile: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hap-profile: rank %d: error: %s\n", world.rank(), e.what());
+    world.abort_all(1);
+  }
+  return rc;
+}

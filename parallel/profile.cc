@@ -1,0 +1,194 @@
+#include "parallel/profile.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "ops/functional.h"
+#include "parallel/shard.h"
+#include "synth/cost_model.h"
+
+namespace hap::parallel {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(std::vector<double> v) {
+  HAP_ASSERT(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+synth::CollectiveMethod synth_method(synth::InstrKind kind, CollectiveMethod m) {
+  if (kind == synth::InstrKind::AllReduce) return synth::CollectiveMethod::None;
+  return m == CollectiveMethod::Padded ? synth::CollectiveMethod::Padded
+                                       : synth::CollectiveMethod::Grouped;
+}
+
+constexpr int64_t kRowFloats = 256;
+
+}  // namespace
+
+GemmRate profile_gemm(int64_t n, int reps) {
+  HAP_CHECK(n >= 1 && reps >= 1, "profile_gemm: expected n >= 1 and reps >= 1, got n=", n,
+            " reps=", reps);
+  Tensor a = randn({n, n}, 1, 0);
+  Tensor b = randn({n, n}, 1, 1);
+  hap::matmul(a, b);  // warm-up: allocator, thread pool, pages
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    auto t0 = Clock::now();
+    Tensor c = hap::matmul(a, b);
+    times.push_back(seconds_since(t0));
+  }
+  GemmRate g;
+  g.n = n;
+  g.median_s = median(times);
+  g.flops_per_s = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
+                  g.median_s;
+  return g;
+}
+
+CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
+                                 CollectiveMethod method, double bytes,
+                                 const std::vector<double>& ratios, int reps) {
+  const int P = comm.size();
+  const int me = comm.rank();
+  HAP_CHECK(static_cast<int>(ratios.size()) == P, "time_collective: ", ratios.size(),
+            " ratios for a group of ", P, " ranks");
+  HAP_CHECK(reps >= 1, "time_collective: expected reps >= 1, got ", reps);
+  const int64_t rows = std::max<int64_t>(
+      P, static_cast<int64_t>(std::llround(bytes / (4.0 * kRowFloats))));
+  const std::vector<int64_t> lengths = shard_lengths(rows, ratios);
+  const std::vector<int64_t> col_lengths = shard_lengths(kRowFloats, ratios);
+  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+
+  CollectiveSample s;
+  s.kind = kind;
+  s.method = method;
+  s.group_size = P;
+  s.bytes = 4.0 * static_cast<double>(rows * kRowFloats);
+  s.max_share = static_cast<double>(max_len) / static_cast<double>(rows);
+  s.uneven = std::adjacent_find(lengths.begin(), lengths.end(), std::not_equal_to<>()) !=
+             lengths.end();
+
+  // The rank's input: x: [rows or its shard, 256] (all_to_all: its rows, all columns).
+  Tensor full = Tensor::full({rows, kRowFloats}, 1.0);
+  Tensor shard = Tensor::full({lengths[me], kRowFloats}, 1.0);
+  auto run_once = [&]() {
+    switch (kind) {
+      case synth::InstrKind::AllReduce: all_reduce(comm, full, method); break;
+      case synth::InstrKind::AllGather: all_gather(comm, shard, 0, lengths, method); break;
+      case synth::InstrKind::ReduceScatter: reduce_scatter(comm, full, 0, lengths, method); break;
+      case synth::InstrKind::AllToAll:
+        // Sharded(rows) -> Sharded(columns).
+        all_to_all(comm, shard, 1, 0, col_lengths, lengths, method);
+        break;
+      default: HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
+    }
+  };
+  run_once();  // warm-up: connections, buffers
+  std::vector<double> slowest;
+  for (int i = 0; i < reps; ++i) {
+    comm.barrier();
+    auto t0 = Clock::now();
+    run_once();
+    slowest.push_back(comm.allreduce(seconds_since(t0), ReduceOp::Max));
+  }
+  s.seconds = median(slowest);
+  return s;
+}
+
+LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
+  HAP_CHECK(samples.size() >= 2, "fit_link: expected at least 2 samples, got ", samples.size());
+  // Rows of the weighted least squares: (a_i / t_i) * lat + (b_i / t_i) * inv_bw ~ 1.
+  std::vector<double> a, b;
+  for (const CollectiveSample& s : samples) {
+    HAP_CHECK(s.seconds > 0, "fit_link: a sample took ", s.seconds, " s; expected > 0");
+    const synth::CollectiveTerms t = synth::collective_terms(
+        s.kind, synth_method(s.kind, s.method), s.group_size, s.bytes, s.max_share);
+    a.push_back(t.latency_terms / s.seconds);
+    b.push_back(t.byte_terms / s.seconds);
+  }
+  double saa = 0, sab = 0, sbb = 0, sa = 0, sb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    saa += a[i] * a[i];
+    sab += a[i] * b[i];
+    sbb += b[i] * b[i];
+    sa += a[i];
+    sb += b[i];
+  }
+  double lat = 0, inv_bw = 0;
+  const double det = saa * sbb - sab * sab;
+  if (det > 1e-12 * saa * sbb) {
+    lat = (sa * sbb - sb * sab) / det;
+    inv_bw = (saa * sb - sab * sa) / det;
+  }
+  if (!(lat >= 0) || !(inv_bw > 0)) {
+    // The unconstrained optimum leaves the feasible set: the best fit has one term only.
+    const double lat_only = saa > 0 ? sa / saa : 0;
+    const double bw_only = sbb > 0 ? sb / sbb : 0;
+    auto err = [&](double l, double ib) {
+      double e = 0;
+      for (size_t i = 0; i < a.size(); ++i) e += std::pow(a[i] * l + b[i] * ib - 1, 2);
+      return e;
+    };
+    if (bw_only > 0 && err(0, bw_only) <= err(lat_only, 0)) {
+      lat = 0;
+      inv_bw = bw_only;
+    } else {
+      lat = lat_only;
+      // No byte dependence shows in the samples: a bandwidth far above anything they could see.
+      double max_b = 0;
+      for (double x : b) max_b = std::max(max_b, x);
+      inv_bw = max_b > 0 ? 1e-3 / max_b : 1e-12;
+    }
+  }
+  LinkFit fit;
+  fit.latency_s = lat;
+  fit.bandwidth_bytes_per_s = 1.0 / inv_bw;
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) e += std::pow(a[i] * lat + b[i] * inv_bw - 1, 2);
+  fit.rms_relative_error = std::sqrt(e / static_cast<double>(a.size()));
+  return fit;
+}
+
+int64_t usable_memory_bytes(int ranks_on_node) {
+  HAP_CHECK(ranks_on_node >= 1, "usable_memory_bytes: expected ranks_on_node >= 1, got ",
+            ranks_on_node);
+  double available = 0;
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  double value = 0;
+  std::string unit;
+  while (meminfo >> key >> value) {
+    std::getline(meminfo, unit);
+    if (key == "MemAvailable:") {
+      available = value * 1024.0;  // kB
+      break;
+    }
+  }
+  HAP_CHECK(available > 0, "cannot read MemAvailable from /proc/meminfo");
+  double bytes = available / ranks_on_node;
+  // A memory cgroup limit (v2 memory.max, v1 memory.limit_in_bytes) of this process, if set.
+  for (const char* limit_file :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(limit_file);
+    double limit = 0;
+    if (f >> limit && limit > 0) bytes = std::min(bytes, limit);
+  }
+  return static_cast<int64_t>(bytes);
+}
+
+}  // namespace hap::parallel

@@ -1,0 +1,56 @@
+// Profiling a real cluster (hap-profile): this rank's GEMM rate, timed collectives on a group of
+// ranks, and the link (latency, bandwidth) that best explains those times under the cost
+// model's own pricing of each collective (synth::collective_terms), so a profiled cluster file
+// predicts what was measured.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "parallel/collectives.h"
+#include "parallel/communicator.h"
+#include "synth/program.h"
+
+namespace hap::parallel {
+
+// Median seconds of `reps` runs of an n x n x n f32 matmul on this rank (after one warm-up), and
+// the rate 2 n^3 / median.
+struct GemmRate {
+  int64_t n = 0;
+  double median_s = 0;
+  double flops_per_s = 0;
+};
+GemmRate profile_gemm(int64_t n, int reps);
+
+// One timed collective on a group: every rank of the group calls it with its own shard.
+struct CollectiveSample {
+  synth::InstrKind kind = synth::InstrKind::AllReduce;  // AllReduce, AllGather, ReduceScatter, AllToAll
+  CollectiveMethod method = CollectiveMethod::Grouped;
+  int group_size = 0;
+  double bytes = 0;      // the logical tensor
+  double max_share = 0;  // the largest rank's share of it
+  bool uneven = false;
+  double seconds = 0;    // median over repetitions of the slowest rank's time
+};
+
+// Times `kind` on `comm` for an f32 tensor of `bytes` (rounded to whole rows of 256 floats, at
+// least one row per rank) sharded by `ratios` (one per rank of comm). Collective over comm.
+CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
+                                 CollectiveMethod method, double bytes,
+                                 const std::vector<double>& ratios, int reps);
+
+// The link that best explains the samples: latency_s >= 0 and bandwidth > 0 minimising the sum
+// of squared relative errors of latency_terms * latency_s + byte_terms / bandwidth against the
+// measured seconds. Throws hap::Error for fewer than two samples.
+struct LinkFit {
+  double bandwidth_bytes_per_s = 0;
+  double latency_s = 0;
+  double rms_relative_error = 0;  // of the fitted prediction over the samples
+};
+LinkFit fit_link(const std::vector<CollectiveSample>& samples);
+
+// Bytes this rank may use: the smaller of the node's available memory (MemAvailable) divided by
+// `ranks_on_node` and the limit of the rank's memory cgroup, if any.
+int64_t usable_memory_bytes(int ranks_on_node);
+
+}  // namespace hap::parallel
