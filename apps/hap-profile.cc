@@ -1,6 +1,6 @@
 // hap-profile: measure a cluster and write the cluster file hap-plan and hap-train read.
 //   mpirun -np N hap-profile --out cluster.yaml [--config configs/gpt.yaml] [--name NAME]
-//          [--node-name NAME] [--type TYPE] [--quick] [--raw FILE.json]
+//          [--node-name NAME] [--type TYPE] [--busy-ms MS] [--quick] [--raw FILE.json]
 //
 // Every rank measures its compute rate (GEMM at several sizes, and one training step of the
 // config's GPT on its share of the batch; the step's rate is the device's flops_per_s) and its
@@ -37,7 +37,9 @@
 #include "apps/common/model_graph.h"
 #include "apps/common/trainer.h"
 #include "core/rng.h"
+#include "models/clip.h"
 #include "models/gpt.h"
+#include "ops/dispatch.h"
 #include "ops/threads.h"
 #include "parallel/communicator.h"
 #include "parallel/profile.h"
@@ -74,11 +76,13 @@ std::vector<std::string> allgather_strings(const Communicator& comm, const std::
 struct Options {
   std::string out_path, config_path = "configs/gpt.yaml", name, node_name, type, raw_path;
   bool quick = false;
+  double busy_ms = 20;
 };
 
 struct ComputeResult {
   std::vector<hap::parallel::GemmRate> gemm;
-  double step_flops = 0, step_s = 0, flops_per_s = 0;
+  double step_flops = 0, step_s = 0, flops_per_s = 0, update_s_per_param = 0;
+  double memory_bandwidth_bytes_per_s = 0;
   int64_t batch_rows = 0;
 };
 
@@ -105,7 +109,8 @@ std::string format_bytes(double b) {
   return buf;
 }
 
-// One training step of the config's GPT on `rows` sequences: median seconds and FLOPs.
+// GEMM rates, and the config's GPT training step on this rank's share of the batch: mean
+// seconds per step over a time window, and its FLOPs.
 ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, bool quick,
                               Progress& progress) {
   ComputeResult r;
@@ -116,6 +121,13 @@ ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, b
     progress.step("compute: GEMM " + std::to_string(n) + "^3");
   }
 
+  // Products (GEMMs, attention) are rated in FLOP/s, everything else (element-wise, norms,
+  // copies) mostly by the bytes it moves: the kernel profiler splits the step's time between them.
+  auto is_product = [](hap::ops::OpKind k) {
+    return k == hap::ops::OpKind::MatMul || k == hap::ops::OpKind::Linear || k == hap::ops::OpKind::Attention ||
+           k == hap::ops::OpKind::AttentionBackward;
+  };
+  double product_flops = 0, product_bytes = 0, other_flops = 0, other_bytes = 0;
   hap::app::TrainRunConfig config = base;
   r.batch_rows = std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
   config.train.batch_size = r.batch_rows;
@@ -123,9 +135,19 @@ ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, b
     hap::app::TracedModel traced = hap::app::trace_model(config);
     hap::synth::Cluster one;
     one.name = "one";
-    one.add_node("n", {1e9, 0}, {hap::synth::Device{"d", "d", 1.0, 1, -1, 0}});
+    hap::synth::Link link;
+    link.bandwidth_bytes_per_s = 1e9;
+    hap::synth::Device device;
+    device.name = device.type = "d";
+    device.flops_per_s = 1.0;
+    device.memory_bytes = 1;
+    one.add_node("n", link, {device});
     hap::synth::CostModel cm(traced.graph, one);
-    for (size_t n = 0; n < traced.graph.nodes.size(); ++n) r.step_flops += cm.step_flops(static_cast<int>(n));
+    for (const hap::synth::GraphNode& n : traced.graph.nodes) {
+      r.step_flops += cm.step_flops(n.id);
+      (is_product(n.kind) ? product_flops : other_flops) += cm.step_flops(n.id);
+      (is_product(n.kind) ? product_bytes : other_bytes) += cm.step_bytes(n.id);
+    }
   }
   auto model = std::make_shared<hap::nn::GPT>(hap::app::gpt_config(config));
   model->train();
@@ -145,19 +167,63 @@ ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, b
     }
   hap::Tensor x = hap::Tensor::from_vector(idx, {r.batch_rows, T});
   hap::Tensor y = hap::Tensor::from_vector(tgt, {r.batch_rows, T});
-  const int warmup = 1, timed = quick ? 2 : 5;
-  std::vector<double> times;
-  for (int i = 0; i < warmup + timed; ++i) {
+  // Steps until a time window has passed rather than a fixed count: under a CPU quota a step's
+  // time depends on where it falls in the quota period, and a long window averages that out.
+  const double window_s = quick ? 0.3 : 2.0;
+  const int min_steps = quick ? 2 : 5;
+  // The graph's forward + backward is what flops_per_s rates; the optimizer step and the
+  // gradient-norm pass (outside the graph) are timed apart, per parameter element.
+  std::vector<hap::Tensor> params = model->parameters();
+  double num_params = 0;
+  for (const hap::Tensor& p : params) num_params += static_cast<double>(p.numel());
+  double graph_s = 0, update_s = 0;
+  auto step_once = [&]() {
     auto t0 = Clock::now();
     hap::Tensor loss = model->loss(x, y);
     opt->zero_grad();
     loss.backward();
+    auto t1 = Clock::now();
+    hap::nn::clip_grad_norm_(params, config.train.grad_clip > 0 ? config.train.grad_clip : 1e30);
     opt->step();
-    if (i >= warmup) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    auto t2 = Clock::now();
+    graph_s += std::chrono::duration<double>(t1 - t0).count();
+    update_s += std::chrono::duration<double>(t2 - t1).count();
+  };
+  step_once();  // warm-up
+  graph_s = update_s = 0;
+  hap::ops::reset_dispatch_stats();
+  hap::ops::set_profiling(true);
+  int steps = 0;
+  const auto t0 = Clock::now();
+  double elapsed = 0;
+  while (steps < min_steps || elapsed < window_s) {
+    step_once();
+    ++steps;
+    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  std::sort(times.begin(), times.end());
-  r.step_s = times[times.size() / 2];
-  r.flops_per_s = r.step_flops / r.step_s;
+  hap::ops::set_profiling(false);
+  double product_s = 0, other_s = 0;
+  const hap::ops::DispatchStats& stats = hap::ops::dispatch_stats();
+  for (int k = 0; k < hap::ops::kNumOps; ++k)
+    (is_product(static_cast<hap::ops::OpKind>(k)) ? product_s : other_s) += stats.kernel_s[k];
+  // Spread the wall time (quota throttling and dispatch included) over the parts in their
+  // measured shares: update vs graph, and within the graph products vs the rest.
+  r.step_s = elapsed / steps;
+  const double graph_step_s = r.step_s * graph_s / (graph_s + update_s);
+  r.update_s_per_param = (r.step_s - graph_step_s) / num_params;
+  const double kernels_s = product_s + other_s;
+  if (kernels_s > 0 && product_s > 0 && other_s > 0 && other_bytes > 0) {
+    const double product_step_s = graph_step_s * product_s / kernels_s;
+    const double other_step_s = graph_step_s - product_step_s;
+    // Products' bytes and the others' FLOPs are small: charge them at the other's rate.
+    r.flops_per_s = product_flops / product_step_s;
+    const double bytes_s = other_step_s - other_flops / r.flops_per_s;
+    r.memory_bandwidth_bytes_per_s = bytes_s > 0 ? (other_bytes + product_bytes) / bytes_s : 0;
+  }
+  if (r.memory_bandwidth_bytes_per_s <= 0) {
+    r.flops_per_s = r.step_flops / graph_step_s;
+    r.memory_bandwidth_bytes_per_s = 0;
+  }
   progress.step("compute: GPT training step (" + std::to_string(r.batch_rows) + " x " +
                 std::to_string(T) + " tokens)");
   return r;
@@ -187,7 +253,8 @@ std::vector<Measurement> measurement_plan(bool quick) {
 std::vector<CollectiveSample> profile_group(const Communicator& group,
                                             const std::vector<double>& rates,
                                             const std::vector<Measurement>& plan, int reps,
-                                            const std::string& label, Progress& progress) {
+                                            double busy_s, const std::string& label,
+                                            Progress& progress) {
   // Uneven shards follow the measured rates (what a plan would use); if the ranks are alike,
   // a fixed skew still exercises the uneven paths.
   std::vector<double> uneven = rates;
@@ -202,7 +269,7 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
   std::vector<CollectiveSample> samples;
   for (const Measurement& m : plan) {
     samples.push_back(hap::parallel::time_collective(group, m.kind, m.method, m.bytes,
-                                                     m.uneven ? uneven : even, reps));
+                                                     m.uneven ? uneven : even, reps, busy_s));
     progress.step(label + ": " + hap::synth::instr_name(m.kind) +
                   (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::parallel::method_name(m.method)) +
                   (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
@@ -229,9 +296,56 @@ std::string number(double v) {
   return buf;
 }
 
-std::string link_yaml(const hap::parallel::LinkFit& f) {
-  return "{bandwidth_bytes_per_s: " + number(f.bandwidth_bytes_per_s) +
-         ", latency_s: " + number(f.latency_s) + "}";
+// A link's fit over all its samples, and one per collective (all_reduce, all_gather,
+// reduce_scatter, all_to_all, in synth::Collective order).
+struct LinkFits {
+  hap::parallel::LinkFit all;
+  std::vector<hap::parallel::LinkFit> per;  // empty when not measured
+
+  std::vector<double> flatten() const {
+    std::vector<double> v = {all.bandwidth_bytes_per_s, all.latency_s, all.rms_relative_error};
+    for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
+      const hap::parallel::LinkFit f = c < static_cast<int>(per.size()) ? per[c] : hap::parallel::LinkFit{};
+      v.insert(v.end(), {f.bandwidth_bytes_per_s, f.latency_s, f.rms_relative_error});
+    }
+    return v;
+  }
+  static LinkFits unflatten(const std::vector<double>& v) {
+    LinkFits f;
+    f.all = {v[0], v[1], v[2]};
+    for (int c = 0; c < hap::synth::kNumCollectives; ++c)
+      f.per.push_back({v[3 + 3 * c], v[4 + 3 * c], v[5 + 3 * c]});
+    return f;
+  }
+};
+
+LinkFits fit_all(const std::vector<CollectiveSample>& samples, const std::vector<InstrKind>& kinds) {
+  LinkFits f;
+  f.all = hap::parallel::fit_link(samples);
+  for (InstrKind k : kinds) {
+    std::vector<CollectiveSample> of_kind;
+    for (const CollectiveSample& s : samples)
+      if (s.kind == k) of_kind.push_back(s);
+    f.per.push_back(hap::parallel::fit_link(of_kind));
+  }
+  return f;
+}
+
+// A block mapping: the overall figures, then one line per collective; `fit` comments give the
+// rms relative error of each fit.
+std::string link_yaml(const LinkFits& f, const std::string& indent) {
+  std::ostringstream y;
+  y << "   # fit " << number(f.all.rms_relative_error * 100) << "% over all collectives\n";
+  y << indent << "bandwidth_bytes_per_s: " << number(f.all.bandwidth_bytes_per_s) << "\n";
+  y << indent << "latency_s: " << number(f.all.latency_s) << "\n";
+  y << indent << "collectives:";
+  for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
+    const hap::parallel::LinkFit& t = f.per[c];
+    y << "\n" << indent << "  " << hap::synth::collective_name(static_cast<hap::synth::Collective>(c))
+      << ": {bandwidth_bytes_per_s: " << number(t.bandwidth_bytes_per_s) << ", latency_s: " << number(t.latency_s)
+      << "}   # fit " << number(t.rms_relative_error * 100) << "%";
+  }
+  return y.str();
 }
 
 // Writes `text` to `path` through a temporary file in the same directory and a rename.
@@ -303,6 +417,7 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
   const std::vector<double> rates = world.allgather(compute.flops_per_s);
   const std::vector<int64_t> memory = world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
   const int reps = opt.quick ? 2 : 5;
+  const double busy_s = opt.busy_ms / 1e3;
 
   // Links: each node's ranks together (at the same time on every node), then all ranks.
   Communicator node_comm = world.split(node_index[me], me);
@@ -311,26 +426,28 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
     std::vector<double> node_rates;
     for (int r = 0; r < P; ++r)
       if (node_index[r] == node_index[me]) node_rates.push_back(rates[r]);
-    node_samples = profile_group(node_comm, node_rates, plan, reps, "node " + node_name, progress);
+    node_samples = profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name, progress);
   }
   world.barrier();
-  if (world_measured) world_samples = profile_group(world, rates, plan, reps, "all nodes", progress);
+  if (world_measured) world_samples = profile_group(world, rates, plan, reps, busy_s, "all nodes", progress);
 
-  // Rank 0 collects each node's fit (from that node's first rank).
-  std::vector<hap::parallel::LinkFit> node_fits(nodes.size());
-  std::vector<double> node_fit_values = {0, 0, 0};
-  if (!node_samples.empty()) {
-    const auto f = hap::parallel::fit_link(node_samples);
-    node_fit_values = {f.bandwidth_bytes_per_s, f.latency_s, f.rms_relative_error};
+  // Each node's fits (overall, then per collective), collected from that node's first rank.
+  const std::vector<InstrKind> kinds = {InstrKind::AllReduce, InstrKind::AllGather,
+                                        InstrKind::ReduceScatter, InstrKind::AllToAll};
+  std::vector<LinkFits> node_fits(nodes.size());
+  const LinkFits mine = node_samples.empty() ? LinkFits{} : fit_all(node_samples, kinds);
+  const std::vector<double> flat = mine.flatten();
+  std::vector<std::vector<double>> gathered(flat.size());
+  for (size_t i = 0; i < flat.size(); ++i) gathered[i] = world.allgather(flat[i]);
+  for (int r = P - 1; r >= 0; --r) {
+    std::vector<double> v(flat.size());
+    for (size_t i = 0; i < flat.size(); ++i) v[i] = gathered[i][r];
+    node_fits[node_index[r]] = LinkFits::unflatten(v);
   }
-  std::vector<double> bw = world.allgather(node_fit_values[0]);
-  std::vector<double> lat = world.allgather(node_fit_values[1]);
-  std::vector<double> err = world.allgather(node_fit_values[2]);
   nlohmann::json raw_node_samples = samples_json(node_samples);
   std::vector<std::string> raw_per_rank = allgather_strings(world, raw_node_samples.dump());
-  for (int r = P - 1; r >= 0; --r) node_fits[node_index[r]] = {bw[r], lat[r], err[r]};
-  hap::parallel::LinkFit inter{};
-  if (world_measured) inter = hap::parallel::fit_link(world_samples);
+  LinkFits inter{};
+  if (world_measured) inter = fit_all(world_samples, kinds);
 
   const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
   const std::string dev_type = !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", "cpu");
@@ -339,6 +456,8 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
   const std::vector<std::string> types = allgather_strings(world, dev_type);
   const std::vector<std::string> quotas = allgather_strings(world, quota);
   const std::vector<double> step_s = world.allgather(compute.step_s);
+  const std::vector<double> update_s = world.allgather(compute.update_s_per_param);
+  const std::vector<double> mem_bw = world.allgather(compute.memory_bandwidth_bytes_per_s);
   std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
   for (size_t i = 0; i < compute.gemm.size(); ++i) gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
   if (!lead) return 0;
@@ -350,9 +469,12 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
     << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
-  y << "# flops_per_s: one training step of the GPT in " << opt.config_path << " on "
+  y << "# flops_per_s: the mean training step (2 s window) of the GPT in " << opt.config_path << " on "
     << compute.batch_rows << " x " << config.train.seq_len << " tokens per rank ("
-    << number(compute.step_flops) << " FLOPs, forward + backward), one thread per rank.\n";
+    << number(compute.step_flops) << " FLOPs, forward + backward), one thread per rank;\n"
+    << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per parameter;\n"
+    << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
+    << "# flops_per_s, the other ops' bytes give memory_bandwidth_bytes_per_s.\n";
   y << "# GEMM for comparison (FLOP/s at n = ";
   for (size_t i = 0; i < compute.gemm.size(); ++i) y << (i ? ", " : "") << compute.gemm[i].n;
   y << "):\n";
@@ -367,30 +489,29 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
   } else {
     y << "# Links: latency and bandwidth fitted to " << plan.size()
       << " timed collectives per group (all_reduce, all_gather, reduce_scatter, all_to_all; even\n"
-         "# and uneven shards; padded and grouped) with the cost model's formulas; 'fit' is the\n"
-         "# rms relative error of the fitted times.\n";
+         "# and uneven shards; padded and grouped), each right after " << opt.busy_ms
+      << " ms of compute on every rank\n"
+         "# (as in training), with the cost model's formulas; 'fit' is the rms relative error.\n";
   }
   y << "name: " << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";
   if (nodes.size() > 1)
-    y << "inter_node: " << link_yaml(inter) << "   # fit " << number(inter.rms_relative_error * 100) << "%\n";
+    y << "inter_node:" << link_yaml(inter, "  ") << "\n";
   y << "nodes:\n";
   for (size_t n = 0; n < nodes.size(); ++n) {
     y << "  - name: " << nodes[n] << "\n";
-    hap::parallel::LinkFit link = node_fits[n];
-    std::string note;
     if (group_sizes[n] < 2) {
-      link = world_measured ? inter : hap::parallel::LinkFit{1e10, 1e-5, 0};
-      note = "   # not measured (one rank on this node; unused by the planner)";
+      y << "    link: {bandwidth_bytes_per_s: 1e10, latency_s: 1e-5}   # not measured (one rank on this "
+           "node; unused by the planner)\n";
     } else {
-      note = "   # fit " + number(link.rms_relative_error * 100) + "%";
+      y << "    link:" << link_yaml(node_fits[n], "      ") << "\n";
     }
-    y << "    link: " << link_yaml(link) << note << "\n";
     y << "    devices:\n";
     for (int r = 0; r < P; ++r) {
       if (node_index[r] != static_cast<int>(n)) continue;
       y << "      - {name: " << (names[r].empty() ? nodes[n] + ".r" + std::to_string(r) : names[r])
         << ", type: " << types[r] << ", flops_per_s: " << number(rates[r])
-        << ", memory_bytes: " << memory[r];
+        << ", memory_bandwidth_bytes_per_s: " << number(mem_bw[r])
+        << ", update_s_per_param: " << number(update_s[r]) << ", memory_bytes: " << memory[r];
       if (!quotas[r].empty()) y << ", cpu_quota: " << quotas[r];
       y << "}\n";
     }
@@ -408,6 +529,8 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
       for (size_t i = 0; i < compute.gemm.size(); ++i) g.push_back({{"n", compute.gemm[i].n}, {"flops_per_s", gemm_rates[i][r]}});
       raw["ranks"].push_back({{"rank", r}, {"node", node_of[r]}, {"gpt_step_s", step_s[r]},
                               {"gpt_step_flops", compute.step_flops}, {"flops_per_s", rates[r]},
+                              {"update_s_per_param", update_s[r]},
+                              {"memory_bandwidth_bytes_per_s", mem_bw[r]},
                               {"memory_bytes", memory[r]}, {"gemm", g},
                               {"cpu_quota", quotas[r]}});
     }
@@ -435,6 +558,9 @@ int main(int argc, char** argv) {
   cli.add_option("--type", opt.type, "device type written to the file (default: HAP_DEVICE_TYPE or cpu)");
   cli.add_option("--raw", opt.raw_path, "also write every measurement as JSON");
   cli.add_flag("--quick", opt.quick, "fewer sizes and repetitions (a smoke test, not a profile)");
+  cli.add_option("--busy-ms", opt.busy_ms,
+                 "compute this long before each timed collective, as in training (0: from idle)")
+      ->check(CLI::Range(0.0, 10000.0));
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

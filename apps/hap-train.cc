@@ -29,6 +29,7 @@ int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& confi
   opt.checkpoint_path = train_options.checkpoint_path;
   opt.resume_path = train_options.resume_path;
   opt.stop_after = train_options.stop_after;
+  opt.profile = train_options.profile;
   try {
     // Errors up to here come from the same inputs on every rank, so every rank stops alike.
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
@@ -63,6 +64,9 @@ int main(int argc, char** argv) {
   cli.add_option("--save", options.checkpoint_path, "write a checkpoint at the end");
   cli.add_option("--stop-after", options.stop_after, "stop after this step (with --save: resume later)");
   cli.add_flag("--quiet", options.quiet, "no progress lines");
+  cli.add_flag("--profile", options.profile,
+               "at the end, print where the step time went (op kernels; with --cluster also each "
+               "collective, per rank)");
   std::string cluster_path, plan_json;
   cli.add_option("--cluster", cluster_path,
                  "train on MPI ranks: the cluster they form (YAML); the config's parallel section "

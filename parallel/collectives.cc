@@ -1,6 +1,7 @@
 #include "parallel/collectives.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <numeric>
 #include <type_traits>
@@ -162,6 +163,40 @@ Tensor sum_blocks_in_rank_order(const Tensor& recv, const Layout& l, const Shape
   return out;
 }
 
+// ---- statistics ----
+
+CollectiveStats g_stats;
+thread_local int g_depth = 0;
+
+// Times the outermost collective of a call chain into g_stats.
+class Timed {
+ public:
+  Timed(CollectiveStat kind, double bytes) : kind_(static_cast<int>(kind)), outer_(g_depth++ == 0) {
+    if (outer_) {
+      start_ = std::chrono::steady_clock::now();
+      g_stats.bytes[kind_] += bytes;
+    }
+  }
+  ~Timed() {
+    --g_depth;
+    if (!outer_) return;
+    g_stats.calls[kind_] += 1;
+    g_stats.seconds[kind_] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
+
+ private:
+  int kind_;
+  bool outer_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+double tensor_bytes(const Tensor& x) {
+  return x.defined() ? static_cast<double>(x.numel()) * static_cast<double>(dtype_size(x.dtype())) : 0;
+}
+
 // ---- the two exchange patterns ----
 
 // Every rank's `send` block (send.numel() elements, or the slot when padded) lands in every
@@ -211,6 +246,9 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
 
   const Shape& local = x_local.shape();
   const int64_t row_elems = shape_numel(with_dim(local, dim, 1));  // elements per index of dim
+  const Timed timed(CollectiveStat::AllGather,
+                    static_cast<double>(row_elems * sum_of(lengths) *
+                                        static_cast<int64_t>(dtype_size(x_local.dtype()))));
   std::vector<int64_t> numels;
   numels.reserve(lengths.size());
   for (int64_t len : lengths) numels.push_back(len * row_elems);
@@ -241,6 +279,7 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
                       const std::vector<int64_t>& lengths, CollectiveMethod method) {
   const char* op = "reduce_scatter";
   check_tensor(x_partial, op);
+  const Timed timed(CollectiveStat::ReduceScatter, tensor_bytes(x_partial));
   check_reducible(x_partial.dtype(), op);
   check_lengths(comm, lengths, op);
   dim = check_dim(x_partial, dim, op);
@@ -280,6 +319,7 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
   const char* op = "all_reduce";
   check_tensor(x_partial, op);
+  const Timed timed(CollectiveStat::AllReduce, tensor_bytes(x_partial));
   check_reducible(x_partial.dtype(), op);
   const Shape& shape = x_partial.shape();
   const int64_t n = x_partial.numel();
@@ -297,6 +337,7 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
                   const std::vector<int64_t>& lengths_concat, CollectiveMethod method) {
   const char* op = "all_to_all";
   check_tensor(x_local, op);
+  const Timed timed(CollectiveStat::AllToAll, tensor_bytes(x_local));
   check_lengths(comm, lengths_split, op);
   check_lengths(comm, lengths_concat, op);
   split_dim = check_dim(x_local, split_dim, op);
@@ -348,6 +389,7 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
 
 Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   const char* op = "broadcast";
+  const Timed timed(CollectiveStat::Broadcast, tensor_bytes(x));
   HAP_CHECK(root >= 0 && root < comm.size(), op, ": root ", root, " out of range for ", comm.size(),
             " ranks");
   const bool is_root = comm.rank() == root;
@@ -387,5 +429,19 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
               x.str(), " but root ", root, " broadcasts ", dtype_name(dtype), shape_str(shape));
   return out;
 }
+
+const char* collective_stat_name(CollectiveStat c) {
+  switch (c) {
+    case CollectiveStat::AllGather: return "all_gather";
+    case CollectiveStat::ReduceScatter: return "reduce_scatter";
+    case CollectiveStat::AllReduce: return "all_reduce";
+    case CollectiveStat::AllToAll: return "all_to_all";
+    case CollectiveStat::Broadcast: return "broadcast";
+  }
+  return "?";
+}
+
+const CollectiveStats& collective_stats() { return g_stats; }
+void reset_collective_stats() { g_stats = CollectiveStats{}; }
 
 }  // namespace hap::parallel

@@ -55,6 +55,20 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
                   const std::vector<int64_t>& lengths_concat,
                   CollectiveMethod method = CollectiveMethod::Grouped);
 
+// Time spent in each collective on this rank since the last reset (a collective called inside
+// another, as all_reduce's two phases, counts as the outer one only): what `hap-train --profile`
+// reports next to the kernels' time.
+enum class CollectiveStat { AllGather, ReduceScatter, AllReduce, AllToAll, Broadcast };
+inline constexpr int kNumCollectiveStats = 5;
+const char* collective_stat_name(CollectiveStat c);
+struct CollectiveStats {
+  uint64_t calls[kNumCollectiveStats] = {};
+  double seconds[kNumCollectiveStats] = {};
+  double bytes[kNumCollectiveStats] = {};  // of the tensors passed in (all_gather: gathered)
+};
+const CollectiveStats& collective_stats();
+void reset_collective_stats();
+
 // Root's tensor on every rank (a new contiguous tensor). Non-roots may pass an undefined tensor
 // (shape and dtype come from the root) or one whose shape and dtype must match the root's.
 Tensor broadcast(const Communicator& comm, const Tensor& x, int root = 0);

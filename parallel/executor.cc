@@ -286,7 +286,8 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
       for (size_t o = 0; o < outs.size(); ++o) values_[n.outputs[o]][out_prop(o).str()] = outs[o];
       continue;
     }
-    if (in.kind == InstrKind::GradAllReduce) continue;  // done by replicate() in backward
+    // Done elsewhere: gradient sums in backward(), updates by the optimizer.
+    if (in.kind == InstrKind::GradAllReduce || in.kind == InstrKind::Update) continue;
     int t = in.tensor;
     auto it = values_[t].find(in.from.str());
     if (it == values_[t].end()) {
@@ -379,7 +380,13 @@ double Executor::global_grad_norm() const {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     double s = 0;
-    for (double v : g.to_vector()) s += v * v;
+    const Tensor c = g.contiguous();
+    if (c.dtype() == DType::F32) {
+      const float* x = c.data<float>();
+      for (int64_t i = 0, n = c.numel(); i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+    } else {
+      for (double v : c.to_vector()) s += v * v;
+    }
     (storage(name).kind == ops::PropKind::Sharded ? sharded : replicated) += s;
   }
   return std::sqrt(replicated + comm_.allreduce(sharded));

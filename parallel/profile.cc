@@ -62,7 +62,7 @@ GemmRate profile_gemm(int64_t n, int reps) {
 
 CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
                                  CollectiveMethod method, double bytes,
-                                 const std::vector<double>& ratios, int reps) {
+                                 const std::vector<double>& ratios, int reps, double busy_s) {
   const int P = comm.size();
   const int me = comm.rank();
   HAP_CHECK(static_cast<int>(ratios.size()) == P, "time_collective: ", ratios.size(),
@@ -99,9 +99,14 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
     }
   };
   run_once();  // warm-up: connections, buffers
+  Tensor a = Tensor::full({64, 64}, 0.5), b = Tensor::full({64, 64}, 0.25);
   std::vector<double> slowest;
   for (int i = 0; i < reps; ++i) {
     comm.barrier();
+    if (busy_s > 0) {
+      const auto until = Clock::now() + std::chrono::duration<double>(busy_s);
+      while (Clock::now() < until) hap::matmul(a, b);
+    }
     auto t0 = Clock::now();
     run_once();
     slowest.push_back(comm.allreduce(seconds_since(t0), ReduceOp::Max));

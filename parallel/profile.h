@@ -35,9 +35,12 @@ struct CollectiveSample {
 
 // Times `kind` on `comm` for an f32 tensor of `bytes` (rounded to whole rows of 256 floats, at
 // least one row per rank) sharded by `ratios` (one per rank of comm). Collective over comm.
+// With busy_s > 0 every rank computes for busy_s seconds of wall time (from a common barrier)
+// before each timed call, as in training, where collectives come right after compute: a device
+// that is still busy or throttled (a CPU quota) then joins late, and the time shows it.
 CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
                                  CollectiveMethod method, double bytes,
-                                 const std::vector<double>& ratios, int reps);
+                                 const std::vector<double>& ratios, int reps, double busy_s = 0);
 
 // The link that best explains the samples: latency_s >= 0 and bandwidth > 0 minimising the sum
 // of squared relative errors of latency_terms * latency_s + byte_terms / bandwidth against the

@@ -11,7 +11,8 @@ PACKAGES=(
   coinor-libclp-dev               # LP solver for the sharding ratios
   nlohmann-json3-dev libcli11-dev # JSON logs/plans, command lines
   python3-torch python3-numpy     # PyTorch oracle tests and CPU benchmark peer
-  python3-matplotlib              # benchmark charts
+  python3-matplotlib python3-yaml # benchmark charts and drivers
+  iproute2                        # hap-emulate: network namespaces, veth pairs, tc
   fortunes                        # default English training corpus (/usr/share/games/fortunes)
 )
 

@@ -111,9 +111,24 @@ void Cluster::validate() const {
               ": flops_per_s: expected a finite number > 0, got ", number_text(d.flops_per_s));
     HAP_CHECK(d.memory_bytes > 0, device, ": memory_bytes: expected an integer > 0, got ",
               d.memory_bytes);
+    HAP_CHECK(std::isfinite(d.memory_bandwidth_bytes_per_s) && d.memory_bandwidth_bytes_per_s >= 0, device,
+              ": memory_bandwidth_bytes_per_s: expected a finite number >= 0, got ",
+              number_text(d.memory_bandwidth_bytes_per_s));
+    HAP_CHECK(std::isfinite(d.update_s_per_param) && d.update_s_per_param >= 0, device,
+              ": update_s_per_param: expected a finite number >= 0, got ",
+              number_text(d.update_s_per_param));
   }
 
   auto check_link = [](const std::string& owner, const Link& link) {
+    for (int c = 0; c < kNumCollectives; ++c) {
+      const LinkTerms& t = link.collective[c];
+      const std::string what = owner + ": collectives." + collective_name(static_cast<Collective>(c));
+      HAP_CHECK(t.bandwidth_bytes_per_s == 0 || positive_finite(t.bandwidth_bytes_per_s), what,
+                ".bandwidth_bytes_per_s: expected a finite number > 0, got ",
+                number_text(t.bandwidth_bytes_per_s));
+      HAP_CHECK(std::isfinite(t.latency_s) && t.latency_s >= 0, what,
+                ".latency_s: expected a finite number >= 0, got ", number_text(t.latency_s));
+    }
     HAP_CHECK(positive_finite(link.bandwidth_bytes_per_s), owner,
               ": bandwidth_bytes_per_s: expected a finite number > 0, got ",
               number_text(link.bandwidth_bytes_per_s));
@@ -189,13 +204,31 @@ std::vector<int> members_per_node(const Cluster& cluster, const std::vector<int>
 
 }  // namespace
 
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return "all_reduce";
+    case Collective::AllGather: return "all_gather";
+    case Collective::ReduceScatter: return "reduce_scatter";
+    case Collective::AllToAll: return "all_to_all";
+  }
+  return "?";
+}
+
 Link Cluster::bottleneck(const std::vector<int>& ranks) const {
   const std::vector<int> members = members_per_node(*this, ranks);
-  Link slowest{.bandwidth_bytes_per_s = std::numeric_limits<double>::infinity(), .latency_s = 0};
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  Link slowest{.bandwidth_bytes_per_s = kInf, .latency_s = 0, .collective = {}};
+  for (LinkTerms& t : slowest.collective) t = {kInf, 0};
   auto use = [&slowest](const Link& link) {
     slowest.bandwidth_bytes_per_s =
         std::min(slowest.bandwidth_bytes_per_s, link.bandwidth_bytes_per_s);
     slowest.latency_s = std::max(slowest.latency_s, link.latency_s);
+    for (int c = 0; c < kNumCollectives; ++c) {
+      const Link own = link.for_collective(static_cast<Collective>(c));
+      LinkTerms& t = slowest.collective[c];
+      t.bandwidth_bytes_per_s = std::min(t.bandwidth_bytes_per_s, own.bandwidth_bytes_per_s);
+      t.latency_s = std::max(t.latency_s, own.latency_s);
+    }
   };
   int nodes_used = 0;
   for (int n = 0; n < num_nodes(); ++n) {
@@ -203,6 +236,8 @@ Link Cluster::bottleneck(const std::vector<int>& ranks) const {
     if (members[n] > 1) use(nodes[n].link);
   }
   if (nodes_used > 1) use(inter_node);
+  if (!std::isfinite(slowest.bandwidth_bytes_per_s))
+    for (LinkTerms& t : slowest.collective) t = {};  // one rank: nobody to talk to
   return slowest;
 }
 

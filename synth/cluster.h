@@ -8,19 +8,39 @@
 //
 // Units: bandwidth in bytes/s, latency in s, compute in FLOP/s, memory in bytes.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace hap::synth {
 
+// The collectives a link can be profiled for separately.
+enum class Collective { AllReduce, AllGather, ReduceScatter, AllToAll };
+inline constexpr int kNumCollectives = 4;
+const char* collective_name(Collective c);  // "all_reduce", ...
+
+// Latency and bandwidth of one collective over a link, as hap-profile fits them.
+struct LinkTerms {
+  double bandwidth_bytes_per_s = 0;  // 0: not given
+  double latency_s = 0;
+};
+
 // A point-to-point path between two devices. Moving b bytes over it takes
-// latency_s + b / bandwidth_bytes_per_s.
+// latency_s + b / bandwidth_bytes_per_s. A profiled link may also carry figures per collective
+// (what a real implementation achieves differs by collective): for_collective() uses them where
+// given, the link's own figures otherwise.
 struct Link {
   double bandwidth_bytes_per_s = 0;
   double latency_s = 0;
+  std::array<LinkTerms, kNumCollectives> collective = {};
 
   double transfer_s(double bytes) const { return latency_s + bytes / bandwidth_bytes_per_s; }
+  Link for_collective(Collective c) const {
+    const LinkTerms& t = collective[static_cast<int>(c)];
+    if (t.bandwidth_bytes_per_s <= 0) return {bandwidth_bytes_per_s, latency_s, {}};
+    return {t.bandwidth_bytes_per_s, t.latency_s, {}};
+  }
 };
 
 struct Device {
@@ -32,6 +52,12 @@ struct Device {
   // Emulated clusters only (scripts/hap-emulate): the share of one CPU core this rank is capped
   // to. 0 for a real device. The planner never reads it; flops_per_s is what it plans with.
   double cpu_quota = 0;
+  // Seconds per parameter element of the optimizer step (and the gradient-norm pass) outside the
+  // model's graph, e.g. AdamW; profiled by hap-profile. 0: not modelled.
+  double update_s_per_param = 0;
+  // Sustained memory bandwidth (profiled): the cost model adds each op's bytes at this rate to
+  // its FLOPs at flops_per_s. 0: not modelled (FLOPs only).
+  double memory_bandwidth_bytes_per_s = 0;
 };
 
 struct Node {

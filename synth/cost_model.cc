@@ -27,6 +27,7 @@ const char* instr_name(InstrKind k) {
     case InstrKind::Reshard: return "reshard";
     case InstrKind::GradAllReduce: return "grad_all_reduce";
     case InstrKind::ToPartial: return "to_partial";
+    case InstrKind::Update: return "update";
   }
   return "?";
 }
@@ -51,6 +52,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster)
     }
   sigs_.resize(graph.nodes.size());
   step_flops_.resize(graph.nodes.size());
+  step_bytes_.resize(graph.nodes.size());
   for (const GraphNode& n : graph.nodes) {
     const ops::OpDef& def = ops::op_def(n.kind);
     ops::Metas in, out;
@@ -74,6 +76,9 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster)
     bool product = n.kind == ops::OpKind::MatMul || n.kind == ops::OpKind::Linear;
     double bw = !differentiable ? 0.0 : product ? std::min(grad_inputs, 2) : 1.0;
     step_flops_[n.id] = n.flops * (1.0 + bw);
+    // Memory traffic: a backward reads the output gradient and what it saved and writes the
+    // input gradients, about twice the forward's bytes.
+    step_bytes_[n.id] = n.bytes * (differentiable ? 3.0 : 1.0);
   }
 }
 
@@ -92,12 +97,11 @@ bool CostModel::splits_work(int node, int sig) const {
 
 LinearCost CostModel::compute(int node, int sig) const {
   LinearCost c;
-  double f = step_flops_[node];
   if (splits_work(node, sig)) {
-    for (const Device& d : cluster_.devices) c.coef.push_back(f / d.flops_per_s);
+    for (int d = 0; d < num_devices(); ++d) c.coef.push_back(device_compute_s(node, d));
   } else {
     double worst = 0;
-    for (const Device& d : cluster_.devices) worst = std::max(worst, f / d.flops_per_s);
+    for (int d = 0; d < num_devices(); ++d) worst = std::max(worst, device_compute_s(node, d));
     c.constant_s = worst;
   }
   return c;
@@ -136,6 +140,7 @@ CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int nu
       break;
     case InstrKind::Reshard:
     case InstrKind::Compute:
+    case InstrKind::Update:
       HAP_ASSERT(false, "collective_terms() called for ", instr_name(kind));
   }
   return t;
@@ -146,39 +151,49 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
   int P = num_devices();
   if (P <= 1) return c;
   double B = static_cast<double>(graph_.tensors[tensor].bytes());
-  double bw = link_.bandwidth_bytes_per_s, lat = link_.latency_s;
   bool grad = requires_grad_[tensor];
   // Terms whose bytes scale with the largest share become per-device LP coefficients (the share
-  // is r[d]); the rest is constant.
-  auto add = [&](double times) {
+  // is r[d]); the rest is constant. Each pass is priced with its own collective's link figures.
+  auto add = [&](double times, Collective over) {
+    const Link link = link_.for_collective(over);
     const bool by_share = kind == InstrKind::AllToAll ||
                           ((kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter) &&
                            method != CollectiveMethod::Grouped);
     const CollectiveTerms t = collective_terms(kind, method, P, B, 1.0);
-    c.constant_s += times * t.latency_terms * lat;
+    c.constant_s += times * t.latency_terms * link.latency_s;
     if (by_share) {
       if (c.coef.empty()) c.coef.assign(P, 0.0);
-      for (double& x : c.coef) x += times * t.byte_terms / bw;
+      for (double& x : c.coef) x += times * t.byte_terms / link.bandwidth_bytes_per_s;
     } else {
-      c.constant_s += times * t.byte_terms / bw;
+      c.constant_s += times * t.byte_terms / link.bandwidth_bytes_per_s;
     }
   };
   // Gradients follow the executor's convention (parallel/autograd_collectives.h): the gradient
   // of a Replicated tensor is Partial, of Sharded(d) Sharded(d), of Partial Replicated; every
   // backward is the transpose of its forward.
   switch (kind) {
-    case InstrKind::AllGather:      // backward: reduce-scatter of the Partial gradient
+    case InstrKind::AllGather:  // backward: reduce-scatter of the Partial gradient
+      add(1, Collective::AllGather);
+      if (grad) add(1, Collective::ReduceScatter);
+      break;
     case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient
-    case InstrKind::AllReduce:      // backward: all-reduce of the Partial gradient
-    case InstrKind::AllToAll:       // backward: the reverse all-to-all
-      add(grad ? 2 : 1);
+      add(1, Collective::ReduceScatter);
+      if (grad) add(1, Collective::AllGather);
+      break;
+    case InstrKind::AllReduce:  // backward: all-reduce of the Partial gradient
+      add(grad ? 2 : 1, Collective::AllReduce);
+      break;
+    case InstrKind::AllToAll:  // backward: the reverse all-to-all
+      add(grad ? 2 : 1, Collective::AllToAll);
       break;
     case InstrKind::GradAllReduce: {
       // A Replicated parameter's Partial gradient, once per step. The executor sums all of them
       // in one bucketed all-reduce (Executor::backward): each pays its bytes and an equal share
       // of the bucket's latency.
+      const Link link = link_.for_collective(Collective::AllReduce);
       const CollectiveTerms t = collective_terms(kind, method, P, B, 1.0);
-      c.constant_s = t.byte_terms / bw + t.latency_terms * lat / std::max(1, num_params_);
+      c.constant_s = t.byte_terms / link.bandwidth_bytes_per_s +
+                     t.latency_terms * link.latency_s / std::max(1, num_params_);
       break;
     }
     case InstrKind::Slice:      // local; backward embeds the shard's gradient as a Partial
@@ -186,7 +201,27 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
       break;
     case InstrKind::Reshard:
     case InstrKind::Compute:
+    case InstrKind::Update:
       HAP_ASSERT(false, "communication() called for ", instr_name(kind));
+  }
+  return c;
+}
+
+double CostModel::device_compute_s(int node, int device) const {
+  const Device& d = cluster_.devices[device];
+  double s = step_flops_[node] / d.flops_per_s;
+  if (d.memory_bandwidth_bytes_per_s > 0) s += step_bytes_[node] / d.memory_bandwidth_bytes_per_s;
+  return s;
+}
+
+LinearCost CostModel::update(int tensor, const Prop& stored) const {
+  LinearCost c;
+  const double elements = static_cast<double>(shape_numel(graph_.tensors[tensor].shape));
+  if (stored.kind == PropKind::Sharded) {
+    for (const Device& d : cluster_.devices) c.coef.push_back(elements * d.update_s_per_param);
+  } else {
+    for (const Device& d : cluster_.devices)
+      c.constant_s = std::max(c.constant_s, elements * d.update_s_per_param);
   }
   return c;
 }
@@ -211,14 +246,15 @@ CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::v
 
 double CostModel::reshard_coef(int tensor) const {
   if (num_devices() <= 1) return 0;
-  return 2.0 * static_cast<double>(graph_.tensors[tensor].bytes()) / link_.bandwidth_bytes_per_s;
+  return 2.0 * static_cast<double>(graph_.tensors[tensor].bytes()) /
+         link_.for_collective(Collective::AllGather).bandwidth_bytes_per_s;
 }
 
 double CostModel::reshard_s(int tensor, const std::vector<double>& a, const std::vector<double>& b) const {
   double m = 0;
   for (size_t d = 0; d < a.size(); ++d) m = std::max(m, std::abs(a[d] - b[d]));
   if (m == 0) return 0;
-  return reshard_coef(tensor) * m + 2.0 * link_.latency_s;
+  return reshard_coef(tensor) * m + 2.0 * link_.for_collective(Collective::AllGather).latency_s;
 }
 
 double CostModel::held_bytes(int tensor, const Prop& p, double share) const {

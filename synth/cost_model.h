@@ -51,8 +51,17 @@ class CostModel {
   bool requires_grad(int tensor) const { return requires_grad_[tensor]; }
   // FLOPs of forward + backward of a node.
   double step_flops(int node) const { return step_flops_[node]; }
+  // Bytes read and written by forward + backward of a node.
+  double step_bytes(int node) const { return step_bytes_[node]; }
 
   LinearCost compute(int node, int sig) const;
+  // Seconds of forward + backward of the whole of `node` on `device`: its FLOPs at the device's
+  // FLOP/s plus, where the device's memory bandwidth is known, its bytes at that bandwidth (what
+  // makes element-wise ops, norms and copies cost more than their few FLOPs suggest).
+  double device_compute_s(int node, int device) const;
+  // The optimizer step of a parameter stored as `stored` (Replicated or Sharded): its elements on
+  // each device times the device's update_s_per_param (zero where that is not profiled).
+  LinearCost update(int tensor, const Prop& stored) const;
   // Cost of converting tensor t (full logical size) from `from` to `to` with `method`; the
   // instruction kind follows from the two properties. Backward adjoints are included.
   LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method) const;
@@ -77,6 +86,7 @@ class CostModel {
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
   std::vector<double> step_flops_;
+  std::vector<double> step_bytes_;
   int num_params_ = 0;  // parameter tensors of the graph
 };
 

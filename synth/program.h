@@ -25,6 +25,7 @@ enum class InstrKind : uint8_t {
   Reshard,        // Sharded(d) under one segment's ratios -> Sharded(d) under another's
   GradAllReduce,  // backward only: sum the gradient of a Replicated tensor over ranks
   ToPartial,      // Replicated -> Partial: one rank keeps the value, the others zeros (local)
+  Update,         // the optimizer step of parameter `tensor` on what each device stores (local)
 };
 const char* instr_name(InstrKind k);
 

@@ -140,6 +140,17 @@ class Expander {
           child.g += in.cost_s;
           child.instrs.push_back(in);
         }
+        if (gt.role == TensorRole::Parameter) {
+          // Its optimizer step, on what each device stores.
+          Instruction in;
+          in.kind = InstrKind::Update;
+          in.tensor = t;
+          in.from = in.to = q;
+          in.segment = seg;
+          in.cost_s = cm_.update(t, q).eval(r);
+          child.g += in.cost_s;
+          child.instrs.push_back(in);
+        }
         double factor = gt.role == TensorRole::Parameter ? kParamStateFactor : 1.0;
         for (size_t c = 0; c < child.mem.size(); ++c)
           child.mem[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
@@ -419,7 +430,8 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       }
       for (size_t o = 0; o < n.outputs.size(); ++o)
         if (cm.requires_grad(n.outputs[o])) add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
-    } else if (in.kind != InstrKind::GradAllReduce && cm.requires_grad(in.tensor)) {
+    } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
+               cm.requires_grad(in.tensor)) {
       add(in.tensor, in.to, in.segment, 1.0);
     }
   }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 namespace hap::synth {
 
@@ -65,6 +66,7 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
     switch (in.kind) {
       case InstrKind::Compute: in.cost_s = cm.compute(in.node, in.signature).eval(r); break;
       case InstrKind::Reshard: in.cost_s = cm.reshard_s(in.tensor, ratios[in.from_segment], r); break;
+      case InstrKind::Update: in.cost_s = cm.update(in.tensor, in.to).eval(r); break;
       default: in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r); break;
     }
     total += in.cost_s;
@@ -82,9 +84,12 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
   std::vector<int> cls(D);
   std::vector<int> rep, count;
   {
-    std::map<std::pair<double, int64_t>, int> ids;
+    // Devices alike in everything the cost model reads share one LP variable per segment.
+    std::map<std::tuple<double, int64_t, double, double>, int> ids;
     for (int d = 0; d < D; ++d) {
-      auto [it, inserted] = ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes}, static_cast<int>(rep.size()));
+      auto [it, inserted] = ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes,
+                                             devs[d].memory_bandwidth_bytes_per_s, devs[d].update_s_per_param},
+                                            static_cast<int>(rep.size()));
       if (inserted) {
         rep.push_back(d);
         count.push_back(0);
@@ -136,8 +141,9 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
       }
       continue;
     }
-    LinearCost lc = in.kind == InstrKind::Compute ? cm.compute(in.node, in.signature)
-                                                  : cm.communication(in.kind, in.tensor, in.method);
+    LinearCost lc = in.kind == InstrKind::Compute  ? cm.compute(in.node, in.signature)
+                    : in.kind == InstrKind::Update ? cm.update(in.tensor, in.to)
+                                                   : cm.communication(in.kind, in.tensor, in.method);
     if (lc.coef.empty()) continue;
     double scale = *std::max_element(lc.coef.begin(), lc.coef.end());
     if (scale <= 0) continue;
@@ -288,8 +294,13 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       LinearCost lc = cm.compute(in.node, in.signature);
       for (int d = 0; d < D; ++d)
         best.device_compute_s[d] += lc.coef.empty()
-                                        ? cm.step_flops(in.node) / cluster.devices[d].flops_per_s
+                                        ? cm.device_compute_s(in.node, d)
                                         : lc.coef[d] * best.ratios[in.segment][d];
+    } else if (in.kind == InstrKind::Update) {
+      best.compute_s += in.cost_s;
+      LinearCost lc = cm.update(in.tensor, in.to);
+      for (int d = 0; d < D; ++d)
+        best.device_compute_s[d] += lc.coef.empty() ? in.cost_s : lc.coef[d] * best.ratios[in.segment][d];
     } else {
       best.communication_s += in.cost_s;
     }

@@ -36,9 +36,14 @@ using detail::show;
 
 constexpr std::array<std::string_view, 3> kTopKeys = {"name", "inter_node", "nodes"};
 constexpr std::array<std::string_view, 3> kNodeKeys = {"name", "link", "devices"};
-constexpr std::array<std::string_view, 6> kDeviceKeys = {"name",         "type",  "flops_per_s",
-                                                         "memory_bytes", "count", "cpu_quota"};
-constexpr std::array<std::string_view, 2> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s"};
+constexpr std::array<std::string_view, 8> kDeviceKeys = {
+    "name",      "type",      "flops_per_s",        "memory_bytes",
+    "count",     "cpu_quota", "update_s_per_param", "memory_bandwidth_bytes_per_s"};
+constexpr std::array<std::string_view, 3> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
+                                                       "collectives"};
+constexpr std::array<std::string_view, 2> kLinkTermKeys = {"bandwidth_bytes_per_s", "latency_s"};
+constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_gather",
+                                                             "reduce_scatter", "all_to_all"};
 
 constexpr std::int64_t kMaxCount = 65536;
 // Memory goes through doubles in the cost model: keep it exact there.
@@ -87,10 +92,25 @@ std::vector<YAML::Node> sequence(const Origin& origin, const std::string& key_pa
   return out;
 }
 
-synth::Link read_link(SectionReader& s) {
+synth::Link read_link(SectionReader& s, const YAML::Node& node) {
   synth::Link link;
   link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
   link.latency_s = s.number("latency_s", std::nullopt, RealRange::at_least(0));
+  // Optional figures per collective (hap-profile writes them).
+  const bool has_collectives = node.IsMap() && node["collectives"].IsDefined();
+  SectionReader per = s.section("collectives", kCollectiveKeys, /*optional=*/true);
+  for (std::size_t c = 0; c < kCollectiveKeys.size(); ++c) {
+    if (!has_collectives || !node["collectives"][std::string(kCollectiveKeys[c])].IsDefined()) {
+      per.section(kCollectiveKeys[c], kLinkTermKeys, /*optional=*/true);  // marks it read
+      continue;
+    }
+    SectionReader t = per.section(kCollectiveKeys[c], kLinkTermKeys);
+    link.collective[c].bandwidth_bytes_per_s =
+        t.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
+    link.collective[c].latency_s = t.number("latency_s", std::nullopt, RealRange::at_least(0));
+    t.finish();
+  }
+  per.finish();
   s.finish();
   return link;
 }
@@ -192,7 +212,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
                 .defaulted = !given_name},
                "node");
     SectionReader link_reader = node_reader.section("link", kLinkKeys);
-    const synth::Link link = read_link(link_reader);
+    const synth::Link link = read_link(link_reader, std::as_const(nodes[n])["link"]);
 
     std::vector<synth::Device> devices;
     std::map<std::string, int, std::less<>> of_type;  // devices of each type so far on this node
@@ -221,6 +241,9 @@ synth::Cluster load_cluster_config(const std::string& path) {
       device.memory_bytes = read_memory(origin, s, entries[e]);
       device.cpu_quota = s.number("cpu_quota", 0.0,
                                   RealRange::open_closed(0, 1).because("a share of one CPU core"));
+      device.update_s_per_param = s.number("update_s_per_param", 0.0, RealRange::at_least(0));
+      device.memory_bandwidth_bytes_per_s =
+          s.number("memory_bandwidth_bytes_per_s", 0.0, RealRange::at_least(0));
       s.finish();
       for (std::int64_t i = 0; i < count; ++i) {
         const int index = of_type[type]++;
@@ -235,7 +258,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
 
   if (value_of(root, "inter_node")) {
     SectionReader link_reader = document.section("inter_node", kLinkKeys);
-    cluster.inter_node = read_link(link_reader);
+    cluster.inter_node = read_link(link_reader, root["inter_node"]);
   } else {
     document.string("inter_node", "", /*allow_empty=*/true);  // absent: marks the key as read
     if (cluster.num_nodes() > 1)

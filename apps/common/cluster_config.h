@@ -19,7 +19,13 @@
 // stands for that many identical devices) and `name` (optional, unique in the cluster; not allowed
 // with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier devices of that
 // type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share of one CPU core
-// scripts/hap-emulate caps the rank to; the planner ignores it). Link keys: `bandwidth_bytes_per_s` (> 0) and `latency_s` (>= 0), both required.
+// scripts/hap-emulate caps the rank to; the planner ignores it), `update_s_per_param` (optional,
+// >= 0, default 0: seconds of optimizer step per parameter element, as hap-profile measures it;
+// the cost model adds it per stored parameter), `memory_bandwidth_bytes_per_s` (optional, >= 0,
+// default 0 = not modelled: the cost model adds each op's bytes at this rate). Link keys: `bandwidth_bytes_per_s` (> 0) and `latency_s` (>= 0), both required, and
+// `collectives` (optional): a mapping from all_reduce, all_gather, reduce_scatter or all_to_all to
+// {bandwidth_bytes_per_s, latency_s}, figures for that collective over the link (hap-profile fits
+// them); the cost model uses them instead of the link's own for that collective.
 //
 // Loading is strict like the training config (apps/common/config.h): unknown, repeated, missing or
 // mistyped keys and out-of-range values throw one ConfigError naming the file, the key path (list

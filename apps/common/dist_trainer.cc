@@ -17,7 +17,9 @@
 #include "models/optim.h"
 #include "models/serialize.h"
 #include "ops/functional.h"
+#include "ops/dispatch.h"
 #include "ops/threads.h"
+#include "parallel/collectives.h"
 #include "parallel/executor.h"
 #include "parallel/shard.h"
 
@@ -98,6 +100,39 @@ int64_t resume_distributed(const std::string& path, const parallel::Executor& ex
   return static_cast<int64_t>(take("meta.step").item());
 }
 
+// Rank 0 prints, per rank, the milliseconds per step spent in op kernels and in each collective.
+void print_profile(const parallel::Communicator& comm, double profiled_s, int64_t steps) {
+  ops::set_profiling(false);
+  if (steps == 0) return;
+  double kernels = 0;
+  for (double s : ops::dispatch_stats().kernel_s) kernels += s;
+  const parallel::CollectiveStats& cs = parallel::collective_stats();
+  std::vector<std::vector<double>> cols = {comm.allgather(kernels / steps)};
+  std::vector<std::vector<double>> calls;
+  for (int k = 0; k < parallel::kNumCollectiveStats; ++k) {
+    cols.push_back(comm.allgather(cs.seconds[k] / steps));
+    calls.push_back(comm.allgather(static_cast<double>(cs.calls[k]) / steps));
+  }
+  if (comm.rank() != 0) return;
+  std::printf("profile: ms per training step over %ld steps (slowest rank's step: %.1f ms); calls per step\n",
+              static_cast<long>(steps), profiled_s / steps * 1e3);
+  std::printf("  rank   kernels");
+  for (int k = 0; k < parallel::kNumCollectiveStats; ++k)
+    std::printf(" %22s", parallel::collective_stat_name(static_cast<parallel::CollectiveStat>(k)));
+  std::printf("      rest\n");
+  for (int r = 0; r < comm.size(); ++r) {
+    double rest = profiled_s / steps;
+    std::printf("  %4d %9.1f", r, cols[0][r] * 1e3);
+    rest -= cols[0][r];
+    for (int k = 0; k < parallel::kNumCollectiveStats; ++k) {
+      std::printf(" %12.1f (%6.1f x)", cols[k + 1][r] * 1e3, calls[k][r]);
+      rest -= cols[k + 1][r];
+    }
+    std::printf(" %9.1f\n", rest * 1e3);
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 synth::SynthesisOptions synthesis_options(const ParallelConfig& p) {
@@ -157,7 +192,14 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   std::vector<double> step_ms;
   const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
   const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
+  double profiled_s = 0;  // training steps' wall time while profiling (the first is warm-up)
+  int64_t profiled_steps = 0;
   for (int64_t step = start; step < end; ++step) {
+    if (options.profile && step == start + 1) {
+      ops::reset_dispatch_stats();
+      ops::set_profiling(true);
+      parallel::reset_collective_stats();
+    }
     auto t0 = Clock::now();
     double lr = schedule.at(step);
     opt->set_lr(lr);
@@ -176,6 +218,10 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     // The slowest rank sets the pace: report its time.
     ms = comm.allreduce(ms, parallel::ReduceOp::Max);
     step_ms.push_back(ms);
+    if (options.profile && step > start) {
+      profiled_s += ms / 1e3;
+      ++profiled_steps;
+    }
     if (summary.steps_run == 0) summary.first_loss = loss;
     summary.last_loss = loss;
     ++summary.steps_run;
@@ -190,6 +236,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
       std::fflush(stdout);
     }
     if ((step + 1) % t.eval_every == 0 || last) {
+      if (options.profile && last) print_profile(comm, profiled_s, profiled_steps);
       NoGradGuard no_grad;
       double sum = 0;
       for (int64_t b = 0; b < t.eval_batches; ++b)

@@ -20,6 +20,9 @@ struct DistTrainOptions {
   std::string resume_path;      // resume from a checkpoint (from any plan, or one process)
   int64_t stop_after = -1;      // stop after this step (the schedule still spans train.steps)
   bool quiet = false;
+  // Print, at the end, where each rank's step time went: op kernels and each collective (time per
+  // step and calls per step), the rest being the executor, autograd and waiting outside MPI.
+  bool profile = false;
 };
 
 // Every rank calls this with the same arguments. Throws hap::Error (ConfigError for a world size

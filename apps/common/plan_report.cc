@@ -142,7 +142,7 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   double bytes_total = 0;
   int listed = 0;
   for (const Instruction& in : p.instructions) {
-    if (in.kind == InstrKind::Compute) continue;
+    if (in.kind == InstrKind::Compute || in.kind == InstrKind::Update) continue;
     double bytes = static_cast<double>(g.tensors[in.tensor].bytes());
     bytes_total += bytes;
     std::string key = std::string(synth::instr_name(in.kind)) + " " + synth::method_name(in.method);
@@ -243,7 +243,7 @@ Prop parse_prop(const std::string& s, const std::string& where) {
 }
 
 InstrKind parse_kind(const std::string& s, const std::string& where) {
-  for (int k = 0; k <= static_cast<int>(InstrKind::ToPartial); ++k)
+  for (int k = 0; k <= static_cast<int>(InstrKind::Update); ++k)
     if (s == synth::instr_name(static_cast<InstrKind>(k))) return static_cast<InstrKind>(k);
   throw ConfigError(where + ": unknown instruction kind '" + s + "'");
 }
@@ -329,7 +329,7 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
     p.device_memory_bytes = synth::program_memory(cm, p.instructions, p.storage, p.ratios);
     p.device_compute_s.assign(cm.num_devices(), 0.0);
     for (const synth::Instruction& x : p.instructions)
-      (x.kind == InstrKind::Compute ? p.compute_s : p.communication_s) += x.cost_s;
+      (x.kind == InstrKind::Compute || x.kind == InstrKind::Update ? p.compute_s : p.communication_s) += x.cost_s;
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(path + ": malformed plan (" + e.what() + ")");

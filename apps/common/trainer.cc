@@ -18,6 +18,7 @@
 #include "models/lr_schedule.h"
 #include "models/optim.h"
 #include "models/serialize.h"
+#include "ops/dispatch.h"
 #include "ops/threads.h"
 
 namespace hap::app {
@@ -87,6 +88,10 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
   const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
   int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
   for (int64_t step = start; step < end; ++step) {
+    if (options.profile && step == start + 1) {
+      ops::reset_dispatch_stats();
+      ops::set_profiling(true);
+    }
     auto t0 = Clock::now();
     double lr = schedule.at(step);
     opt->set_lr(lr);
@@ -123,6 +128,11 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
       }
       window_ms = window_loss = 0;
       window_steps = 0;
+    }
+    if (options.profile && last && step > start) {
+      ops::set_profiling(false);
+      std::printf("profile: op kernels over steps %ld-%ld:\n%s", static_cast<long>(start + 2),
+                  static_cast<long>(step + 1), ops::profile_report(25).c_str());
     }
     if ((step + 1) % t.eval_every == 0 || last) {
       double val = evaluate(*model, corpus, t);

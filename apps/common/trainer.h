@@ -15,6 +15,7 @@ struct TrainOptions {
   std::string checkpoint_path;  // checkpoint written at the end ("" = none)
   int64_t stop_after = -1;      // stop after this step (the schedule still spans train.steps)
   bool quiet = false;           // no progress lines on stdout
+  bool profile = false;         // print where the step time goes at the end (kernels; collectives)
 };
 
 struct TrainSummary {

@@ -506,6 +506,76 @@ TEST_F(ClusterFileTest, DuplicateKey) {
   expect_contains(load_error(path), {path + ": nodes[0].devices[1].count: duplicate key"});
 }
 
+// ---- profiled and emulated figures ----
+
+TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
+  const std::string text = replace_first(
+      edited("link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6}",
+             "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6, collectives: {all_reduce: "
+             "{bandwidth_bytes_per_s: 4.0e9, latency_s: 9.0e-6}, all_to_all: {bandwidth_bytes_per_s: "
+             "2.0e9, latency_s: 1.0e-5}}}"),
+      "memory_bytes: 32GiB}",
+      "memory_bytes: 32GiB, update_s_per_param: 2.5e-9, memory_bandwidth_bytes_per_s: 9.0e11, "
+      "cpu_quota: 0.5}");
+  const Cluster c = load_cluster_config(write(text, "profiled.yaml"));
+  const synth::Device& big = c.devices[0];
+  EXPECT_DOUBLE_EQ(big.update_s_per_param, 2.5e-9);
+  EXPECT_DOUBLE_EQ(big.memory_bandwidth_bytes_per_s, 9.0e11);
+  EXPECT_DOUBLE_EQ(big.cpu_quota, 0.5);
+  EXPECT_DOUBLE_EQ(c.devices[1].update_s_per_param, 0.0);  // absent: not modelled
+  EXPECT_DOUBLE_EQ(c.devices[1].cpu_quota, 0.0);
+  const Link& link = c.nodes[0].link;
+  const Link ar = link.for_collective(synth::Collective::AllReduce);
+  EXPECT_DOUBLE_EQ(ar.bandwidth_bytes_per_s, 4.0e9);
+  EXPECT_DOUBLE_EQ(ar.latency_s, 9.0e-6);
+  EXPECT_DOUBLE_EQ(link.for_collective(synth::Collective::AllToAll).bandwidth_bytes_per_s, 2.0e9);
+  // Collectives not given fall back to the link's own figures.
+  const Link ag = link.for_collective(synth::Collective::AllGather);
+  EXPECT_DOUBLE_EQ(ag.bandwidth_bytes_per_s, 1.0e10);
+  EXPECT_DOUBLE_EQ(ag.latency_s, 2.0e-6);
+}
+
+TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
+  struct Case {
+    std::string from, to, key_path, expectation;
+  };
+  const std::vector<Case> cases = {
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 1.5}", "nodes[0].devices[0].cpu_quota",
+       "expected a number in (0, 1] (a share of one CPU core), got 1.5"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 0}", "nodes[0].devices[0].cpu_quota",
+       "expected a number in (0, 1]"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, update_s_per_param: -1}",
+       "nodes[0].devices[0].update_s_per_param", "expected a number >= 0, got -1"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: -5}",
+       "nodes[0].devices[0].memory_bandwidth_bytes_per_s", "expected a number >= 0, got -5"},
+      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_reduce: {bandwidth_bytes_per_s: 0, "
+       "latency_s: 1e-6}}}", "nodes[0].link.collectives.all_reduce.bandwidth_bytes_per_s",
+       "expected a number > 0, got 0"},
+      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {broadcast: {bandwidth_bytes_per_s: 1e9, "
+       "latency_s: 1e-6}}}", "nodes[0].link.collectives", "broadcast"},
+      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_gather: {latency_s: 1e-6}}}",
+       "nodes[0].link.collectives.all_gather.bandwidth_bytes_per_s", "missing required key"},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.to);
+    const std::string path = write(edited(test.from, test.to));
+    expect_contains(load_error(path), {path + ": " + test.key_path, test.expectation});
+  }
+}
+
+TEST(ShippedCluster, EmulatedFilesDeclareTheirQuotas) {
+  EXPECT_EQ(load_cluster_config(shipped("emu-mixed4.yaml")).devices.size(), 4u);
+  for (const char* name : {"emu-mixed4.yaml", "emu-2node.yaml"}) {
+    const Cluster c = load_cluster_config(shipped(name));
+    std::vector<double> quotas;
+    for (const synth::Device& d : c.devices) quotas.push_back(d.cpu_quota);
+    EXPECT_EQ(quotas, (std::vector<double>{0.8, 0.4, 0.2, 0.2})) << name;
+    // Declared FLOP/s follow the quotas, so a plan on the declared file splits like them.
+    for (size_t i = 1; i < c.devices.size(); ++i)
+      EXPECT_NEAR(c.devices[i].flops_per_s / c.devices[0].flops_per_s, quotas[i] / quotas[0], 1e-12);
+  }
+}
+
 TEST_F(ClusterFileTest, FileProblems) {
   const std::string syntax = write("nodes: [\n");
   expect_contains(load_error(syntax), {syntax + ": YAML syntax error at line"});

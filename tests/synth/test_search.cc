@@ -14,11 +14,18 @@ namespace {
 Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> flops(1e10, 8e10), bw(1e5, 1e9), lat(1e-7, 1e-3);
+  std::uniform_real_distribution<double> update(0, 1e-8), mem_bw(1e9, 1e11);
   Cluster c;
   c.name = "random" + std::to_string(seed);
   std::vector<Device> devs;
-  for (int i = 0; i < devices; ++i)
+  for (int i = 0; i < devices; ++i) {
     devs.push_back({"d" + std::to_string(i), "cpu", flops(rng), static_cast<int64_t>(memory_bytes), -1});
+    // Half the clusters also price optimizer updates and memory traffic (profiled figures).
+    if (seed % 2) {
+      devs.back().update_s_per_param = update(rng);
+      devs.back().memory_bandwidth_bytes_per_s = mem_bw(rng);
+    }
+  }
   c.add_node("n0", {bw(rng), lat(rng)}, devs);
   c.validate();
   return c;

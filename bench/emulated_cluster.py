@@ -1,0 +1,195 @@
+#!/usr/bin/python3
+"""Measured speed-ups on emulated mixed clusters: hap vs dp-ev, dp-cp, tp and PyTorch DDP.
+
+For each emulated cluster (default: emu-mixed4 and emu-2node), in one run:
+  1. hap-profile measures the cluster under scripts/hap-emulate and writes
+     bench/results/profiled-<cluster>.yaml (compute rates, memory, fitted links);
+  2. hap-train trains the GPT of --config with each strategy on that profiled file, under the
+     emulator, logging every step; the median step time (after --skip warm-up steps) is
+     compared with the cost model's predicted step time from the same plan;
+  3. PyTorch DDP (gloo) trains the same model, global batch and quotas (bench/torch_ddp_gpt.py).
+Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
+(measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
+
+  /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--clusters emu-mixed4,emu-2node]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STRATEGIES = ["hap", "dp-ev", "dp-cp", "tp"]
+
+
+def run(cmd, log):
+    print("+ " + " ".join(cmd), flush=True)
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode != 0:
+        with open(log) as f:
+            tail = f.read()[-3000:]
+        raise SystemExit(f"emulated_cluster: '{' '.join(cmd)}' failed (exit {r.returncode}); "
+                         f"log {log}:\n{tail}")
+
+
+def read_config(path):
+    """The model and batch sizes the DDP peer needs (hap-train validates the same file)."""
+    import yaml
+    with open(os.path.join(ROOT, path)) as f:
+        cfg = yaml.safe_load(f)
+    out = {k: int(cfg["model"][k]) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")}
+    out.update({k: int(cfg["train"][k]) for k in ("batch_size", "seq_len")})
+    return out
+
+
+def profile_vs_quotas(build, profiled):
+    """How far the profiled compute rates' ratios are from the quotas' ratios (rank 0 as 1)."""
+    r = subprocess.run([os.path.join(build, "hap-plan"), "--cluster", profiled, "--describe-cluster"],
+                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+    devices = json.loads(r.stdout)["devices"]
+    rates = [d["flops_per_s"] for d in devices]
+    quotas = [d["cpu_quota"] for d in devices]
+    deviation = [(rt / rates[0]) / (q / quotas[0]) - 1 for rt, q in zip(rates, quotas)]
+    return {"flops_per_s": rates, "cpu_quota": quotas, "ratio_deviation": deviation,
+            "max_ratio_deviation": max(abs(x) for x in deviation)}
+
+
+def steps_from_log(path, skip):
+    ms = []
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "train":
+                ms.append((rec["step"], rec["ms_per_step"]))
+    return [m for s, m in ms if s > skip]
+
+
+def main(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="configs/gpt.yaml")
+    p.add_argument("--clusters", default="emu-mixed4,emu-2node")
+    p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
+    p.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the median")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--out", default="bench/results/emulated_cluster.json")
+    p.add_argument("--png", default="bench/results/emulated_cluster.png")
+    p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP peer")
+    args = p.parse_args(argv)
+    if args.steps <= args.skip:
+        raise SystemExit("emulated_cluster: --steps must exceed --skip")
+    emulate = os.path.join(ROOT, "scripts", "hap-emulate")
+    train = os.path.join(args.build, "hap-train")
+    profile = os.path.join(args.build, "hap-profile")
+    work = os.path.join(ROOT, "runs", "bench-emulated")
+    os.makedirs(work, exist_ok=True)
+    model = read_config(args.config)
+    results = {"config": args.config, "steps": args.steps, "skipped_warmup_steps": args.skip,
+               "machine_cores": len(os.sched_getaffinity(0)),
+               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
+
+    for name in args.clusters.split(","):
+        declared = f"configs/clusters/{name}.yaml"
+        profiled = f"bench/results/profiled-{name}.yaml"
+        run([emulate, declared, "--", profile, "--config", args.config, "--out", profiled,
+             "--raw", os.path.join(work, f"profile-{name}.json")], os.path.join(work, f"profile-{name}.log"))
+        entry = {"declared_cluster": declared, "profiled_cluster": profiled, "strategies": {}}
+        entry["profile"] = profile_vs_quotas(args.build, profiled)
+        print(f"{name} profile: rate ratios vs quota ratios off by at most "
+              f"{entry['profile']['max_ratio_deviation'] * 100:.1f}%", flush=True)
+        runs = [(s, profiled, s) for s in STRATEGIES] + [("hap-declared", declared, "hap")]
+        for label, cluster_file, strategy in runs:
+            log = os.path.join(work, f"{name}-{label}.jsonl")
+            plan = os.path.join(work, f"{name}-{label}-plan.json")
+            if os.path.exists(log):
+                os.remove(log)
+            run([emulate, declared, "--", train, "--config", args.config, "--cluster", cluster_file,
+                 "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
+                 "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
+                 "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
+                 "--plan-json", plan, "--quiet"], os.path.join(work, f"{name}-{label}.log"))
+            ms = steps_from_log(log, args.skip)
+            with open(plan) as f:
+                predicted_ms = json.load(f)["predicted_step_s"] * 1e3
+            median = statistics.median(ms)
+            result = {"median_ms": median, "predicted_ms": predicted_ms, "cluster_file": cluster_file,
+                      "prediction_error": (predicted_ms - median) / median, "step_ms": ms}
+            if label == "hap-declared":
+                entry["hap_planned_on_declared_file"] = result
+            else:
+                entry["strategies"][strategy] = result
+            print(f"{name} {label}: median {median:.1f} ms/step, predicted {predicted_ms:.1f} ms",
+                  flush=True)
+        if not args.no_ddp:
+            out = os.path.join(work, f"{name}-ddp.json")
+            run([emulate, declared, "--", "/usr/bin/python3", "bench/torch_ddp_gpt.py",
+                 "--n-layer", str(model["n_layer"]), "--n-head", str(model["n_head"]),
+                 "--n-embd", str(model["n_embd"]), "--vocab", str(model["vocab_size"]),
+                 "--block-size", str(model["block_size"]), "--batch", str(model["batch_size"]),
+                 "--seq", str(model["seq_len"]), "--steps", str(args.steps - args.skip),
+                 "--warmup", str(args.skip), "--json", out], os.path.join(work, f"{name}-ddp.log"))
+            with open(out) as f:
+                ddp = json.load(f)
+            entry["pytorch_ddp"] = {"median_ms": ddp["median_ms"], "step_ms": ddp["step_ms"],
+                                    "torch_version": ddp["torch_version"]}
+            print(f"{name} pytorch-ddp: median {ddp['median_ms']:.1f} ms/step", flush=True)
+        s = entry["strategies"]
+        entry["hap_speedup_over_dp_ev"] = s["dp-ev"]["median_ms"] / s["hap"]["median_ms"]
+        entry["hap_speedup_over_best_baseline"] = min(
+            s[k]["median_ms"] for k in ("dp-ev", "dp-cp", "tp")) / s["hap"]["median_ms"]
+        if "pytorch_ddp" in entry:
+            entry["hap_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / s["hap"]["median_ms"]
+            entry["dp_ev_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / s["dp-ev"]["median_ms"]
+        entry["max_abs_prediction_error"] = max(abs(v["prediction_error"]) for v in s.values())
+        entry["hap_profiled_vs_declared_plan"] = (
+            entry["hap_planned_on_declared_file"]["median_ms"] / s["hap"]["median_ms"])
+        results["clusters"][name] = entry
+
+    os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
+    with open(os.path.join(ROOT, args.out), "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+    chart(results, os.path.join(ROOT, args.png))
+    print(f"wrote {args.png}")
+    for name, e in results["clusters"].items():
+        line = f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev"
+        if "hap_speedup_over_pytorch_ddp" in e:
+            line += (f", {e['hap_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP; dp-ev "
+                     f"{e['dp_ev_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP")
+        line += (f"; prediction error at most {e['max_abs_prediction_error'] * 100:.0f}%; hap planned on "
+                 f"the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x the profiled plan's time")
+        print(line)
+    return 0
+
+
+def chart(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    clusters = list(results["clusters"].items())
+    fig, axes = plt.subplots(1, len(clusters), figsize=(6 * len(clusters), 4.5), squeeze=False)
+    for ax, (name, e) in zip(axes[0], clusters):
+        labels = STRATEGIES + (["pytorch-ddp"] if "pytorch_ddp" in e else [])
+        measured = [e["strategies"][s]["median_ms"] for s in STRATEGIES]
+        predicted = [e["strategies"][s]["predicted_ms"] for s in STRATEGIES]
+        if "pytorch_ddp" in e:
+            measured.append(e["pytorch_ddp"]["median_ms"])
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], measured, width=0.4, label="measured (median)")
+        ax.bar([i + 0.2 for i in range(len(predicted))], predicted, width=0.4, label="predicted (cost model)")
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(labels)
+        ax.set_ylabel("ms per training step")
+        ax.set_title(f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev")
+        ax.legend()
+    fig.suptitle(f"GPT ({results['config']}) on emulated mixed clusters, {results['steps']} steps per run")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

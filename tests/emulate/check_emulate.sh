@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# scripts/hap-emulate: bad input is refused with exit 2 before anything is created; each rank
+# runs in its own cgroup with the declared CPU quota; a two-node file puts the nodes' ranks in
+# different network namespaces; everything is removed after a normal exit and after SIGINT.
+# Exits 77 (skipped) where this machine cannot create cgroups or namespaces (not root).
+# Usage: check_emulate.sh SOURCE_DIR HAP_PLAN
+set -u
+SRC=$1 PLAN=$2
+EMU="$SRC/scripts/hap-emulate"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+leftovers() {
+  ls -d /sys/fs/cgroup/cpu/hap-emulate.* /sys/fs/cgroup/hap-emulate.* 2>/dev/null
+  ip netns list 2>/dev/null | grep '^hapemu'
+}
+
+# ---- bad input: exit 2 and a message naming the problem ----
+expect_refusal() {  # expected-text, args...
+  local want=$1; shift
+  out=$("$EMU" --hap-plan "$PLAN" "$@" 2>&1); rc=$?
+  [ $rc -eq 2 ] || fail "hap-emulate $* exited $rc, expected 2: $out"
+  echo "$out" | grep -q -- "$want" || fail "hap-emulate $*: message lacks '$want': $out"
+  echo "refused as expected: $want"
+}
+expect_refusal "not an emulated cluster" "$SRC/configs/clusters/hap-paper.yaml" -- true
+expect_refusal "expected --np 4" --np 3 "$SRC/configs/clusters/emu-mixed4.yaml" -- true
+expect_refusal "'--' before the command is required" "$SRC/configs/clusters/emu-mixed4.yaml" true
+expect_refusal "no such cluster file" "$TMP/missing.yaml" -- true
+# More quota than cores: refused, unless --scale-to-fit.
+cores=$(nproc)
+{
+  echo "name: too-many"
+  echo "nodes:"
+  echo "  - link: {bandwidth_bytes_per_s: 1e9, latency_s: 1e-6}"
+  echo "    devices:"
+  echo "      - {type: cpu, flops_per_s: 1e10, memory_bytes: 1GB, cpu_quota: 1.0, count: $((cores + 1))}"
+} > "$TMP/too-many.yaml"
+expect_refusal "add up to $((cores + 1)) cores" "$TMP/too-many.yaml" -- true
+{
+  echo "nodes:"
+  echo "  - link: {bandwidth_bytes_per_s: 1e9, latency_s: 1e-6}"
+  echo "    devices:"
+  echo "      - {type: cpu, flops_per_s: 1e10, memory_bytes: 1GB, cpu_quota: 1.5}"
+} > "$TMP/bad-quota.yaml"
+expect_refusal "cpu_quota: expected a number in (0, 1]" "$TMP/bad-quota.yaml" -- true
+[ -z "$(leftovers)" ] || fail "refusals left behind: $(leftovers)"
+
+# ---- the real thing needs root and a cgroup CPU controller ----
+if [ "$(id -u)" != 0 ] || ! mkdir /sys/fs/cgroup/cpu/hap-emulate-probe.$$ 2>/dev/null; then
+  echo "SKIP: cannot create cgroups here (not root, or no cgroup v1 cpu controller)"
+  exit 77
+fi
+rmdir /sys/fs/cgroup/cpu/hap-emulate-probe.$$
+
+# Each rank reports its cgroup's quota and period; they must match the file's cpu_quota.
+cat > "$TMP/report.sh" <<'EOF'
+#!/bin/sh
+group=$(grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup | head -1 | cut -d: -f3)
+q=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_quota_us") p=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_period_us")
+echo "rank $OMPI_COMM_WORLD_RANK quota $q period $p threads $OMP_NUM_THREADS node $HAP_NODE_NAME netns $(ip netns identify $$)"
+EOF
+chmod +x "$TMP/report.sh"
+out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/report.sh" 2>&1) \
+  || fail "emu-mixed4 run failed: $out"
+echo "$out"
+for want in "rank 0 quota 8000 period 10000 threads 1" "rank 1 quota 4000 period 10000" \
+            "rank 2 quota 2000 period 10000" "rank 3 quota 2000 period 10000"; do
+  echo "$out" | grep -q "$want" || fail "missing '$want'"
+done
+[ -z "$(leftovers)" ] || fail "left behind after a normal exit: $(leftovers)"
+
+# Two nodes: ranks 0-1 in one namespace, 2-3 in another; traffic between them is shaped.
+if ip netns add hapemu-probe.$$ 2>/dev/null; then
+  ip netns del hapemu-probe.$$
+  out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- "$TMP/report.sh" 2>&1) \
+    || fail "emu-2node run failed: $out"
+  echo "$out"
+  ns0=$(echo "$out" | grep "^rank 0 " | sed 's/.*netns //') ns1=$(echo "$out" | grep "^rank 1 " | sed 's/.*netns //')
+  ns2=$(echo "$out" | grep "^rank 2 " | sed 's/.*netns //') ns3=$(echo "$out" | grep "^rank 3 " | sed 's/.*netns //')
+  [ -n "$ns0" ] && [ "$ns0" = "$ns1" ] && [ -n "$ns2" ] && [ "$ns2" = "$ns3" ] && [ "$ns0" != "$ns2" ] \
+    || fail "expected ranks 0,1 and 2,3 in two different namespaces, got '$ns0' '$ns1' '$ns2' '$ns3'"
+  echo "$out" | grep -q "rank 2 .*node b" || fail "rank 2 should emulate node b"
+  [ -z "$(leftovers)" ] || fail "left behind after a two-node run: $(leftovers)"
+else
+  echo "note: no network namespaces here; two-node check skipped"
+fi
+
+# SIGINT (Ctrl-C) in the middle of a run: exit 130, nothing left behind.
+"$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- sleep 60 > "$TMP/int.log" 2>&1 &
+pid=$!
+for _ in $(seq 50); do [ -n "$(leftovers)" ] && break; sleep 0.1; done
+[ -n "$(leftovers)" ] || fail "the emulator did not start: $(cat "$TMP/int.log")"
+sleep 1
+kill -INT $pid
+wait $pid; rc=$?
+[ $rc -eq 130 ] || fail "after SIGINT the emulator exited $rc, expected 130: $(cat "$TMP/int.log")"
+for _ in $(seq 20); do [ -z "$(leftovers)" ] && break; sleep 0.1; done
+[ -z "$(leftovers)" ] || fail "left behind after SIGINT: $(leftovers)"
+pgrep -f "hap-emulate.*sleep 60" > /dev/null && fail "ranks still running after SIGINT"
+echo "PASS"

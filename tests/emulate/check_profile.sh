@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
+# positive rates, per-collective link fits); one rank profiles compute only and says so; an
+# interrupted profile leaves no file behind; bad input exits 2.
+# Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
+set -u
+MPIEXEC=$1 PROFILE=$2 PLAN=$3 SRC=$4
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+CFG="$SRC/configs/gpt-tiny.yaml"
+run() { "$MPIEXEC" --allow-run-as-root --oversubscribe "$@"; }
+
+# Two ranks, one node: compute and links.
+run -np 2 "$PROFILE" --quick --config "$CFG" --out "$TMP/two.yaml" > "$TMP/two.log" 2>&1 \
+  || fail "2-rank profile failed: $(cat "$TMP/two.log")"
+grep -q "\[ *[0-9]*/[0-9]*\] node .*all_to_all grouped uneven" "$TMP/two.log" \
+  || fail "no progress lines for the collectives: $(cat "$TMP/two.log")"
+"$PLAN" --cluster "$TMP/two.yaml" --describe-cluster > "$TMP/two.json" \
+  || fail "hap-plan rejects the profiled file: $(cat "$TMP/two.yaml")"
+python3 - "$TMP/two.json" "$TMP/two.yaml" <<'EOF' || exit 1
+import json, sys
+c = json.load(open(sys.argv[1]))
+text = open(sys.argv[2]).read()
+assert len(c["devices"]) == 2, c
+for d in c["devices"]:
+    assert d["flops_per_s"] > 1e6 and d["memory_bytes"] > 1e6, d
+for name in ("all_reduce:", "all_gather:", "reduce_scatter:", "all_to_all:"):
+    assert name in text, f"no {name} fit in the profiled file"
+print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["devices"]], "GFLOP/s")
+EOF
+"$PLAN" --config "$CFG" --cluster "$TMP/two.yaml" > "$TMP/plan.log" 2>&1 \
+  || fail "hap-plan cannot plan on the profiled file: $(cat "$TMP/plan.log")"
+
+# One rank: compute only, said so, and still a valid file.
+run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP/one.yaml" > "$TMP/one.log" 2>&1 \
+  || fail "1-rank profile failed: $(cat "$TMP/one.log")"
+grep -q "one rank: profiling compute only" "$TMP/one.log" || fail "1-rank run did not say compute only"
+"$PLAN" --cluster "$TMP/one.yaml" --describe-cluster | grep -q '"rank": 0' || fail "1-rank file unusable"
+
+# Interrupted: no file at --out, no temporary file either.
+# (mpirun itself in the background, so that $! is its pid and the signal reaches it.)
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$PROFILE" --config "$CFG" --out "$TMP/cut.yaml" \
+  > "$TMP/cut.log" 2>&1 &
+pid=$!
+sleep 2
+kill -INT $pid
+wait $pid && fail "an interrupted profile exited 0: $(cat "$TMP/cut.log")"
+sleep 0.5
+[ ! -e "$TMP/cut.yaml" ] || fail "an interrupted profile left $TMP/cut.yaml"
+ls -a "$TMP" | grep -q "cut.yaml.tmp" && fail "an interrupted profile left a temporary file"
+
+# Bad input.
+run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP" > "$TMP/dir.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "is a directory" "$TMP/dir.log" || fail "--out DIR: exit $rc: $(cat "$TMP/dir.log")"
+run -np 1 "$PROFILE" --quick --config "$TMP/none.yaml" --out "$TMP/x.yaml" > "$TMP/cfg.log" 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "missing --config: exit $rc: $(cat "$TMP/cfg.log")"
+echo "PASS"

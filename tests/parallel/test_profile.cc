@@ -1,0 +1,106 @@
+// Profiling helpers: the link fit recovers the latency and bandwidth that generated the times
+// (with the cost model's own terms), timed collectives are real samples, collectives give the
+// same results when ranks wait by sleeping, and the GEMM rate is positive.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "parallel/profile.h"
+#include "parallel_test_util.h"
+#include "synth/cost_model.h"
+
+namespace hap::parallel {
+namespace {
+
+using testing::world;
+
+// Samples priced exactly as the cost model prices them, over a link of (lat, bw).
+std::vector<CollectiveSample> synthetic(double lat, double bw, double noise, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> jitter(1 - noise, 1 + noise);
+  std::vector<CollectiveSample> out;
+  for (synth::InstrKind k : {synth::InstrKind::AllReduce, synth::InstrKind::AllGather,
+                             synth::InstrKind::ReduceScatter, synth::InstrKind::AllToAll})
+    for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped})
+      for (double bytes : {4096.0, 65536.0, 1048576.0, 4194304.0})
+        for (double share : {0.25, 0.5}) {
+          CollectiveSample s;
+          s.kind = k;
+          s.method = m;
+          s.group_size = 4;
+          s.bytes = bytes;
+          s.max_share = share;
+          const synth::CollectiveMethod sm =
+              k == synth::InstrKind::AllReduce ? synth::CollectiveMethod::None
+              : m == CollectiveMethod::Padded  ? synth::CollectiveMethod::Padded
+                                               : synth::CollectiveMethod::Grouped;
+          const synth::CollectiveTerms t = synth::collective_terms(k, sm, 4, bytes, share);
+          s.seconds = (t.latency_terms * lat + t.byte_terms / bw) * jitter(rng);
+          out.push_back(s);
+        }
+  return out;
+}
+
+TEST(LinkFit, RecoversTheLinkThatGeneratedTheTimes) {
+  const LinkFit exact = fit_link(synthetic(7e-5, 3e9, 0.0, 1));
+  EXPECT_NEAR(exact.latency_s, 7e-5, 1e-12);
+  EXPECT_NEAR(exact.bandwidth_bytes_per_s, 3e9, 1e-3);
+  EXPECT_LT(exact.rms_relative_error, 1e-9);
+  const LinkFit noisy = fit_link(synthetic(7e-5, 3e9, 0.1, 2));
+  EXPECT_NEAR(noisy.latency_s, 7e-5, 1.5e-5);
+  EXPECT_NEAR(noisy.bandwidth_bytes_per_s, 3e9, 0.5e9);
+  EXPECT_GT(noisy.rms_relative_error, 0.01);
+  EXPECT_LT(noisy.rms_relative_error, 0.1);
+}
+
+TEST(LinkFit, PureLatencyAndPureBandwidthStayNonNegative) {
+  const LinkFit lat_only = fit_link(synthetic(1e-4, 1e30, 0.0, 3));
+  EXPECT_NEAR(lat_only.latency_s, 1e-4, 1e-9);
+  EXPECT_GT(lat_only.bandwidth_bytes_per_s, 1e12);
+  const LinkFit bw_only = fit_link(synthetic(0.0, 2e9, 0.0, 4));
+  EXPECT_GE(bw_only.latency_s, 0.0);
+  EXPECT_NEAR(bw_only.bandwidth_bytes_per_s, 2e9, 1e3);
+}
+
+TEST(LinkFit, NeedsTwoSamples) {
+  std::vector<CollectiveSample> one = synthetic(1e-5, 1e9, 0, 5);
+  one.resize(1);
+  EXPECT_THROW(fit_link(one), Error);
+}
+
+TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
+  const int n = world().size();
+  std::vector<double> ratios(n, 1.0 / n);
+  if (n > 1) {
+    ratios.assign(n, 0.5 / (n - 1));
+    ratios[0] = 0.5;
+  }
+  for (synth::InstrKind k : {synth::InstrKind::AllReduce, synth::InstrKind::AllGather,
+                             synth::InstrKind::ReduceScatter, synth::InstrKind::AllToAll}) {
+    const CollectiveSample s = time_collective(world(), k, CollectiveMethod::Padded, 65536, ratios, 2, 0.001);
+    EXPECT_EQ(s.group_size, n);
+    EXPECT_EQ(s.bytes, 65536.0);  // 64 rows of 256 floats
+    EXPECT_GT(s.seconds, 0.0);
+    EXPECT_NEAR(s.max_share, n > 1 ? 0.5 : 1.0, 1e-12);
+    EXPECT_EQ(s.uneven, n > 2);
+    // Every rank reports the same slowest-rank time.
+    EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max), world().allreduce(s.seconds, ReduceOp::Min));
+  }
+  EXPECT_GT(profile_gemm(64, 2).flops_per_s, 0.0);
+  EXPECT_GT(usable_memory_bytes(n), 0);
+}
+
+TEST(WaitPolicy, SleepingRanksGetTheSameSums) {
+  const int n = world().size(), me = world().rank();
+  Tensor x = Tensor::full({5, 3}, static_cast<double>(me + 1));
+  const Tensor spun = all_reduce(world(), x);
+  set_wait_policy(WaitPolicy::Sleep);
+  const Tensor slept = all_reduce(world(), x);
+  world().barrier();
+  set_wait_policy(WaitPolicy::Spin);
+  EXPECT_TRUE(testing::same_values(spun, slept));
+  EXPECT_EQ(slept.to_vector()[0], n * (n + 1) / 2.0);
+}
+
+}  // namespace
+}  // namespace hap::parallel

@@ -1,0 +1,176 @@
+// The cost model's pricing: collectives by collective_terms (what hap-profile fits links with),
+// per-collective link figures, the optimizer update per stored element, memory bandwidth on top
+// of FLOPs, and the tp baseline's sharded linear weights.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "ops/functional.h"
+#include "synth/synthesizer.h"
+
+namespace hap::synth {
+namespace {
+
+// x: [12, 10] (input) -> linear(w: [6, 10], b: [6]) -> gelu -> mean.
+Graph small_graph() {
+  Tensor x = Tensor::meta({12, 10}, DType::F32);
+  Tensor w = Tensor::meta({6, 10}, DType::F32), b = Tensor::meta({6}, DType::F32);
+  return trace([&] { return mean(gelu(linear(x, w, b))); }, {{"w", w}, {"b", b}}, {{"x", x}});
+}
+
+Cluster cluster3(Link link) {
+  Cluster c;
+  c.name = "three";
+  std::vector<Device> devs;
+  const double flops[] = {4e9, 2e9, 1e9};
+  for (int i = 0; i < 3; ++i) {
+    Device d;
+    d.name = "d" + std::to_string(i);
+    d.type = "cpu";
+    d.flops_per_s = flops[i];
+    d.memory_bytes = int64_t{1} << 30;
+    devs.push_back(d);
+  }
+  c.add_node("n", link, devs);
+  c.validate();
+  return c;
+}
+
+int tensor_named(const Graph& g, const std::string& name) {
+  for (const GraphTensor& t : g.tensors)
+    if (t.name == name) return t.id;
+  ADD_FAILURE() << "no tensor " << name;
+  return -1;
+}
+
+TEST(CostModel, CollectivesArePricedByCollectiveTerms) {
+  const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  Graph g = small_graph();
+  Cluster c = cluster3(link);
+  CostModel cm(g, c);
+  const int x = tensor_named(g, "x");  // an input: no gradient flows back, one pass only
+  ASSERT_FALSE(cm.requires_grad(x));
+  const double bytes = static_cast<double>(g.tensors[x].bytes());
+  const std::vector<double> r = {0.5, 0.3, 0.2};
+  struct Case {
+    InstrKind kind;
+    CollectiveMethod method;
+  };
+  for (const Case& k : {Case{InstrKind::AllGather, CollectiveMethod::Padded},
+                        Case{InstrKind::AllGather, CollectiveMethod::Grouped},
+                        Case{InstrKind::ReduceScatter, CollectiveMethod::Padded},
+                        Case{InstrKind::ReduceScatter, CollectiveMethod::Grouped},
+                        Case{InstrKind::AllReduce, CollectiveMethod::None},
+                        Case{InstrKind::AllToAll, CollectiveMethod::None}}) {
+    SCOPED_TRACE(std::string(instr_name(k.kind)) + " " + method_name(k.method));
+    const CollectiveTerms t = collective_terms(k.kind, k.method, 3, bytes, 0.5);
+    EXPECT_GT(t.latency_terms, 0);
+    EXPECT_GT(t.byte_terms, 0);
+    EXPECT_NEAR(cm.communication(k.kind, x, k.method).eval(r),
+                t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s, 1e-15);
+  }
+  // Padded moves every shard at the largest one's size; grouped moves the tensor once.
+  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.5).byte_terms, 100);
+  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Grouped, 3, 100, 0.5).byte_terms, 100);
+  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.8).byte_terms, 160);
+  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 1, 100, 1).byte_terms, 0);
+}
+
+TEST(CostModel, PerCollectiveLinkFiguresReplaceTheLinksOwnForThatCollectiveOnly) {
+  Link plain{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  Link profiled = plain;
+  profiled.collective[static_cast<int>(Collective::AllReduce)] = {.bandwidth_bytes_per_s = 2e8, .latency_s = 3e-4};
+  Graph g = small_graph();
+  Cluster a = cluster3(plain), b = cluster3(profiled);
+  CostModel ca(g, a), cb(g, b);
+  const int x = tensor_named(g, "x");
+  const std::vector<double> r = {0.5, 0.3, 0.2};
+  const double bytes = static_cast<double>(g.tensors[x].bytes());
+  const CollectiveTerms t = collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 3, bytes, 0.5);
+  EXPECT_NEAR(cb.communication(InstrKind::AllReduce, x, CollectiveMethod::None).eval(r),
+              t.latency_terms * 3e-4 + t.byte_terms / 2e8, 1e-15);
+  EXPECT_EQ(ca.communication(InstrKind::AllGather, x, CollectiveMethod::Padded).eval(r),
+            cb.communication(InstrKind::AllGather, x, CollectiveMethod::Padded).eval(r));
+}
+
+TEST(CostModel, BottleneckTakesTheSlowestFiguresPerCollective) {
+  Cluster c;
+  c.name = "two-nodes";
+  auto dev = [](const std::string& n) {
+    Device d;
+    d.name = n;
+    d.type = "cpu";
+    d.flops_per_s = 1e9;
+    d.memory_bytes = 1 << 20;
+    return d;
+  };
+  Link fast{.bandwidth_bytes_per_s = 1e10, .latency_s = 1e-6};
+  fast.collective[static_cast<int>(Collective::AllToAll)] = {.bandwidth_bytes_per_s = 1e8, .latency_s = 1e-3};
+  c.add_node("a", fast, {dev("a0"), dev("a1")});
+  c.add_node("b", {.bandwidth_bytes_per_s = 5e9, .latency_s = 2e-6}, {dev("b0"), dev("b1")});
+  c.inter_node = {.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-5};
+  c.validate();
+  const Link all = c.bottleneck();
+  EXPECT_DOUBLE_EQ(all.bandwidth_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllToAll).bandwidth_bytes_per_s, 1e8);
+  EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllToAll).latency_s, 1e-3);
+  EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllGather).bandwidth_bytes_per_s, 1e9);
+  EXPECT_DOUBLE_EQ(c.bottleneck({2, 3}).for_collective(Collective::AllToAll).bandwidth_bytes_per_s, 5e9);
+}
+
+TEST(CostModel, UpdateCostsEachDevicesStoredElements) {
+  Graph g = small_graph();
+  Cluster c = cluster3({.bandwidth_bytes_per_s = 1e9, .latency_s = 0});
+  const int w = tensor_named(g, "w");  // 60 elements
+  const std::vector<double> r = {0.5, 0.3, 0.2};
+  EXPECT_EQ(CostModel(g, c).update(w, Prop::replicated()).eval(r), 0.0);  // not profiled
+  c.devices[0].update_s_per_param = 1e-9;
+  c.devices[1].update_s_per_param = 2e-9;
+  c.devices[2].update_s_per_param = 4e-9;
+  CostModel cm(g, c);
+  EXPECT_NEAR(cm.update(w, Prop::replicated()).eval(r), 60 * 4e-9, 1e-20);  // the slowest, whole
+  EXPECT_NEAR(cm.update(w, Prop::sharded(0)).eval(r), std::max({0.5 * 60 * 1e-9, 0.3 * 60 * 2e-9, 0.2 * 60 * 4e-9}),
+              1e-20);
+  // Every parameter the search stores gets an update instruction at that price.
+  int nseg = 1;
+  std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+  SearchResult a = search_program(cm, {r}, seg, SearchSpace{});
+  int updates = 0;
+  for (const Instruction& in : a.instructions) {
+    if (in.kind != InstrKind::Update) continue;
+    ++updates;
+    EXPECT_EQ(in.to, a.storage[in.tensor]);
+    EXPECT_NEAR(in.cost_s, cm.update(in.tensor, in.to).eval(r), 1e-20);
+  }
+  EXPECT_EQ(updates, 2);
+}
+
+TEST(CostModel, MemoryBandwidthAddsEachOpsBytesToItsFlops) {
+  Graph g = small_graph();
+  const Cluster plain = cluster3({.bandwidth_bytes_per_s = 1e9, .latency_s = 0});
+  Cluster c = plain;
+  c.devices[1].memory_bandwidth_bytes_per_s = 5e8;
+  const CostModel flops_only(g, plain);  // holds a reference: each model its own cluster
+  const CostModel with_bytes(g, c);
+  for (const GraphNode& n : g.nodes) {
+    EXPECT_GT(with_bytes.step_bytes(n.id), 0) << ops::op_name(n.kind);
+    EXPECT_DOUBLE_EQ(flops_only.device_compute_s(n.id, 1), with_bytes.step_flops(n.id) / 2e9);
+    EXPECT_DOUBLE_EQ(with_bytes.device_compute_s(n.id, 1),
+                     with_bytes.step_flops(n.id) / 2e9 + with_bytes.step_bytes(n.id) / 5e8);
+    EXPECT_DOUBLE_EQ(with_bytes.device_compute_s(n.id, 0), with_bytes.step_flops(n.id) / 4e9);
+  }
+}
+
+TEST(Synthesizer, TensorParallelBaselineShardsEveryLinearWeight) {
+  Graph g = small_graph();
+  // Slow links: replicating everything would be cheaper, but tp must still split the weights.
+  Cluster c = cluster3({.bandwidth_bytes_per_s = 1e3, .latency_s = 1.0});
+  SynthesisOptions opt;
+  opt.strategy = Strategy::Tp;
+  DistributedProgram p = synthesize(g, c, opt);
+  EXPECT_EQ(p.storage[tensor_named(g, "w")].kind, PropKind::Sharded);
+  EXPECT_EQ(p.storage[tensor_named(g, "x")].kind, PropKind::Replicated);
+}
+
+}  // namespace
+}  // namespace hap::synth
