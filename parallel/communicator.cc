@@ -103,12 +103,12 @@ void complete(MPI_Request& request, const char* call) {
     rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
   } else {
     int done = 0;
-    auto pause = std::chrono::microseconds(20);
+    auto pause = std::chrono::microseconds(10);
     for (;;) {
       rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || done) break;
       std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(1000));
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
     }
   }
   if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, call, __FILE__, __LINE__);

@@ -195,6 +195,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
       // Localise attributes that hold global sizes or positions.
       ops::Attrs attrs = n.attrs;
       double post_scale = 1.0;
+      bool vocab_parallel = false;  // computed whole by vocab_parallel_cross_entropy
       switch (n.kind) {
         case ops::OpKind::Reshape: {
           // The sharded output dim holds whatever the local input has left after the other dims.
@@ -227,6 +228,14 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
           break;
         }
         case ops::OpKind::CrossEntropy: {
+          if (in_prop(0).kind == ops::PropKind::Sharded && in_prop(0).dim == 1) {
+            ShardSpec spec(1, lengths(n.inputs[0], in_prop(0), in.segment));
+            ops::ScopeGuard scope(n.module);
+            values_[n.outputs[0]][out_prop(0).str()] = vocab_parallel_cross_entropy(
+                args[0], args[1], spec.offset(rank), std::get<ops::CrossEntropyAttrs>(n.attrs).ignore_index);
+            vocab_parallel = true;
+            break;
+          }
           if (out_prop(0).kind == ops::PropKind::Partial) {
             int64_t ignore = std::get<ops::CrossEntropyAttrs>(n.attrs).ignore_index;
             int64_t local = 0;
@@ -278,6 +287,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
         default:
           break;
       }
+      if (vocab_parallel) continue;
       ops::ScopeGuard scope(n.module);
       std::vector<Tensor> outs;
       if (n.kind == ops::OpKind::Dropout && std::get<ops::RandomAttrs>(attrs).p == 0) outs = {args[0]};
@@ -335,6 +345,54 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
   auto it = lv.find(Prop::replicated().str());
   HAP_CHECK(it != lv.end(), "executor: the loss is neither Partial nor Replicated in this program");
   return functional::to_partial(comm_, it->second);
+}
+
+Tensor Executor::vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                              int64_t vocab_offset, int64_t ignore_index) const {
+  // logits: [N, V_r], columns [vocab_offset, vocab_offset + V_r) of the logical [N, V];
+  // targets: [N], whole. Returns this rank's addend of the mean loss over counted targets:
+  //   loss = sum_i valid_i * (lse_i - x_i[t_i]) / count,  lse_i = log sum_r exp(lse_r,i)
+  // as to_partial(sum_i valid_i lse_i / count) - sum_i mine_i lse_r,i / count + (the local
+  // cross-entropy over the targets this rank holds) * local / count, which sums over ranks to the
+  // loss because each counted target is held by exactly one rank.
+  const int64_t N = logits.size(0), V_r = logits.size(1);
+  HAP_CHECK(V_r > 0, "executor: vocabulary-parallel cross_entropy on a rank with no vocabulary "
+            "columns (rank ", comm_.rank(), "); its ratio is too small for this vocabulary");
+  Tensor t = targets.contiguous();
+  const int64_t* pt = t.data<int64_t>();
+  std::vector<int64_t> local_targets(static_cast<size_t>(N));
+  std::vector<double> valid(static_cast<size_t>(N)), mine(static_cast<size_t>(N));
+  int64_t count = 0, held = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const bool counted = pt[i] != ignore_index;
+    const bool here = counted && pt[i] >= vocab_offset && pt[i] < vocab_offset + V_r;
+    count += counted;
+    held += here;
+    valid[i] = counted ? 1.0 : 0.0;
+    mine[i] = here ? 1.0 : 0.0;
+    local_targets[i] = here ? pt[i] - vocab_offset : ignore_index;
+  }
+  const TensorOptions f32 = TensorOptions{}.with_dtype(logits.dtype());
+  Tensor zero = hap::sum(logits) * 0.0;  // keeps the graph connected when nothing counts
+  if (count == 0) return zero;
+  auto logsumexp = [](const Tensor& x, int64_t dim) {  // over `dim`, which is dropped
+    Tensor m = hap::max(x, dim, /*keepdim=*/true).detach();
+    return hap::squeeze(m, dim) + hap::log(hap::sum(hap::exp(x - m), {dim}));
+  };
+  Tensor lse_r = logsumexp(logits, 1);  // [N]
+  std::vector<int64_t> ones(static_cast<size_t>(comm_.size()), 1);
+  Tensor all = functional::all_gather(comm_, hap::reshape(lse_r, {1, N}), 0, ones,
+                                      CollectiveMethod::Grouped);  // [R, N]
+  Tensor lse = logsumexp(all, 0);                                  // [N], the same on every rank
+  Tensor valid_t = Tensor::from_vector(valid, {N}, f32);
+  Tensor mine_t = Tensor::from_vector(mine, {N}, f32);
+  const double c = static_cast<double>(count);
+  Tensor loss = functional::to_partial(comm_, hap::sum(lse * valid_t) / c) - hap::sum(lse_r * mine_t) / c;
+  if (held > 0) {
+    Tensor tl = Tensor::from_vector(local_targets, {N});
+    loss = loss + hap::cross_entropy(logits, tl, ignore_index) * (static_cast<double>(held) / c);
+  }
+  return loss + zero;
 }
 
 void Executor::backward(const Tensor& local_loss) {

@@ -75,6 +75,10 @@ class Executor {
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
   Tensor run_compute(const synth::Instruction& in);
   Tensor gather(const Tensor& local, int tensor, const Prop& p, int segment) const;
+  // cross_entropy with logits Sharded(1) (the vocabulary) and targets Replicated: this rank's
+  // Partial addend of the loss.
+  Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
+                                      int64_t vocab_offset, int64_t ignore_index) const;
 
   const synth::Graph& graph_;
   const synth::DistributedProgram& program_;

@@ -125,8 +125,12 @@ void register_loss_ops(OpTable& t) {
   // Rows split alike in logits and targets: each rank's loss is a mean over its own counted
   // targets, so the executor must scale rank r's loss (and so its gradient) by
   // local_count_r / global_count for the Partial sum to be the global mean.
+  // Vocabulary-parallel: logits split over the vocabulary, targets whole. Each rank's logsumexp
+  // covers only its slice; the executor combines them over ranks (an all-gather of one number
+  // per row and rank) and picks each target's logit on the rank that holds it (parallel/executor).
   ce.shard = [](const Metas&, const Metas&, const Attrs&) {
-    return std::vector<ShardSignature>{{{Prop::sharded(0), Prop::sharded(0)}, {Prop::partial()}}};
+    return std::vector<ShardSignature>{{{Prop::sharded(0), Prop::sharded(0)}, {Prop::partial()}},
+                                       {{Prop::sharded(1), Prop::replicated()}, {Prop::partial()}}};
   };
   ce.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);

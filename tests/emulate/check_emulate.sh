@@ -64,6 +64,7 @@ chmod +x "$TMP/report.sh"
 out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/report.sh" 2>&1) \
   || fail "emu-mixed4 run failed: $out"
 echo "$out"
+# The default period is 10 ms (every quota stays above the kernel's 1 ms minimum).
 for want in "rank 0 quota 8000 period 10000 threads 1" "rank 1 quota 4000 period 10000" \
             "rank 2 quota 2000 period 10000" "rank 3 quota 2000 period 10000"; do
   echo "$out" | grep -q "$want" || fail "missing '$want'"

@@ -95,12 +95,14 @@ void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& 
 void compare_with_one_device(const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments,
                              nn::Module& ref, const std::function<Tensor()>& ref_loss,
                              const std::map<std::string, Tensor>& data, int steps, double lr, double clip,
-                             const std::function<double(const std::string&)>& final_tol) {
+                             const std::function<double(const std::string&)>& final_tol,
+                             const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
   opt.segments = segments;
   synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
   expect_distributed(g, plan, strategy);
+  if (check_plan) check_plan(plan);
 
   Executor ex(g, plan, world());
   auto named = ref.named_parameters();
@@ -162,6 +164,37 @@ TEST(Executor, MlpMatchesOneDeviceUnderHap) { check_mlp(synth::Strategy::Hap, 0.
 TEST(Executor, MlpParametersMatchAfterTenAdamWStepsWithDropout) {
   for (auto s : {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
     check_mlp(s, 0.2, 10);
+}
+
+// A classifier over a vocabulary that does not divide (37): under tp the head's weight is split
+// over the vocabulary, so cross_entropy runs vocabulary-parallel (logits Sharded(1), targets
+// whole) and must still give the one-device loss and gradients, ignored targets included.
+TEST(Executor, VocabularyParallelCrossEntropyMatchesOneDevice) {
+  const int64_t B = 9, D = 6, H = 8, K = 37;
+  for (int steps : {1, 4}) {
+    Mlp ref(D, H, K, 0.0), shape_model(D, H, K, 0.0);
+    Tensor x = randn({B, D}, 4, 0);
+    std::vector<int64_t> labels;
+    for (int64_t i = 0; i < B; ++i) labels.push_back(i == 4 ? -100 : (i * 11 + 5) % K);
+    Tensor y = Tensor::from_vector(labels, {B});
+    Tensor xm = Tensor::meta({B, D}, DType::F32), ym = Tensor::meta({B}, DType::I64);
+    synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); }, shape_model.named_parameters(),
+                                  {{"x", xm}, {"y", ym}});
+    auto uses_vocab_parallel_ce = [&](const synth::DistributedProgram& plan) {
+      if (world().size() < 2) return;
+      const synth::Cluster cluster = cluster_for(world().size());
+      const synth::CostModel cm(g, cluster);
+      bool found = false;
+      for (const synth::Instruction& in : plan.instructions) {
+        if (in.kind != synth::InstrKind::Compute || g.nodes[in.node].kind != ops::OpKind::CrossEntropy) continue;
+        found = in.signature >= 0 && cm.input_prop(in.node, in.signature, 0) == Prop::sharded(1);
+      }
+      EXPECT_TRUE(found) << "the tp plan does not split cross_entropy over the vocabulary";
+    };
+    compare_with_one_device(g, synth::Strategy::Tp, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
+                            {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; },
+                            uses_vocab_parallel_ce);
+  }
 }
 
 nn::GPTConfig tiny_gpt(double dropout) {
