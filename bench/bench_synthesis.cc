@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
   hap::set_num_threads(1);
 
   nlohmann::json timing = nlohmann::json::array();
-  std::printf("synthesis time (hap strategy, one core)\n%8s %8s %10s %12s %10s\n", "layers", "devices",
-              "synth s", "states", "step s");
+  std::printf("synthesis time (hap strategy, one core), with and without dominance pruning\n"
+              "%8s %8s %10s %12s %10s %14s %14s\n", "layers", "devices", "synth s", "states", "step s",
+              "no-dom synth s", "no-dom states");
   for (int L : layer_counts)
     for (int N : device_counts) {
       app::TracedModel tm = app::trace_model(gpt_run(L, 8 * N));
@@ -80,12 +81,18 @@ int main(int argc, char** argv) {
         timing.push_back({{"layers", L}, {"devices", N}, {"error", e.what()}});
         continue;
       }
-      std::printf("%8d %8d %10.3f %12lld %10.4f\n", L, N, p.synthesis_s,
-                  static_cast<long long>(p.states_expanded), p.predicted_step_s);
+      synth::SynthesisOptions memo_only;
+      memo_only.dominance_pruning = false;
+      const synth::DistributedProgram q = synth::synthesize(tm.graph, c, memo_only);
+      std::printf("%8d %8d %10.3f %12lld %10.4f %14.3f %14lld\n", L, N, p.synthesis_s,
+                  static_cast<long long>(p.states_expanded), p.predicted_step_s, q.synthesis_s,
+                  static_cast<long long>(q.states_expanded));
       std::fflush(stdout);
       timing.push_back({{"layers", L}, {"devices", N}, {"synthesis_s", p.synthesis_s},
                         {"states", p.states_expanded}, {"rounds", p.search_iterations},
-                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", tm.graph.nodes.size()}});
+                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", tm.graph.nodes.size()},
+                        {"without_dominance", {{"synthesis_s", q.synthesis_s}, {"states", q.states_expanded},
+                                               {"predicted_step_s", q.predicted_step_s}}}});
     }
 
   // Predicted step times on the shipped clusters: the default GPT on the emulated CPU clusters,

@@ -353,6 +353,34 @@ class Expander {
   mutable int over_device_ = -1;
 };
 
+// Dominance: states at the same node holding the same tensors, in the same segments. A state
+// dominates another of its group when it holds every property the other holds (perhaps more),
+// costs no more and uses no more memory on any device: every completion of the other is then a
+// completion of it at no more cost, so the other can be dropped. Each group remembers its last
+// kDominanceWindow states; a bounded check that never prunes wrongly, only sometimes misses.
+constexpr size_t kDominanceWindow = 8;
+
+uint64_t group_key(const State& s) {
+  uint64_t h = 0x243f6a8885a308d3ull ^ static_cast<uint64_t>(s.next);
+  for (const Live& l : s.live) {
+    h ^= (static_cast<uint64_t>(l.tensor) << 16) ^ static_cast<uint64_t>(l.segment & 0xFFFF);
+    h *= 0x9e3779b97f4a7c15ull;
+    h ^= h >> 29;
+  }
+  return h;
+}
+
+bool dominates(const State& a, const State& b) {
+  if (a.next != b.next || a.g > b.g || a.live.size() != b.live.size()) return false;
+  for (size_t i = 0; i < a.live.size(); ++i) {
+    const Live &x = a.live[i], &y = b.live[i];
+    if (x.tensor != y.tensor || x.segment != y.segment || (x.mask & y.mask) != y.mask) return false;
+  }
+  for (size_t c = 0; c < a.mem.size(); ++c)
+    if (a.mem[c] > b.mem[c]) return false;
+  return true;
+}
+
 struct KeyHash {
   size_t operator()(const std::pair<uint64_t, uint64_t>& k) const { return static_cast<size_t>(k.first ^ (k.second >> 1)); }
 };
@@ -447,6 +475,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   arena.push_back(ex.initial());
   std::unordered_map<std::pair<uint64_t, uint64_t>, double, KeyHash> best_g;
   best_g[Expander::key(arena[0])] = 0;
+  std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
+  int64_t dominated = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
   std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>> open;
   int64_t seq = 0;
@@ -462,6 +492,7 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     if (s.next == ex.num_nodes()) {
       SearchResult res = finish(cm, ex, arena, si, ratios);
       res.states_expanded = expanded;
+      res.states_dominated = dominated;
       return res;
     }
     HAP_CHECK(++expanded <= space.max_states, "search: expanded more than ", space.max_states,
@@ -469,6 +500,17 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
+      std::vector<int>& group = groups[space.dominance_pruning ? group_key(child) : 0];
+      bool beaten = false;
+      for (int other : group)
+        if (space.dominance_pruning && dominates(arena[other], child)) {
+          beaten = true;
+          break;
+        }
+      if (beaten) {
+        ++dominated;
+        continue;
+      }
       auto [pos, inserted] = best_g.try_emplace(Expander::key(child), child.g);
       if (!inserted) {
         if (child.g >= pos->second) continue;
@@ -479,7 +521,10 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
       child.instrs.clear();
       child.stored.clear();
       arena.push_back(child);
-      open.push({{child.g + ex.heuristic(child.next), seq++}, static_cast<int>(arena.size()) - 1});
+      const int index = static_cast<int>(arena.size()) - 1;
+      if (group.size() < kDominanceWindow) group.push_back(index);
+      else group[static_cast<size_t>(index) % kDominanceWindow] = index;
+      open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }
   no_program(cm, ex);

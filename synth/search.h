@@ -2,7 +2,9 @@
 // properties of inputs and parameters to the loss. Nodes are visited in program order; a step
 // picks a sharding signature for the next node, converts each input to the property the signature
 // requires (the cheapest collective, method chosen per collective), and adds the computation.
-// States are memoised on (next node, the properties held for every live tensor); the heuristic is
+// States are memoised on (next node, the properties held for every live tensor), and a child is
+// dropped when a recent state of its group (same node, same live tensors and segments) dominates
+// it: holds every property it holds, costs no more, uses no more memory. The heuristic is
 // the sum over the remaining nodes of their cheapest computation (admissible and consistent:
 // communication is never negative and no node can run below its cheapest signature).
 #pragma once
@@ -27,6 +29,7 @@ struct SearchSpace {
   // Sharded (column- or row-parallel), never Replicated.
   bool linear_weights_must_shard = false;
   int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
+  bool dominance_pruning = true;    // drop children a recent state of their group dominates
 };
 
 struct SearchResult {
@@ -34,6 +37,7 @@ struct SearchResult {
   std::vector<Prop> storage;  // per graph tensor: how a parameter or input is held
   double cost_s = 0;
   int64_t states_expanded = 0;
+  int64_t states_dominated = 0;  // children dropped because a state held in memory dominates them
   std::vector<double> device_memory_bytes;
 };
 

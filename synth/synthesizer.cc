@@ -198,9 +198,10 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
 
 namespace {
 
-SearchSpace space_for(Strategy s, int64_t max_states) {
+SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
   SearchSpace sp;
   sp.max_states = max_states;
+  sp.dominance_pruning = dominance_pruning;
   switch (s) {
     case Strategy::Hap: break;
     case Strategy::DpEv:
@@ -229,7 +230,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
-  SearchSpace space = space_for(options.strategy, options.max_states);
+  SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
 
   std::vector<double> even(D, 1.0 / D);
   std::vector<double> by_flops = cluster.flops_ratios();

@@ -24,6 +24,7 @@ struct SynthesisOptions {
   SegmentMode segments = SegmentMode::PerBlock;
   int max_iterations = 8;  // search <-> LP rounds
   int64_t max_states = 2'000'000;
+  bool dominance_pruning = true;  // SearchSpace::dominance_pruning (off: memoisation only)
 };
 
 // Segment of every node and the number of segments.

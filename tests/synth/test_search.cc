@@ -98,6 +98,26 @@ TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
   EXPECT_GE(checked, 10);
 }
 
+TEST(Search, DominancePruningKeepsTheOptimumAndDropsDominatedStates) {
+  int64_t dropped = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    Graph g = random_graph(seed + 300, 4 + static_cast<int>(seed % 5));
+    Cluster c = make_cluster(2 + static_cast<int>(seed % 4), seed * 17);
+    CostModel cm(g, c);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    std::vector<std::vector<double>> r = {c.flops_ratios()};
+    SearchSpace with, without;
+    without.dominance_pruning = false;
+    SearchResult a = search_program(cm, r, seg, with);
+    SearchResult b = search_program(cm, r, seg, without);
+    EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s)) << "seed " << seed;
+    EXPECT_EQ(b.states_dominated, 0);
+    dropped += a.states_dominated;
+  }
+  EXPECT_GT(dropped, 0) << "no state was ever dominated: the check never fires";
+}
+
 TEST(Search, ReturnedCostIsTheSumOfItsInstructions) {
   Graph g = random_graph(5, 4);
   Cluster c = make_cluster(3, 9);
