@@ -204,7 +204,7 @@ ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, b
   hap::ops::set_profiling(false);
   double product_s = 0, other_s = 0;
   const hap::ops::DispatchStats& stats = hap::ops::dispatch_stats();
-  for (int k = 0; k < hap::ops::kNumOps; ++k)
+  for (size_t k = 0; k < hap::ops::kNumOps; ++k)
     (is_product(static_cast<hap::ops::OpKind>(k)) ? product_s : other_s) += stats.kernel_s[k];
   // Spread the wall time (quota throttling and dispatch included) over the parts in their
   // measured shares: update vs graph, and within the graph products vs the rest.
