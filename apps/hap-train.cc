@@ -15,7 +15,7 @@
 
 namespace {
 
-int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& config,
+int run_distributed(int argc, char** argv, hap::app::TrainRunConfig config,
                     const std::string& cluster_path, const std::string& plan_json,
                     const std::string& plan_file, const hap::app::TrainOptions& train_options) {
   bool quiet = train_options.quiet;
@@ -30,6 +30,8 @@ int run_distributed(int argc, char** argv, const hap::app::TrainRunConfig& confi
   opt.resume_path = train_options.resume_path;
   opt.stop_after = train_options.stop_after;
   opt.profile = train_options.profile;
+  // Ranks usually share a machine's cores: train.threads 0 means one thread per rank here.
+  if (config.train.threads == 0) config.train.threads = 1;
   try {
     // Errors up to here come from the same inputs on every rank, so every rank stops alike.
     hap::synth::Cluster cluster = hap::app::load_cluster_config(cluster_path);
