@@ -72,8 +72,10 @@ done
 [ -z "$(leftovers)" ] || fail "left behind after a normal exit: $(leftovers)"
 
 # Two nodes: ranks 0-1 in one namespace, 2-3 in another; traffic between them is shaped.
+SIGINT_CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 if ip netns add hapemu-probe.$$ 2>/dev/null; then
   ip netns del hapemu-probe.$$
+  SIGINT_CLUSTER="$SRC/configs/clusters/emu-2node.yaml"  # namespaces too
   out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- "$TMP/report.sh" 2>&1) \
     || fail "emu-2node run failed: $out"
   echo "$out"
@@ -88,7 +90,7 @@ else
 fi
 
 # SIGINT (Ctrl-C) in the middle of a run: exit 130, nothing left behind.
-"$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- sleep 60 > "$TMP/int.log" 2>&1 &
+"$EMU" --hap-plan "$PLAN" "$SIGINT_CLUSTER" -- sleep 60 > "$TMP/int.log" 2>&1 &
 pid=$!
 for _ in $(seq 50); do [ -n "$(leftovers)" ] && break; sleep 0.1; done
 [ -n "$(leftovers)" ] || fail "the emulator did not start: $(cat "$TMP/int.log")"
