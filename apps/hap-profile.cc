@@ -444,8 +444,10 @@ int run(const Options& opt, const hap::app::TrainRunConfig& config, const Commun
     for (size_t i = 0; i < flat.size(); ++i) v[i] = gathered[i][r];
     node_fits[node_index[r]] = LinkFits::unflatten(v);
   }
-  nlohmann::json raw_node_samples = samples_json(node_samples);
-  std::vector<std::string> raw_per_rank = allgather_strings(world, raw_node_samples.dump());
+  // Every rank's node samples, for --raw only (the same flag on every rank).
+  const std::vector<std::string> raw_per_rank =
+      opt.raw_path.empty() ? std::vector<std::string>{}
+                           : allgather_strings(world, samples_json(node_samples).dump());
   LinkFits inter{};
   if (world_measured) inter = fit_all(world_samples, kinds);
 

@@ -4,35 +4,11 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "ops/functional.h"
 
 namespace hap::nn {
 
 namespace {
-
-double sum_of_squares(const Tensor& g) {
-  Tensor c = g.contiguous();
-  double total = 0;
-  auto accumulate = [&](const auto* p) {
-    const int64_t n = c.numel();
-#pragma omp parallel for reduction(+ : total) if (n >= (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      double x = static_cast<double>(p[i]);
-      total += x * x;
-    }
-  };
-  switch (c.dtype()) {
-    case DType::F32:
-      accumulate(c.data<float>());
-      break;
-    case DType::F64:
-      accumulate(c.data<double>());
-      break;
-    default: {
-      for (double x : c.to_vector()) total += x * x;
-    }
-  }
-  return total;
-}
 
 std::vector<Tensor> distinct_with_grad(const std::vector<Tensor>& params) {
   std::vector<Tensor> out;

@@ -198,4 +198,29 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return ops::call(OpKind::Attention, {q, k, v}, a)[0];
 }
 
+double sum_of_squares(const Tensor& x) {
+  Tensor c = x.contiguous();
+  double total = 0;
+  auto accumulate = [&](const auto* p) {
+    const int64_t n = c.numel();
+#pragma omp parallel for reduction(+ : total) if (n >= (int64_t{1} << 15))
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = static_cast<double>(p[i]);
+      total += v * v;
+    }
+  };
+  switch (c.dtype()) {
+    case DType::F32:
+      accumulate(c.data<float>());
+      break;
+    case DType::F64:
+      accumulate(c.data<double>());
+      break;
+    default: {
+      for (double v : c.to_vector()) total += v * v;
+    }
+  }
+  return total;
+}
+
 }  // namespace hap

@@ -98,6 +98,10 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 // ---- losses and attention ----
 // logits: [N, V], targets: i64 [N]; mean over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+
+// The sum of x's squared elements, accumulated in double (no autograd): gradient norms. The same
+// bits for the same thread count.
+double sum_of_squares(const Tensor& x);
 // q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double dropout_p = 0.0,

@@ -437,14 +437,7 @@ double Executor::global_grad_norm() const {
   for (const auto& [name, p] : params_) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
-    double s = 0;
-    const Tensor c = g.contiguous();
-    if (c.dtype() == DType::F32) {
-      const float* x = c.data<float>();
-      for (int64_t i = 0, n = c.numel(); i < n; ++i) s += static_cast<double>(x[i]) * x[i];
-    } else {
-      for (double v : c.to_vector()) s += v * v;
-    }
+    const double s = hap::sum_of_squares(g);
     (storage(name).kind == ops::PropKind::Sharded ? sharded : replicated) += s;
   }
   return std::sqrt(replicated + comm_.allreduce(sharded));

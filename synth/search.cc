@@ -500,14 +500,9 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
-      std::vector<int>& group = groups[space.dominance_pruning ? group_key(child) : 0];
-      bool beaten = false;
-      for (int other : group)
-        if (space.dominance_pruning && dominates(arena[other], child)) {
-          beaten = true;
-          break;
-        }
-      if (beaten) {
+      std::vector<int>* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
+      if (group && std::any_of(group->begin(), group->end(),
+                               [&](int other) { return dominates(arena[other], child); })) {
         ++dominated;
         continue;
       }
@@ -522,8 +517,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
       child.stored.clear();
       arena.push_back(child);
       const int index = static_cast<int>(arena.size()) - 1;
-      if (group.size() < kDominanceWindow) group.push_back(index);
-      else group[static_cast<size_t>(index) % kDominanceWindow] = index;
+      if (group && group->size() < kDominanceWindow) group->push_back(index);
+      else if (group) (*group)[static_cast<size_t>(index) % kDominanceWindow] = index;
       open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }

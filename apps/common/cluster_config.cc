@@ -92,19 +92,16 @@ std::vector<YAML::Node> sequence(const Origin& origin, const std::string& key_pa
   return out;
 }
 
-synth::Link read_link(SectionReader& s, const YAML::Node& node) {
+synth::Link read_link(SectionReader& s) {
   synth::Link link;
   link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
   link.latency_s = s.number("latency_s", std::nullopt, RealRange::at_least(0));
   // Optional figures per collective (hap-profile writes them).
-  const bool has_collectives = node.IsMap() && node["collectives"].IsDefined();
   SectionReader per = s.section("collectives", kCollectiveKeys, /*optional=*/true);
   for (std::size_t c = 0; c < kCollectiveKeys.size(); ++c) {
-    if (!has_collectives || !node["collectives"][std::string(kCollectiveKeys[c])].IsDefined()) {
-      per.section(kCollectiveKeys[c], kLinkTermKeys, /*optional=*/true);  // marks it read
-      continue;
-    }
-    SectionReader t = per.section(kCollectiveKeys[c], kLinkTermKeys);
+    const bool given = per.has(kCollectiveKeys[c]);
+    SectionReader t = per.section(kCollectiveKeys[c], kLinkTermKeys, /*optional=*/!given);
+    if (!given) continue;
     link.collective[c].bandwidth_bytes_per_s =
         t.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
     link.collective[c].latency_s = t.number("latency_s", std::nullopt, RealRange::at_least(0));
@@ -212,7 +209,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
                 .defaulted = !given_name},
                "node");
     SectionReader link_reader = node_reader.section("link", kLinkKeys);
-    const synth::Link link = read_link(link_reader, std::as_const(nodes[n])["link"]);
+    const synth::Link link = read_link(link_reader);
 
     std::vector<synth::Device> devices;
     std::map<std::string, int, std::less<>> of_type;  // devices of each type so far on this node
@@ -258,7 +255,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
 
   if (value_of(root, "inter_node")) {
     SectionReader link_reader = document.section("inter_node", kLinkKeys);
-    cluster.inter_node = read_link(link_reader, root["inter_node"]);
+    cluster.inter_node = read_link(link_reader);
   } else {
     document.string("inter_node", "", /*allow_empty=*/true);  // absent: marks the key as read
     if (cluster.num_nodes() > 1)

@@ -162,6 +162,8 @@ std::string SectionReader::path(std::string_view key) const {
   return section_.empty() ? std::string(key) : section_ + "." + std::string(key);
 }
 
+bool SectionReader::has(std::string_view key) const { return entries_.find(key) != entries_.end(); }
+
 std::optional<YAML::Node> SectionReader::find(std::string_view key) {
   HAP_ASSERT(std::find(keys_.begin(), keys_.end(), key) != keys_.end(), "config key ", path(key),
              " is read but not declared");

@@ -186,6 +186,9 @@ class SectionReader {
   E choice(std::string_view key, const std::array<Choice<E>, N>& choices,
            std::type_identity_t<std::optional<E>> fallback);
 
+  // Whether `key` is present (a declared key; does not count as reading it).
+  bool has(std::string_view key) const;
+
   // Reports a constraint between keys that Bounds cannot express, quoting `key`'s value.
   [[noreturn]] void fail_value(std::string_view key, std::string_view expectation) const;
 

@@ -250,11 +250,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
       }
     }
   }
-  std::vector<double> s = step_ms;
-  if (!s.empty()) {
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    summary.median_step_ms = s[s.size() / 2];
-  }
+  summary.median_step_ms = median_of(step_ms);
   if (!options.checkpoint_path.empty()) save_distributed(options.checkpoint_path, ex, *opt, end, t.seed);
   log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
              {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},

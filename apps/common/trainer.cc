@@ -46,6 +46,12 @@ double evaluate(nn::GPT& model, const TextCorpus& corpus, const TrainConfig& t) 
 
 }  // namespace
 
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t,
                                                  const std::vector<std::pair<std::string, Tensor>>& named) {
   auto groups = optim::weight_decay_groups(named, t.weight_decay);
@@ -144,11 +150,7 @@ TrainSummary train(const TrainRunConfig& config, const TrainOptions& options) {
       }
     }
   }
-  if (!step_ms.empty()) {
-    std::vector<double> s = step_ms;
-    std::nth_element(s.begin(), s.begin() + s.size() / 2, s.end());
-    summary.median_step_ms = s[s.size() / 2];
-  }
+  summary.median_step_ms = median_of(step_ms);
   if (!options.checkpoint_path.empty()) save_checkpoint(options.checkpoint_path, *model, opt.get(), end);
   log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
              {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},

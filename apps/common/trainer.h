@@ -4,6 +4,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "apps/common/config.h"
 #include "models/optim.h"
@@ -25,6 +26,9 @@ struct TrainSummary {
   double last_val_loss = -1;  // -1 when no evaluation ran
   double median_step_ms = 0;
 };
+
+// The median of step times (the upper one for an even count); 0 for none.
+double median_of(std::vector<double> values);
 
 // AdamW or SGD as train.optimizer says, with weight decay on parameters of dim >= 2 only.
 std::unique_ptr<optim::Optimizer> make_optimizer(const TrainConfig& t,
