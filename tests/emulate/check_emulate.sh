@@ -57,13 +57,17 @@ rmdir /sys/fs/cgroup/cpu/hap-emulate-probe.$$
 cat > "$TMP/report.sh" <<'EOF'
 #!/bin/sh
 group=$(grep -E '^[0-9]+:([^:]*,)?cpu(,[^:]*)?:' /proc/self/cgroup | head -1 | cut -d: -f3)
-q=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_quota_us") p=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_period_us")
+# (Inside a network namespace /sys is remounted without the cgroup tree: q and p stay empty.)
+q=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_quota_us" 2>/dev/null)
+p=$(cat "/sys/fs/cgroup/cpu$group/cpu.cfs_period_us" 2>/dev/null)
 echo "rank $OMPI_COMM_WORLD_RANK group ${group##*/} quota $q period $p threads $OMP_NUM_THREADS node $HAP_NODE_NAME netns $(ip netns identify $$)"
 EOF
 chmod +x "$TMP/report.sh"
-out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/report.sh" 2>&1) \
-  || fail "emu-mixed4 run failed: $out"
-echo "$out"
+# The ranks' reports are read from stdout alone: mpirun forwards every rank's stderr too, and
+# pieces of it could land inside a report line.
+out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/report.sh" \
+      2> "$TMP/emu.err") || fail "emu-mixed4 run failed: $out $(cat "$TMP/emu.err")"
+echo "$out"; cat "$TMP/emu.err"
 # The default period is 10 ms (every quota stays above the kernel's 1 ms minimum).
 for want in "rank 0 group rank0 quota 8000 period 10000 threads 1" "rank 1 group rank1 quota 4000 period 10000" \
             "rank 2 group rank2 quota 2000 period 10000" "rank 3 group rank3 quota 2000 period 10000"; do
@@ -76,15 +80,14 @@ SIGINT_CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 if ip netns add hapemu-probe.$$ 2>/dev/null; then
   ip netns del hapemu-probe.$$
   SIGINT_CLUSTER="$SRC/configs/clusters/emu-2node.yaml"  # namespaces too
-  out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- "$TMP/report.sh" 2>&1) \
-    || fail "emu-2node run failed: $out"
-  echo "$out"
+  out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-2node.yaml" -- "$TMP/report.sh" \
+        2> "$TMP/emu.err") || fail "emu-2node run failed: $out $(cat "$TMP/emu.err")"
+  echo "$out"; cat "$TMP/emu.err"
   ns0=$(echo "$out" | grep "^rank 0 " | sed 's/.*netns //') ns1=$(echo "$out" | grep "^rank 1 " | sed 's/.*netns //')
   ns2=$(echo "$out" | grep "^rank 2 " | sed 's/.*netns //') ns3=$(echo "$out" | grep "^rank 3 " | sed 's/.*netns //')
   [ -n "$ns0" ] && [ "$ns0" = "$ns1" ] && [ -n "$ns2" ] && [ "$ns2" = "$ns3" ] && [ "$ns0" != "$ns2" ] \
-    || fail "expected ranks 0,1 and 2,3 in two different namespaces, got '$ns0' '$ns1' '$ns2' '$ns3'"
+    || fail "expected ranks 0,1 and 2,3 in two different namespaces, got '$ns0' '$ns1' '$ns2' '$ns3': $out"
   echo "$out" | grep -q "rank 2 .*node b" || fail "rank 2 should emulate node b"
-  # (Inside a namespace /sys is remounted, so only the cgroup membership can be read back.)
   for r in 0 1 2 3; do
     echo "$out" | grep -q "^rank $r group rank$r " || fail "rank $r is not in its own cgroup: $out"
   done
