@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/split.h"
 #include "ops/op.h"
 
 namespace hap::synth {
@@ -250,11 +251,21 @@ double CostModel::reshard_coef(int tensor) const {
          link_.for_collective(Collective::AllGather).bandwidth_bytes_per_s;
 }
 
-double CostModel::reshard_s(int tensor, const std::vector<double>& a, const std::vector<double>& b) const {
-  double m = 0;
-  for (size_t d = 0; d < a.size(); ++d) m = std::max(m, std::abs(a[d] - b[d]));
-  if (m == 0) return 0;
-  return reshard_coef(tensor) * m + 2.0 * link_.for_collective(Collective::AllGather).latency_s;
+bool CostModel::reshard_moves(int tensor, int dim, const std::vector<double>& a,
+                              const std::vector<double>& b) const {
+  if (a == b) return false;
+  const int64_t n = graph_.tensors[tensor].shape[dim];
+  return shard_lengths(n, a) != shard_lengths(n, b);
+}
+
+double CostModel::reshard_s(int tensor, int dim, const std::vector<double>& a, const std::vector<double>& b,
+                            CollectiveMethod* method) const {
+  if (method) *method = CollectiveMethod::None;
+  if (!reshard_moves(tensor, dim, a, b)) return 0;
+  double cost = 0;
+  const CollectiveMethod m = best_method(InstrKind::AllGather, tensor, a, &cost);
+  if (method) *method = m;
+  return cost;
 }
 
 double CostModel::held_bytes(int tensor, const Prop& p, double share) const {

@@ -68,9 +68,18 @@ class CostModel {
   // The better method for a collective under ratios r (padded vs grouped), and its cost.
   CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,
                                double* cost_s) const;
-  // Reshard of tensor t between two segments' ratio vectors.
-  double reshard_s(int tensor, const std::vector<double>& from_r, const std::vector<double>& to_r) const;
-  double reshard_coef(int tensor) const;  // bytes / bandwidth
+  // Whether a reshard of tensor t (Sharded along dim) between two segments' ratio vectors moves
+  // anything: false when both give the same whole-row shard lengths (the executor then hands
+  // the same shard on, so it costs neither time nor memory).
+  bool reshard_moves(int tensor, int dim, const std::vector<double>& from_r,
+                     const std::vector<double>& to_r) const;
+  // The reshard's time: zero when nothing moves, otherwise what the executor does, an
+  // all-gather under from_r (its better method goes to *method) and a free slice.
+  double reshard_s(int tensor, int dim, const std::vector<double>& from_r, const std::vector<double>& to_r,
+                   CollectiveMethod* method = nullptr) const;
+  // A linear stand-in for the ratio LP: bytes / bandwidth per unit of ratio change (the LP
+  // cannot express the step from zero to a whole all-gather).
+  double reshard_coef(int tensor) const;
   double latency_s() const { return link_.latency_s; }
 
   // Bytes a device holds for tensor t with property p under ratios r (for memory).

@@ -208,6 +208,41 @@ class Expander {
       double best = *std::min_element(compute_cost_[i].begin(), compute_cost_[i].end());
       h_suffix_[i] = h_suffix_[i + 1] + best;
     }
+    // An upper bound of the memory that nodes i.. can still add on any device, whatever their
+    // signatures: every input stored (a leaf) and converted once, every output held whole.
+    mem_suffix_.assign(g_.nodes.size() + 1, 0.0);
+    for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
+      const GraphNode& n = g_.nodes[i];
+      double add = 0;
+      for (int t : n.inputs) {
+        if (t < 0) continue;
+        const double b = static_cast<double>(g_.tensors[t].bytes());
+        if (g_.tensors[t].producer < 0)
+          add += (g_.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0) * b;
+        if (cm_.requires_grad(t)) add += b;
+      }
+      for (int t : n.outputs)
+        if (cm_.requires_grad(t)) add += static_cast<double>(g_.tensors[t].bytes());
+      mem_suffix_[i] = mem_suffix_[i + 1] + add;
+    }
+  }
+
+  // True when no completion of s can run out of memory on any device.
+  bool memory_safe(const State& s) const {
+    for (size_t c = 0; c < limit_.size(); ++c)
+      if (s.mem[c] + mem_suffix_[s.next] > limit_[c]) return false;
+    return true;
+  }
+
+  // Whether state a makes state b (the same memo key: the same node and live properties, so the
+  // same completions) unnecessary: a costs no more, and either uses no more memory on any device
+  // or cannot run out of memory whatever follows. Every completion of b then completes a, at no
+  // more cost, within memory.
+  bool covers(const State& a, const State& b) const {
+    if (a.g > b.g) return false;
+    bool less_mem = true;
+    for (size_t c = 0; c < a.mem.size() && less_mem; ++c) less_mem = a.mem[c] <= b.mem[c];
+    return less_mem || memory_safe(a);
   }
 
   int num_signatures(int node) const { return static_cast<int>(cm_.signatures(node).size()); }
@@ -265,7 +300,7 @@ class Expander {
       in.from_segment = from_seg;
       double cost = 0;
       if (kind == InstrKind::Reshard) {
-        cost = cm_.reshard_s(t, ratios_[from_seg], r);
+        cost = cm_.reshard_s(t, from.dim, ratios_[from_seg], r, &in.method);
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
       }
@@ -306,7 +341,8 @@ class Expander {
       L.segment = static_cast<int16_t>(seg);
     }
     L.mask |= bit(q);
-    if (cm_.requires_grad(t))
+    const bool moves = best.kind != InstrKind::Reshard || best.cost_s > 0;  // else the same shard
+    if (moves && cm_.requires_grad(t))
       for (size_t c = 0; c < child.mem.size(); ++c) child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
     return true;
   }
@@ -349,6 +385,7 @@ class Expander {
   std::vector<std::vector<double>> compute_cost_;
   mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> comm_cache_;
   std::vector<double> h_suffix_;
+  std::vector<double> mem_suffix_;
   mutable double over_ = 0;
   mutable int over_device_ = -1;
 };
@@ -459,22 +496,28 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       for (size_t o = 0; o < n.outputs.size(); ++o)
         if (cm.requires_grad(n.outputs[o])) add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
-               cm.requires_grad(in.tensor)) {
+               !(in.kind == InstrKind::Reshard && in.cost_s == 0) && cm.requires_grad(in.tensor)) {
+      // (A reshard that moves nothing, priced at zero, hands the same shard on.)
       add(in.tensor, in.to, in.segment, 1.0);
     }
   }
   return mem;
 }
 
-SearchResult search_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
-                            const std::vector<int>& node_segment, const SearchSpace& space) {
-  check_ratios(cm, ratios, node_segment);
-  Expander ex(cm, ratios, node_segment, space);
-  ex.prepare_heuristic();
+namespace {
+
+// One best-first pass. memo_labels = 1: each memo key keeps its cheapest state only (memory is
+// ignored when comparing paths). memo_labels > 1: a key also keeps up to memo_labels - 1 dearer
+// states that use less memory on some device (see Expander::covers), so that a path that stays
+// within memory is not dropped for a cheaper one that later runs out. Returns false when no
+// program reaches the loss (the expander then knows the closest shortfall).
+bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std::vector<double>>& ratios,
+                 const SearchSpace& space, size_t memo_labels, SearchResult* out) {
   std::vector<State> arena;
   arena.push_back(ex.initial());
-  std::unordered_map<std::pair<uint64_t, uint64_t>, double, KeyHash> best_g;
-  best_g[Expander::key(arena[0])] = 0;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, std::vector<int>, KeyHash> memo;
+  memo[Expander::key(arena[0])] = {0};
+  std::vector<char> dropped(1, 0);  // covered by a later state: not expanded
   std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
   int64_t dominated = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
@@ -483,20 +526,22 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   open.push({{ex.heuristic(0), seq++}, 0});
   int64_t expanded = 0;
   State child;
+  auto covers = [&](const State& a, const State& b) {
+    return memo_labels == 1 ? a.g <= b.g : ex.covers(a, b);
+  };
   while (!open.empty()) {
     int si = open.top().second;
     open.pop();
+    if (dropped[si]) continue;  // a better path reached this state
     const State& s = arena[si];
-    auto it = best_g.find(Expander::key(s));
-    if (it != best_g.end() && s.g > it->second) continue;  // a cheaper path reached this state
     if (s.next == ex.num_nodes()) {
-      SearchResult res = finish(cm, ex, arena, si, ratios);
-      res.states_expanded = expanded;
-      res.states_dominated = dominated;
-      return res;
+      *out = finish(cm, ex, arena, si, ratios);
+      out->states_expanded = expanded;
+      out->states_dominated = dominated;
+      return true;
     }
     HAP_CHECK(++expanded <= space.max_states, "search: expanded more than ", space.max_states,
-              " states without reaching the loss (raise the search budget)");
+              " states without reaching the loss (raise the search budget: parallel.search_budget)");
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
@@ -506,22 +551,75 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
         ++dominated;
         continue;
       }
-      auto [pos, inserted] = best_g.try_emplace(Expander::key(child), child.g);
-      if (!inserted) {
-        if (child.g >= pos->second) continue;
-        pos->second = child.g;
+      std::vector<int>& same = memo[Expander::key(child)];
+      if (std::any_of(same.begin(), same.end(), [&](int other) { return covers(arena[other], child); }))
+        continue;
+      const int index = static_cast<int>(arena.size());
+      same.erase(std::remove_if(same.begin(), same.end(),
+                                [&](int other) {
+                                  if (!covers(child, arena[other])) return false;
+                                  dropped[other] = 1;
+                                  return true;
+                                }),
+                 same.end());
+      if (same.size() >= memo_labels) {
+        // Full: a child cheaper than every kept state replaces the dearest (the cheapest path is
+        // always kept, as with one label); a dearer one is dropped.
+        auto dearest = std::max_element(same.begin(), same.end(),
+                                        [&](int a, int b) { return arena[a].g < arena[b].g; });
+        auto cheapest = std::min_element(same.begin(), same.end(),
+                                         [&](int a, int b) { return arena[a].g < arena[b].g; });
+        if (child.g >= arena[*cheapest].g) continue;
+        dropped[*dearest] = 1;
+        same.erase(dearest);
       }
+      same.push_back(index);
       child.parent = si;
       child.signature = sig;
       child.instrs.clear();
       child.stored.clear();
       arena.push_back(child);
-      const int index = static_cast<int>(arena.size()) - 1;
+      dropped.push_back(0);
       if (group && group->size() < kDominanceWindow) group->push_back(index);
       else if (group) (*group)[static_cast<size_t>(index) % kDominanceWindow] = index;
       open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }
+  return false;
+}
+
+// States kept per memo key in the memory-aware pass.
+constexpr size_t kMemoryMemoLabels = 16;
+
+}  // namespace
+
+SearchResult search_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                            const std::vector<int>& node_segment, const SearchSpace& space) {
+  check_ratios(cm, ratios, node_segment);
+  Expander ex(cm, ratios, node_segment, space);
+  ex.prepare_heuristic();
+  // First the fast pass. If no state ran out of memory in it, memory never decided between two
+  // paths and its program is optimal.
+  SearchResult fast, lean;
+  const bool found = search_pass(cm, ex, ratios, space, 1, &fast);
+  if (ex.worst_device() < 0) {
+    if (found) return fast;
+    no_program(cm, ex);
+  }
+  // Memory binds somewhere: search again keeping leaner paths beside the cheapest ones, so that
+  // a program that fits is not lost to a cheaper path that later overflows. The better program
+  // of the two passes is returned (a memory-aware pass over budget leaves the fast one).
+  bool found_lean = false;
+  try {
+    found_lean = search_pass(cm, ex, ratios, space, kMemoryMemoLabels, &lean);
+  } catch (const Error&) {
+    if (!found) throw;
+  }
+  if (found_lean && (!found || lean.cost_s < fast.cost_s)) {
+    lean.states_expanded += fast.states_expanded;
+    return lean;
+  }
+  if (found) return fast;
   no_program(cm, ex);
 }
 

@@ -65,7 +65,9 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
     const std::vector<double>& r = ratios[in.segment];
     switch (in.kind) {
       case InstrKind::Compute: in.cost_s = cm.compute(in.node, in.signature).eval(r); break;
-      case InstrKind::Reshard: in.cost_s = cm.reshard_s(in.tensor, ratios[in.from_segment], r); break;
+      case InstrKind::Reshard:
+        in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method);
+        break;
       case InstrKind::Update: in.cost_s = cm.update(in.tensor, in.to).eval(r); break;
       default: in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r); break;
     }

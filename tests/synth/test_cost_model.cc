@@ -161,6 +161,34 @@ TEST(CostModel, MemoryBandwidthAddsEachOpsBytesToItsFlops) {
   }
 }
 
+// A reshard between two segments whose ratios give the same whole-row shard lengths moves
+// nothing (the executor hands the same shard on): zero time. Otherwise it costs what the executor
+// does, an all-gather under the old ratios, whatever the size of the ratio change.
+TEST(CostModel, ReshardIsFreeWhenTheShardLengthsAgreeAndAnAllGatherOtherwise) {
+  const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  Graph g = small_graph();
+  Cluster c = cluster3(link);
+  CostModel cm(g, c);
+  const int x = tensor_named(g, "x");  // [12, 10]
+  const std::vector<double> a = {0.5, 0.3, 0.2};
+  const std::vector<double> nearly_a = {0.5 + 1e-11, 0.3, 0.2 - 1e-11};
+  const std::vector<double> b = {0.25, 0.25, 0.5};
+  CollectiveMethod m = CollectiveMethod::Padded;
+  EXPECT_FALSE(cm.reshard_moves(x, 0, a, nearly_a));
+  EXPECT_EQ(cm.reshard_s(x, 0, a, nearly_a, &m), 0.0);
+  EXPECT_EQ(m, CollectiveMethod::None);
+  // 12 rows: [6, 4, 2] vs [3, 3, 6].
+  ASSERT_TRUE(cm.reshard_moves(x, 0, a, b));
+  double gather = 0;
+  const CollectiveMethod best = cm.best_method(InstrKind::AllGather, x, a, &gather);
+  EXPECT_GT(gather, 0.0);
+  EXPECT_DOUBLE_EQ(cm.reshard_s(x, 0, a, b, &m), gather);
+  EXPECT_EQ(m, best);
+  // Ratios that differ but round to the same lengths on this dimension: 10 columns, [5, 3, 2].
+  EXPECT_FALSE(cm.reshard_moves(x, 1, a, {0.51, 0.29, 0.2}));
+  EXPECT_TRUE(cm.reshard_moves(x, 0, a, {0.6, 0.2, 0.2}));  // 12 rows: [7, 3, 2] (rounded)
+}
+
 TEST(Synthesizer, TensorParallelBaselineShardsEveryLinearWeight) {
   Graph g = small_graph();
   // Slow links: replicating everything would be cheaper, but tp must still split the weights.

@@ -98,6 +98,46 @@ TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
   EXPECT_GE(checked, 10);
 }
 
+// Where memory binds, the cheapest path to a state may be the one that later runs out: the
+// search must still find the cheapest program that fits (the exhaustive reference checks every
+// path against the limit).
+TEST(Search, UnderTightMemoryBestFirstFindsTheExhaustiveOptimum) {
+  int checked = 0, binding = 0;
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    Graph g = random_graph(seed + 700, 3 + static_cast<int>(seed % 4));
+    if (g.nodes.size() > 9) continue;  // keep the exhaustive reference affordable
+    const int devices = 2 + static_cast<int>(seed % 3);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    Cluster roomy = make_cluster(devices, seed * 13);
+    CostModel cm_roomy(g, roomy);
+    std::vector<std::vector<double>> r = {roomy.flops_ratios()};
+    SearchResult free_best = exhaustive_search(cm_roomy, r, seg, SearchSpace{});
+    const double peak = *std::max_element(free_best.device_memory_bytes.begin(),
+                                          free_best.device_memory_bytes.end());
+    for (double fraction : {0.97, 0.85, 0.7, 0.55}) {
+      Cluster tight = make_cluster(devices, seed * 13, std::floor(peak * fraction));
+      CostModel cm(g, tight);
+      SearchResult b;
+      try {
+        b = exhaustive_search(cm, r, seg, SearchSpace{});
+      } catch (const Error&) {
+        EXPECT_THROW(search_program(cm, r, seg, SearchSpace{}), Error) << "seed " << seed;
+        continue;
+      }
+      SearchResult a = search_program(cm, r, seg, SearchSpace{});
+      EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
+          << "seed " << seed << " memory " << fraction << " of the unconstrained optimum's\n" << g.str();
+      for (size_t d = 0; d < a.device_memory_bytes.size(); ++d)
+        EXPECT_LE(a.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes));
+      ++checked;
+      if (b.cost_s > free_best.cost_s * (1 + 1e-9)) ++binding;
+    }
+  }
+  EXPECT_GE(checked, 20);
+  EXPECT_GE(binding, 5) << "memory never changed the optimum: the test does not exercise the limit";
+}
+
 TEST(Search, DominancePruningKeepsTheOptimumAndDropsDominatedStates) {
   int64_t dropped = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
