@@ -10,6 +10,11 @@
 
 namespace hap::synth {
 
+namespace {
+// Share of each device's memory the ratio LP leaves free.
+constexpr double kMemoryHeadroom = 1e-3;
+}  // namespace
+
 const char* strategy_name(Strategy s) {
   switch (s) {
     case Strategy::Hap: return "hap";
@@ -162,13 +167,18 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
   // Memory: bytes that scale with a segment's ratio, plus bytes every device holds.
   std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
   std::vector<std::vector<double>> zero(num_segments, std::vector<double>(D, 0.0));
-  std::vector<double> fixed = program_memory(cm, instrs, storage, zero);
-  std::vector<double> ones = program_memory(cm, instrs, storage, unit);
+  // Reshards are counted as moving (holding a new shard) whatever they do under the current
+  // ratios: under the LP's ratios they may.
+  std::vector<Instruction> instrs_moving = instrs;
+  for (Instruction& in : instrs_moving)
+    if (in.kind == InstrKind::Reshard) in.cost_s = 1;
+  std::vector<double> fixed = program_memory(cm, instrs_moving, storage, zero);
+  std::vector<double> ones = program_memory(cm, instrs_moving, storage, unit);
   std::vector<std::vector<double>> coef(D, std::vector<double>(num_segments, 0.0));
   for (int s = 0; s < num_segments; ++s) {
     std::vector<std::vector<double>> probe = unit;
     for (int d = 0; d < D; ++d) probe[s][d] = 0.0;
-    std::vector<double> without = program_memory(cm, instrs, storage, probe);
+    std::vector<double> without = program_memory(cm, instrs_moving, storage, probe);
     for (int d = 0; d < D; ++d) coef[d][s] = ones[d] - without[d];
   }
   for (int c = 0; c < C; ++c) {
@@ -176,7 +186,9 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     std::vector<std::pair<int, double>> e;
     for (int s = 0; s < num_segments; ++s)
       if (coef[d][s] > 0) e.push_back({rvar(s, c), coef[d][s]});
-    double limit = static_cast<double>(devs[d].memory_bytes) - fixed[d];
+    // A little headroom (0.1%): the LP would fill a device to the byte, and the estimate of the
+    // rounded program (whole rows, sums in another order) could then land just past the limit.
+    double limit = static_cast<double>(devs[d].memory_bytes) * (1.0 - kMemoryHeadroom) - fixed[d];
     if (!e.empty()) add_row(e, -COIN_DBL_MAX, limit);
     else if (limit < 0) return false;
   }
@@ -248,7 +260,21 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int64_t states = 0;
   int rounds = 0;
   std::string last_error;
-  for (size_t start_index = 0; start_index < starts.size(); ++start_index) {
+  for (size_t start_index = 0;; ++start_index) {
+    if (start_index == starts.size()) {
+      // No start fits in memory: where memory rather than speed decides the split, start hap
+      // from shares proportional to each device's memory (the LP then trades towards speed).
+      if (options.strategy != Strategy::Hap || std::isfinite(best.predicted_step_s) ||
+          start_index > 2)
+        break;
+      std::vector<double> by_memory(D);
+      double total = 0;
+      for (const Device& d : cluster.devices) total += static_cast<double>(d.memory_bytes);
+      for (int d = 0; d < D; ++d) by_memory[d] = static_cast<double>(cluster.devices[d].memory_bytes) / total;
+      if (std::find(starts.begin(), starts.end(), std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
+        break;
+      starts.push_back(std::vector<std::vector<double>>(nseg, by_memory));
+    }
     std::vector<std::vector<double>> r = starts[start_index];
     double prev = std::numeric_limits<double>::infinity();
     for (int it = 0; it < options.max_iterations; ++it) {
@@ -263,6 +289,12 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       states += res.states_expanded;
       auto consider = [&](std::vector<Instruction> instrs, const std::vector<std::vector<double>>& ratios) {
         double cost = recost(cm, instrs, ratios);
+        // (The LP keeps memory within the limits by its linear model; checked here on the
+        // program as it will be estimated.)
+        const std::vector<double> mem = program_memory(cm, instrs, res.storage, ratios);
+        for (int d = 0; d < D; ++d)
+          if (mem[d] > static_cast<double>(cluster.devices[d].memory_bytes))
+            return std::numeric_limits<double>::infinity();
         if (cost < best.predicted_step_s) {
           best.instructions = std::move(instrs);
           best.ratios = ratios;

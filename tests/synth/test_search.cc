@@ -233,6 +233,48 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesAndCarriesItsRatios) {
   }
 }
 
+// With memory just enough for a baseline's program, hap (which can express it) still finds a
+// program, no slower, within every device's memory.
+TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesUnderTightMemory) {
+  int compared = 0;
+  for (uint64_t seed = 1; seed <= 6; ++seed) {
+    Graph g = random_graph(seed + 90, 4 + static_cast<int>(seed % 3));
+    for (Strategy base : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
+      SynthesisOptions o;
+      o.strategy = base;
+      DistributedProgram roomy = synthesize(g, make_cluster(3, seed + 5), o);
+      const double peak = *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
+      Cluster tight = make_cluster(3, seed + 5, std::ceil(peak));
+      DistributedProgram b = synthesize(g, tight, o);
+      DistributedProgram hap = synthesize(g, tight, SynthesisOptions{});
+      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9)) << strategy_name(base) << " seed " << seed;
+      for (size_t d = 0; d < hap.device_memory_bytes.size(); ++d)
+        EXPECT_LE(hap.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 18);
+}
+
+// Equal speeds, but one device has a fraction of the other's memory: neither the even nor the
+// FLOP-proportional split fits, a memory-weighted one does, and hap finds it.
+TEST(Synthesizer, HapSplitsByMemoryWhenNoSpeedBasedSplitFits) {
+  Graph g = random_graph(8, 5);
+  Cluster roomy = make_cluster(2, 11);
+  roomy.devices[1].flops_per_s = roomy.devices[0].flops_per_s;
+  SynthesisOptions dp;
+  dp.strategy = Strategy::DpEv;
+  const double even_peak = synthesize(g, roomy, dp).device_memory_bytes[1];
+  Cluster skewed = roomy;
+  skewed.devices[0].memory_bytes = int64_t{1} << 40;
+  skewed.devices[1].memory_bytes = static_cast<int64_t>(even_peak * 0.4);
+  EXPECT_THROW(synthesize(g, skewed, dp), Error);
+  DistributedProgram hap = synthesize(g, skewed, SynthesisOptions{});
+  for (size_t d = 0; d < 2; ++d)
+    EXPECT_LE(hap.device_memory_bytes[d], static_cast<double>(skewed.devices[d].memory_bytes));
+  EXPECT_GT(hap.ratios[0][0], hap.ratios[0][1]);
+}
+
 TEST(Synthesizer, MemoryShortfallNamesTheDeviceAndTheBytes) {
   Graph g = random_graph(8, 3);
   Cluster c = make_cluster(2, 3, /*memory_bytes=*/64);
