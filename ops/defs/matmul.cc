@@ -108,6 +108,15 @@ Tensor mT(const Tensor& t) {
 
 Tensor reshape_to(const Tensor& t, Shape s) { return call1(OpKind::Reshape, {t}, ShapeAttrs{std::move(s)}); }
 
+// t: [..., c] as a matrix [rows, c]. The row count is spelled out (not -1), so that a shard with
+// no columns (c = 0, a rank holding none of a column-parallel Linear's outputs) reshapes too.
+Tensor as_rows(const Tensor& t) {
+  const Shape& s = t.shape();
+  int64_t rows = 1;
+  for (size_t i = 0; i + 1 < s.size(); ++i) rows *= s[i];
+  return reshape_to(t, {rows, s.empty() ? 1 : s.back()});
+}
+
 std::vector<Tensor> matmul_backward(const BackwardContext& c) {
   const Tensor& g = c.grad_outputs[0];
   const Tensor &a = c.inputs[0], &b = c.inputs[1];
@@ -115,8 +124,7 @@ std::vector<Tensor> matmul_backward(const BackwardContext& c) {
   if (c.needs_input_grad[0]) ga = sum_to(call1(OpKind::MatMul, {g, mT(b)}), a.shape());
   if (c.needs_input_grad[1]) {
     if (b.dim() == 2 && a.dim() > 2) {
-      int64_t k = a.shape().back(), n = g.shape().back();
-      gb = call1(OpKind::MatMul, {mT(reshape_to(a, {-1, k})), reshape_to(g, {-1, n})});
+      gb = call1(OpKind::MatMul, {mT(as_rows(a)), as_rows(g)});
     } else {
       gb = sum_to(call1(OpKind::MatMul, {mT(a), g}), b.shape());
     }
@@ -192,11 +200,10 @@ void linear_kernel(const Tensor& out, const Tensor& x_in, const Tensor& w_in, co
 std::vector<Tensor> linear_backward(const BackwardContext& c) {
   const Tensor& g = c.grad_outputs[0];
   const Tensor &x = c.inputs[0], &w = c.inputs[1];
-  int64_t k = x.shape().back(), n = w.shape()[0];
-  Tensor g2 = reshape_to(g, {-1, n});
+  Tensor g2 = as_rows(g);
   Tensor gx, gw, gb;
   if (c.needs_input_grad[0]) gx = reshape_to(call1(OpKind::MatMul, {g2, w}), x.shape());
-  if (c.needs_input_grad[1]) gw = call1(OpKind::MatMul, {mT(g2), reshape_to(x, {-1, k})});
+  if (c.needs_input_grad[1]) gw = call1(OpKind::MatMul, {mT(g2), as_rows(x)});
   if (c.needs_input_grad.size() > 2 && c.needs_input_grad[2])
     gb = call1(OpKind::Sum, {g2}, ReduceAttrs{{0}, false});
   return {gx, gw, gb};

@@ -255,6 +255,29 @@ TEST(Linear, EmptyInputsAndFeatures) {
   EXPECT_EQ(linear(uni({0, 5}, 94), uni({4, 5}, 95), b).shape(), (Shape{0, 4}));
 }
 
+// A rank holding none of a column-parallel Linear's output features: w [0, k]. Forward gives
+// [..., 0]; backward gives zero input gradients and empty weight and bias gradients.
+TEST(Linear, BackwardWithNoOutputFeatures) {
+  Tensor x = uni({2, 3, 5}, 96), w = uni({0, 5}, 97), b = uni({0}, 98);
+  x.set_requires_grad(true);
+  w.set_requires_grad(true);
+  b.set_requires_grad(true);
+  Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 0}));
+  (sum(y) + sum(x)).backward();
+  ASSERT_TRUE(x.grad().defined());
+  for (double v : x.grad().to_vector()) EXPECT_EQ(v, 1.0);  // only the sum(x) term
+  EXPECT_EQ(w.grad().shape(), (Shape{0, 5}));
+  EXPECT_EQ(b.grad().shape(), (Shape{0}));
+  // The same through matmul with a 2-D right operand (its backward flattens the batch too).
+  Tensor a = uni({2, 3, 5}, 99), m = uni({5, 0}, 100);
+  a.set_requires_grad(true);
+  m.set_requires_grad(true);
+  (sum(matmul(a, m)) + sum(a)).backward();
+  EXPECT_EQ(m.grad().shape(), (Shape{5, 0}));
+  for (double v : a.grad().to_vector()) EXPECT_EQ(v, 1.0);
+}
+
 TEST(Linear, ErrorsNameShapesAndExpectations) {
   std::string msg = error_of([] { linear(uni({3, 5}, 1), uni({4, 6}, 2)); });
   EXPECT_HAS(msg, "linear");
