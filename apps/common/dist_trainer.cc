@@ -1,10 +1,13 @@
 #include "apps/common/dist_trainer.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "apps/common/data.h"
 #include "apps/common/jsonl_log.h"
@@ -161,7 +164,14 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   // Ranks usually share a machine's cores: by default each computes on one thread.
   set_num_threads(t.threads > 0 ? t.threads : 1);
 
-  TracedModel tm = trace_model(config);
+  // A resumed run draws dropout from the checkpoint's seed, as the single-process trainer does.
+  std::optional<uint64_t> dropout_seed;
+  if (!options.resume_path.empty()) {
+    for (auto& [name, value] : load_tensors(options.resume_path))
+      if (name == "meta.random_seed") dropout_seed = static_cast<uint64_t>(value.item());
+    HAP_CHECK(dropout_seed.has_value(), options.resume_path, ": the checkpoint has no tensor 'meta.random_seed'");
+  }
+  TracedModel tm = trace_model(config, dropout_seed);
   synth::CostModel cm(tm.graph, cluster);
   synth::DistributedProgram plan = options.plan_file.empty() ? synth::synthesize(tm.graph, cluster, options.synthesis)
                                                              : load_plan(options.plan_file, cm);
@@ -172,7 +182,12 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     std::printf("%s\n", plan_report(cm, plan, {}).c_str());
     std::fflush(stdout);
   }
-  if (comm.rank() == 0 && !options.plan_json.empty()) std::ofstream(options.plan_json) << plan_to_json(cm, plan).dump(2) << "\n";
+  if (comm.rank() == 0 && !options.plan_json.empty()) {
+    std::ofstream f(options.plan_json);
+    f << plan_to_json(cm, plan).dump(2) << "\n";
+    f.close();
+    HAP_CHECK(f.good(), "--plan-json ", options.plan_json, ": cannot write: ", std::strerror(errno));
+  }
 
   TextCorpus corpus = TextCorpus::load(config.data.path, config.data.val_fraction, t.seq_len);
   parallel::Executor ex(tm.graph, plan, comm);
@@ -251,7 +266,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     }
   }
   summary.median_step_ms = median_of(step_ms);
-  if (!options.checkpoint_path.empty()) save_distributed(options.checkpoint_path, ex, *opt, end, t.seed);
+  if (!options.checkpoint_path.empty()) save_distributed(options.checkpoint_path, ex, *opt, end, dropout_seed.value_or(t.seed));
   log.write({{"type", "done"}, {"steps", summary.steps_run}, {"first_loss", summary.first_loss},
              {"last_loss", summary.last_loss}, {"last_val_loss", summary.last_val_loss},
              {"median_ms_per_step", summary.median_step_ms}});

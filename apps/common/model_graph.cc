@@ -15,13 +15,14 @@ nn::GPTConfig gpt_config(const TrainRunConfig& c) {
   return g;
 }
 
-TracedModel trace_model(const TrainRunConfig& config) {
+TracedModel trace_model(const TrainRunConfig& config, std::optional<uint64_t> dropout_seed) {
   TracedModel tm;
   {
     MetaGuard meta;  // the graph needs shapes only: no parameter is allocated or drawn
     tm.model = std::make_shared<nn::GPT>(gpt_config(config));
   }
   tm.model->train();
+  if (dropout_seed) tm.model->set_random_seed(*dropout_seed);
   Shape batch = {config.train.batch_size, config.train.seq_len};
   Tensor idx = Tensor::meta(batch, DType::I64);
   Tensor targets = Tensor::meta(batch, DType::I64);

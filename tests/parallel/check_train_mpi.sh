@@ -50,6 +50,14 @@ for r in "$resumed" "$resumed_dist"; do
     || { echo "resumed run ends at loss '$r', the straight run at $straight"; exit 1; }
 done
 echo "checkpoints resume across plans: $straight $resumed $resumed_dist"
+# Resumed with another train.seed: dropout keeps the checkpoint's seed (batches follow
+# train.seed), on one process and on ranks alike.
+reseeded=$("$TRAIN" "${ARGS[@]}" --set train.seed=7 --resume "$TMP/one.hapt" | losses | last)
+reseeded_dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+                --set train.seed=7 --resume "$TMP/one.hapt" | losses | last)
+python3 -c "import sys; a,b=float('${reseeded:-nan}'),float('${reseeded_dist:-nan}'); sys.exit(0 if abs(a-b) <= 2e-5*abs(a) else 1)" \
+  || { echo "resumed with train.seed=7: one process ends at '$reseeded', 4 ranks at '$reseeded_dist'"; exit 1; }
+echo "resumed with another train.seed: $reseeded $reseeded_dist"
 
 # A saved plan runs as is.
 "$PLAN" --config "$CFG" --cluster "$CLUSTER" --set model.dropout=0.1 --json "$TMP/plan.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
@@ -57,6 +65,11 @@ planned=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[
           --plan "$TMP/plan.json" | losses) || { echo "mpirun --plan failed"; exit 1; }
 [ "$(echo $planned)" = "$(echo $dist)" ] || { echo "--plan losses '$planned' differ from '$dist'"; exit 1; }
 echo "--plan: losses match"
+err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+      --set train.steps=2 --plan-json /dev/null/plan.json 2>&1 >/dev/null) \
+  && { echo "--plan-json to an unwritable path succeeded"; exit 1; }
+echo "$err" | grep -q "cannot write" || { echo "--plan-json unwritable: message '$err'"; exit 1; }
+echo "--plan-json to an unwritable path is refused"
 # Refused plans: another cluster; ratios that do not sum to 1.
 "$PLAN" --config "$CFG" --cluster "$SRC/configs/clusters/emu-2node.yaml" --set model.dropout=0.1 \
         --json "$TMP/other.json" > /dev/null || { echo "hap-plan failed"; exit 1; }
