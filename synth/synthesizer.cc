@@ -245,6 +245,12 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
+  if (space.inputs_must_shard_dim0 && D > 1)
+    for (const GraphTensor& t : graph.tensors)
+      HAP_CHECK(t.role != TensorRole::Input || (!t.shape.empty() && t.shape[0] >= 2), "strategy ",
+                strategy_name(options.strategy), " splits every input along its first dimension (the batch), ",
+                "but input '", t.name, "' has shape ", shape_str(t.shape),
+                ": use a batch of at least 2, or the hap or tp strategy");
 
   std::vector<double> even(D, 1.0 / D);
   std::vector<double> by_flops = cluster.flops_ratios();

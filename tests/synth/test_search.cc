@@ -289,6 +289,23 @@ TEST(Synthesizer, MemoryShortfallNamesTheDeviceAndTheBytes) {
   }
 }
 
+TEST(Synthesizer, DataParallelWithABatchOfOneSaysSo) {
+  Tensor x = Tensor::meta({1, 6}, DType::F32), w = Tensor::meta({4, 6}, DType::F32);
+  Graph g = trace([&] { return mean(linear(x, w)); }, {{"w", w}}, {{"x", x}});
+  Cluster c = make_cluster(2, 5);
+  SynthesisOptions o;
+  o.strategy = Strategy::DpEv;
+  try {
+    synthesize(g, c, o);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("input 'x' has shape [1, 6]"), std::string::npos) << m;
+    EXPECT_NE(m.find("batch of at least 2"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(synthesize(g, c, SynthesisOptions{}));  // hap splits something else
+}
+
 TEST(Synthesizer, UnknownStrategyNamesTheValidOnes) {
   EXPECT_EQ(parse_strategy("dp-cp"), Strategy::DpCp);
   try {
