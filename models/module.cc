@@ -144,7 +144,23 @@ std::optional<ParamInit> Module::init_rule(const std::string&, const Tensor&) co
 }
 
 ParamInit Module::init_rule_of(const std::string& full_name) const {
-  Tensor param = parameter(full_name);
+  // Find the parameter along its dotted path (not by listing every parameter: called once per
+  // parameter, that would make initialising a deep model quadratic).
+  Tensor param;
+  {
+    const Module* owner = this;
+    std::string rel = full_name;
+    for (size_t dot; owner && (dot = rel.find('.')) != std::string::npos; rel = rel.substr(dot + 1)) {
+      const Module* next = nullptr;
+      for (const auto& [n, c] : owner->children_)
+        if (n == rel.substr(0, dot)) next = c.get();
+      owner = next;
+    }
+    if (owner)
+      for (const auto& [n, t] : owner->params_)
+        if (n == rel) param = t;
+    if (!param.defined()) param = parameter(full_name);  // not on its path: the usual error
+  }
   const Module* m = this;
   std::string rel = full_name;
   while (true) {
