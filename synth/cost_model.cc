@@ -108,6 +108,29 @@ LinearCost CostModel::compute(int node, int sig) const {
   return c;
 }
 
+std::vector<double> CostModel::compute_shares(int node, int sig, const std::vector<double>& r) const {
+  if (!splits_work(node, sig)) return r;
+  // The split dimension: the first Sharded output's, else the first Sharded input's (a
+  // row-parallel product's contraction). Each device computes on whole rows of it.
+  const GraphNode& n = graph_.nodes[node];
+  int64_t extent = -1;
+  const ops::ShardSignature& s = sigs_[node][sig];
+  for (size_t o = 0; o < s.outputs.size() && extent < 0; ++o)
+    if (s.outputs[o].kind == PropKind::Sharded) extent = graph_.tensors[n.outputs[o]].shape[s.outputs[o].dim];
+  for (size_t i = 0; i < s.inputs.size() && extent < 0; ++i)
+    if (s.inputs[i].kind == PropKind::Sharded && n.inputs[i] >= 0)
+      extent = graph_.tensors[n.inputs[i]].shape[s.inputs[i].dim];
+  if (extent <= 0) return r;
+  const std::vector<int64_t> lengths = shard_lengths(extent, r);
+  std::vector<double> shares(r.size());
+  for (size_t d = 0; d < r.size(); ++d) shares[d] = static_cast<double>(lengths[d]) / static_cast<double>(extent);
+  return shares;
+}
+
+double CostModel::compute_s(int node, int sig, const std::vector<double>& r) const {
+  return compute(node, sig).eval(compute_shares(node, sig, r));
+}
+
 CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int num_devices,
                                  double bytes, double max_share) {
   CollectiveTerms t;

@@ -54,7 +54,14 @@ class CostModel {
   // Bytes read and written by forward + backward of a node.
   double step_bytes(int node) const { return step_bytes_[node]; }
 
+  // Compute time as a linear cost in the ratios (what the ratio LP reads).
   LinearCost compute(int node, int sig) const;
+  // Each device's share of a node's work under ratios r: its whole-row shard of the split
+  // dimension over that dimension's length (r itself where the signature splits nothing). With
+  // fewer rows than devices some get none and others a row each, whatever the ratios.
+  std::vector<double> compute_shares(int node, int sig, const std::vector<double>& r) const;
+  // Compute time under ratios r on whole-row shards: compute(node, sig) at compute_shares.
+  double compute_s(int node, int sig, const std::vector<double>& r) const;
   // Seconds of forward + backward of the whole of `node` on `device`: its FLOPs at the device's
   // FLOP/s plus, where the device's memory bandwidth is known, its bytes at that bandwidth (what
   // makes element-wise ops, norms and copies cost more than their few FLOPs suggest).

@@ -83,7 +83,7 @@ class Expander {
     for (const GraphNode& n : g_.nodes) {
       const std::vector<double>& r = ratios_[seg_[n.id]];
       for (int sig = -1; sig < static_cast<int>(cm.signatures(n.id).size()); ++sig)
-        compute_cost_[n.id].push_back(cm.compute(n.id, sig).eval(r));
+        compute_cost_[n.id].push_back(cm.compute_s(n.id, sig, r));
     }
   }
 

@@ -69,7 +69,7 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
   for (Instruction& in : instrs) {
     const std::vector<double>& r = ratios[in.segment];
     switch (in.kind) {
-      case InstrKind::Compute: in.cost_s = cm.compute(in.node, in.signature).eval(r); break;
+      case InstrKind::Compute: in.cost_s = cm.compute_s(in.node, in.signature, r); break;
       case InstrKind::Reshard:
         in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method);
         break;
@@ -333,10 +333,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     if (in.kind == InstrKind::Compute) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.compute(in.node, in.signature);
+      const std::vector<double> share = cm.compute_shares(in.node, in.signature, best.ratios[in.segment]);
       for (int d = 0; d < D; ++d)
-        best.device_compute_s[d] += lc.coef.empty()
-                                        ? cm.device_compute_s(in.node, d)
-                                        : lc.coef[d] * best.ratios[in.segment][d];
+        best.device_compute_s[d] += lc.coef.empty() ? cm.device_compute_s(in.node, d) : lc.coef[d] * share[d];
     } else if (in.kind == InstrKind::Update) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.update(in.tensor, in.to);

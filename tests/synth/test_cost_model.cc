@@ -189,6 +189,35 @@ TEST(CostModel, ReshardIsFreeWhenTheShardLengthsAgreeAndAnAllGatherOtherwise) {
   EXPECT_TRUE(cm.reshard_moves(x, 0, a, {0.6, 0.2, 0.2}));  // 12 rows: [7, 3, 2] (rounded)
 }
 
+// Devices compute on whole rows: with 2 rows over 4 devices two devices get a row each and the
+// others none, so the slowest device's time is that of a whole row, not of a quarter batch.
+TEST(CostModel, ComputeIsPricedOnWholeRowShards) {
+  Tensor x = Tensor::meta({2, 10}, DType::F32);
+  Tensor w = Tensor::meta({6, 10}, DType::F32);
+  Graph g = trace([&] { return mean(linear(x, w)); }, {{"w", w}}, {{"x", x}});
+  Cluster c;
+  c.name = "four";
+  std::vector<Device> devs;
+  for (int i = 0; i < 4; ++i) devs.push_back({"d" + std::to_string(i), "cpu", 1e9, int64_t{1} << 30, -1});
+  c.add_node("n", {1e9, 1e-6}, devs);
+  c.validate();
+  CostModel cm(g, c);
+  const int lin = 0;
+  ASSERT_EQ(g.nodes[lin].kind, ops::OpKind::Linear);
+  int batch_split = -1;
+  for (size_t s = 0; s < cm.signatures(lin).size(); ++s)
+    if (cm.signatures(lin)[s].outputs[0] == Prop::sharded(0)) batch_split = static_cast<int>(s);
+  ASSERT_GE(batch_split, 0);
+  const std::vector<double> even(4, 0.25);
+  const std::vector<double> shares = cm.compute_shares(lin, batch_split, even);
+  EXPECT_EQ(shares, (std::vector<double>{0.5, 0.5, 0.0, 0.0}));
+  const double whole = cm.device_compute_s(lin, 0);
+  EXPECT_DOUBLE_EQ(cm.compute_s(lin, batch_split, even), whole * 0.5);
+  EXPECT_DOUBLE_EQ(cm.compute(lin, batch_split).eval(even), whole * 0.25);  // the LP's relaxation
+  // The all-Replicated signature splits nothing: every device does the whole node.
+  EXPECT_DOUBLE_EQ(cm.compute_s(lin, -1, even), whole);
+}
+
 TEST(Synthesizer, TensorParallelBaselineShardsEveryLinearWeight) {
   Graph g = small_graph();
   // Slow links: replicating everything would be cheaper, but tp must still split the weights.
