@@ -54,6 +54,7 @@ struct DistributedProgram {
   double synthesis_s = 0;
   int search_iterations = 0;
   int64_t states_expanded = 0;
+  std::string note;  // non-empty when the program is a fallback (hap over its search budget)
 };
 
 }  // namespace hap::synth

@@ -32,6 +32,12 @@ struct SearchSpace {
   bool dominance_pruning = true;    // drop children a recent state of their group dominates
 };
 
+// The search expanded SearchSpace::max_states states without reaching the loss.
+class SearchBudgetError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct SearchResult {
   std::vector<Instruction> instructions;
   std::vector<Prop> storage;  // per graph tensor: how a parameter or input is held

@@ -266,6 +266,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int64_t states = 0;
   int rounds = 0;
   std::string last_error;
+  bool over_budget = false;
+  std::string budget_error;
   for (size_t start_index = 0;; ++start_index) {
     if (start_index == starts.size()) {
       // No start fits in memory: where memory rather than speed decides the split, start hap
@@ -287,6 +289,10 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       SearchResult res;
       try {
         res = search_program(cm, r, seg, space);
+      } catch (const SearchBudgetError& e) {
+        last_error = budget_error = e.what();
+        over_budget = true;
+        break;
       } catch (const Error& e) {
         last_error = e.what();
         break;
@@ -322,6 +328,30 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       r = next;
     }
   }
+  if (!std::isfinite(best.predicted_step_s) && over_budget && options.strategy == Strategy::Hap) {
+    // hap's space is too large for its budget here: the best baseline program (each is a program
+    // of hap's space, found in a far smaller one) rather than nothing.
+    std::string why = budget_error;
+    for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
+      SynthesisOptions o = options;
+      o.strategy = s;
+      o.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
+      try {
+        DistributedProgram p = synthesize(graph, cluster, o);
+        if (p.predicted_step_s < best.predicted_step_s) best = std::move(p);
+      } catch (const Error& e) {
+        why += std::string("; ") + strategy_name(s) + ": " + e.what();
+      }
+    }
+    HAP_CHECK(std::isfinite(best.predicted_step_s), why);
+    best.note = "hap's search went over its budget of " + std::to_string(options.max_states) +
+                " states; this is the best baseline program (" + best.strategy +
+                "). Raise parallel.search_budget to search further.";
+    best.strategy = strategy_name(Strategy::Hap);
+    best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return best;
+  }
+  if (!std::isfinite(best.predicted_step_s) && over_budget) throw SearchBudgetError(budget_error);
   HAP_CHECK(std::isfinite(best.predicted_step_s), last_error.empty() ? "synthesis found no program" : last_error);
 
   best.strategy = strategy_name(options.strategy);

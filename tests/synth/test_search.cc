@@ -2,6 +2,7 @@
 // guarantees (baselines are never better; returned ratios are the ones costed; memory limits).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "ops/dispatch.h"
@@ -304,6 +305,28 @@ TEST(Synthesizer, DataParallelWithABatchOfOneSaysSo) {
     EXPECT_NE(m.find("batch of at least 2"), std::string::npos) << m;
   }
   EXPECT_NO_THROW(synthesize(g, c, SynthesisOptions{}));  // hap splits something else
+}
+
+// Over its search budget, hap returns the best baseline program and says so; the baselines
+// themselves stop with the budget error.
+TEST(Synthesizer, HapOverItsSearchBudgetFallsBackToTheBestBaseline) {
+  Graph g = random_graph(44, 6);
+  Cluster c = make_cluster(3, 9);
+  SynthesisOptions tight;
+  tight.max_states = 3;
+  DistributedProgram hap = synthesize(g, c, tight);
+  EXPECT_EQ(hap.strategy, "hap");
+  EXPECT_NE(hap.note.find("over its budget of 3 states"), std::string::npos) << hap.note;
+  double best = std::numeric_limits<double>::infinity();
+  for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
+    SynthesisOptions o;
+    o.strategy = s;
+    best = std::min(best, synthesize(g, c, o).predicted_step_s);
+  }
+  EXPECT_DOUBLE_EQ(hap.predicted_step_s, best);
+  EXPECT_TRUE(synthesize(g, c, SynthesisOptions{}).note.empty());
+  tight.strategy = Strategy::DpEv;
+  EXPECT_THROW(synthesize(g, c, tight), SearchBudgetError);
 }
 
 TEST(Synthesizer, UnknownStrategyNamesTheValidOnes) {
