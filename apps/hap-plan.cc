@@ -7,7 +7,9 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <cstdio>
+#include <exception>
 #include <fstream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -78,6 +80,9 @@ int main(int argc, char** argv) {
     } catch (const hap::app::ConfigError& e) {
       std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
       return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
+      return 1;
     }
   }
   if (config_path.empty()) {
@@ -128,6 +133,12 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const hap::Error& e) {
     std::fprintf(stderr, "hap-plan: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "hap-plan: error: out of memory (the model or the search is too large for this machine)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
     return 1;
   }
 }

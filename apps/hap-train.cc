@@ -5,6 +5,7 @@
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -88,9 +89,19 @@ int main(int argc, char** argv) {
   } catch (const hap::app::ConfigError& e) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hap-train: internal error: %s\n", e.what());
+    return 1;
   }
-  if (!cluster_path.empty())
-    return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options);
+  if (!cluster_path.empty()) {
+    try {
+      return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options);
+    } catch (const std::exception& e) {
+      // Before MPI came up (run_distributed handles everything after): this process alone.
+      std::fprintf(stderr, "hap-train: error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (!plan_file.empty()) {
     std::fprintf(stderr, "hap-train: --plan needs --cluster (the cluster the plan was made for)\n");
     return 2;

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -77,6 +79,37 @@ TEST(PlanBinary, ClusterWithNoDevicesIsAConfigError) {
   std::ofstream(bad) << "name: empty\nnodes: []\n";
   EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(), &out, &err), 2);
   EXPECT_NE(err.find(bad.string()), std::string::npos) << err;
+  fs::remove(bad);
+}
+
+// Values far outside any real device used to reach the ratio LP, which aborted (exit 134).
+TEST(PlanBinary, ImplausibleClusterFiguresExitWith2NamingTheKeyAndRange) {
+  struct Case {
+    std::string device, key, got;
+  };
+  const std::vector<Case> cases = {
+      {"{type: cpu, flops_per_s: 1e-300, memory_bytes: 1GiB, count: 2}", "flops_per_s", "1e-300"},
+      {"{type: cpu, flops_per_s: 1e308, memory_bytes: 1GiB, count: 2}", "flops_per_s", "1e308"},
+      {"{type: cpu, flops_per_s: 1e10, memory_bytes: 1GiB, update_s_per_param: 1e30, count: 2}",
+       "update_s_per_param", "1e30"},
+      {"{type: cpu, flops_per_s: 1e10, memory_bytes: 1GiB, memory_bandwidth_bytes_per_s: 1e-30, "
+       "count: 2}",
+       "memory_bandwidth_bytes_per_s", "1e-30"},
+  };
+  fs::path bad = fs::temp_directory_path() / ("hap_implausible_" + std::to_string(::getpid()) + ".yaml");
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.device);
+    std::ofstream(bad) << "nodes:\n  - link: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5}\n"
+                       << "    devices:\n      - " << c.device << "\n";
+    std::string out, err;
+    EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(), &out, &err),
+              2)
+        << err;
+    EXPECT_NE(err.find(bad.string() + ": nodes[0].devices[0]." + c.key + ": expected "), std::string::npos)
+        << err;
+    EXPECT_NE(err.find(" in ["), std::string::npos) << err;
+    EXPECT_NE(err.find("got " + c.got), std::string::npos) << err;
+  }
   fs::remove(bad);
 }
 
