@@ -5,8 +5,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include "apps/common/config.h"
+#include "apps/common/model_graph.h"
+#include "apps/common/plan_report.h"
+#include "synth/cluster.h"
+#include "synth/cost_model.h"
 
 namespace {
 
@@ -111,6 +118,137 @@ TEST(PlanBinary, ImplausibleClusterFiguresExitWith2NamingTheKeyAndRange) {
     EXPECT_NE(err.find("got " + c.got), std::string::npos) << err;
   }
   fs::remove(bad);
+}
+
+// ---- the report, on programs made up to hit its edge cases ----
+
+// `names.size()` devices of 1 GiB on one node.
+hap::synth::Cluster cluster_of(const std::vector<std::string>& names) {
+  std::vector<hap::synth::Device> devices;
+  for (const std::string& name : names)
+    devices.push_back({.name = name, .type = "cpu", .flops_per_s = 1e10, .memory_bytes = 1 << 30});
+  hap::synth::Cluster c;
+  c.name = "test";
+  c.add_node("n", {.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-5}, std::move(devices));
+  return c;
+}
+
+std::vector<std::string> numbered(int n) {
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.push_back("d" + std::to_string(i));
+  return names;
+}
+
+// A program of no instructions taking `step_s`, with even shares.
+hap::synth::DistributedProgram program(const hap::synth::Cluster& c, double step_s) {
+  hap::synth::DistributedProgram p;
+  p.strategy = "hap";
+  p.ratios = {std::vector<double>(c.size(), 1.0 / c.size())};
+  p.predicted_step_s = p.compute_s = step_s;
+  p.device_compute_s.assign(c.size(), step_s);
+  p.device_memory_bytes.assign(c.size(), 1e6);
+  return p;
+}
+
+class PlanReport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    graph_ = hap::app::trace_model(hap::app::load_train_config(src("configs/gpt-tiny.yaml"))).graph;
+  }
+
+  std::string report(const hap::synth::Cluster& c, const hap::synth::DistributedProgram& p,
+                     const std::vector<hap::synth::DistributedProgram>& baselines = {}) const {
+    const hap::synth::CostModel cm(graph_, c);
+    return hap::app::plan_report(cm, p, baselines);
+  }
+
+  // The report's lines that start with `prefix`.
+  static std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+    std::vector<std::string> lines;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind(prefix, 0) == 0) lines.push_back(line);
+    return lines;
+  }
+
+  hap::synth::Graph graph_;
+};
+
+TEST_F(PlanReport, TimesKeepTheirUnitAtAnySize) {
+  const hap::synth::Cluster c = cluster_of(numbered(2));
+  std::string out = report(c, program(c, 2e30));
+  EXPECT_NE(out.find("predicted step time: 2.00e+30 s (compute 2.00e+30 s"), std::string::npos) << out;
+  out = report(c, program(c, 3e-10));
+  EXPECT_NE(out.find("predicted step time: 0.3 ns"), std::string::npos) << out;
+  out = report(c, program(c, 0.0125));
+  EXPECT_NE(out.find("predicted step time: 12.500 ms"), std::string::npos) << out;
+}
+
+TEST_F(PlanReport, LongDeviceNamesKeepOneRowPerDeviceAndTheOverFlag) {
+  const std::string long_name(300, 'd');
+  const hap::synth::Cluster c = cluster_of({long_name, "short"});
+  hap::synth::DistributedProgram p = program(c, 1e-3);
+  p.device_memory_bytes[0] = 2.0 * (1 << 30);
+  const std::string out = report(c, p);
+  const std::vector<std::string> rows = lines_starting(out, "  0 ");
+  ASSERT_EQ(rows.size(), 1u) << out;
+  EXPECT_NE(rows[0].find(long_name + " compute "), std::string::npos) << rows[0];
+  EXPECT_TRUE(rows[0].ends_with("of    1.0 GiB  OVER")) << rows[0];
+  const std::vector<std::string> second = lines_starting(out, "  1 ");
+  ASSERT_EQ(second.size(), 1u) << out;
+  EXPECT_NE(second[0].find("short"), std::string::npos);
+  EXPECT_TRUE(second[0].ends_with("of    1.0 GiB")) << second[0];
+  EXPECT_EQ(second[0].size(), rows[0].size() - std::string("  OVER").size()) << "columns line up";
+}
+
+TEST_F(PlanReport, SpeedUpsCloseToOneShowWhichWayTheyGo) {
+  const hap::synth::Cluster c = cluster_of(numbered(2));
+  const hap::synth::DistributedProgram p = program(c, 1.0);
+  std::vector<hap::synth::DistributedProgram> baselines = {program(c, 0.996), program(c, 1.0004),
+                                                           program(c, 1.0), program(c, 2.5)};
+  const char* names[] = {"dp-ev", "dp-cp", "tp", "other"};
+  for (std::size_t i = 0; i < baselines.size(); ++i) baselines[i].strategy = names[i];
+  const std::string out = report(c, p, baselines);
+  EXPECT_NE(out.find("predicted speed-up of hap over: dp-ev 0.996x (996.000 ms); dp-cp 1.0004x "
+                     "(1.000 s); tp 1.00x (1.000 s); other 2.50x (2.500 s);"),
+            std::string::npos)
+      << out;
+}
+
+TEST_F(PlanReport, SharesOfManyDevicesAreShownWithEnoughDigitsToSumToOne) {
+  const hap::synth::Cluster c = cluster_of(numbered(64));
+  hap::synth::DistributedProgram p = program(c, 1.0);
+  // 16 fast devices and 48 slow ones, as on the hap-paper cluster.
+  for (int d = 0; d < 64; ++d) p.ratios[0][d] = d < 16 ? 3.86 / (16 * 3.86 + 48 * 2.15) : 2.15 / (16 * 3.86 + 48 * 2.15);
+  p.ratios[0].back() = 1e-9;  // and one share far too small for the fixed decimals
+  const std::vector<std::string> rows = lines_starting(report(c, p), "  segment 0:");
+  ASSERT_EQ(rows.size(), 1u);
+  std::istringstream in(rows[0].substr(std::string("  segment 0:").size()));
+  std::vector<std::string> shares;
+  double sum = 0;
+  for (std::string share; in >> share;) {
+    shares.push_back(share);
+    sum += std::stod(share);
+  }
+  ASSERT_EQ(shares.size(), 64u) << rows[0];
+  EXPECT_EQ(shares[0], "0.02340") << rows[0];
+  EXPECT_EQ(shares[16], "0.01303") << rows[0];
+  EXPECT_EQ(shares.back(), "1.0e-09") << "a tiny share is not printed as 0";
+  double expected = 0;
+  for (double r : p.ratios[0]) expected += r;
+  EXPECT_NEAR(sum, expected, 0.0005) << rows[0];
+}
+
+TEST_F(PlanReport, OneDeviceListsNoCollectives) {
+  const hap::synth::Cluster c = cluster_of({"only"});
+  hap::synth::DistributedProgram p = program(c, 1e-3);
+  hap::synth::Instruction grad;
+  grad.kind = hap::synth::InstrKind::GradAllReduce;
+  grad.tensor = 0;
+  p.instructions.push_back(grad);
+  const std::string out = report(c, p);
+  EXPECT_NE(out.find("collectives per step:\n  none (one device)\n"), std::string::npos) << out;
+  EXPECT_EQ(out.find("grad_all_reduce"), std::string::npos) << out;
 }
 
 }  // namespace
