@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -110,20 +111,61 @@ void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::st
   }
 }
 
+// ---- size limits ----
+
+// Every dimension of the model and the batch fits in 32 bits, and no tensor of the model or of
+// one step's activations has more than 2^40 elements (4 TiB of f32): far beyond any machine, and
+// far from overflowing the 64-bit element counts and byte sizes derived from them.
+constexpr std::int64_t kMaxDimension = (std::int64_t{1} << 31) - 1;
+constexpr std::int64_t kMaxLayers = 10000;
+constexpr double kMaxTensorElements = 1099511627776.0;  // 2^40
+
+struct Factor {
+  std::string_view key_path;
+  std::int64_t value;
+};
+
+// Fails on `key` (the last factor read) when the product of `factors`, the elements of `tensor`,
+// exceeds kMaxTensorElements; names every factor with its value. Computed in double: exact up to
+// 2^53, and a product that large is over the limit however it rounds.
+void check_elements(const SectionReader& s, std::string_view key, std::string_view tensor,
+                    std::initializer_list<Factor> factors) {
+  double product = 1;
+  for (const Factor& f : factors) product *= static_cast<double>(f.value);
+  if (product <= kMaxTensorElements) return;
+  std::string names, values;
+  for (const Factor& f : factors) {
+    if (!names.empty()) {
+      names += " x ";
+      values += " x ";
+    }
+    names.append(f.key_path);
+    values += format_number(f.value);
+  }
+  s.fail_value(key, "an integer with " + names + " <= 2^40 (the elements of " +
+                        std::string(tensor) + "; here " + values + " = " +
+                        format_number(product) + ")");
+}
+
 // ---- the sections ----
 
 ModelConfig read_model(SectionReader& s) {
   ModelConfig m;
   m.name = s.choice("name", kModelNames, ModelName::kGpt);
-  m.vocab_size =
-      s.integer("vocab_size", m.vocab_size, IntRange::closed_open(1, std::int64_t{1} << 31));
-  m.block_size = s.integer("block_size", std::nullopt, IntRange::at_least(1));
-  m.n_layer = s.integer("n_layer", std::nullopt, IntRange::at_least(1));
-  m.n_head = s.integer("n_head", std::nullopt, IntRange::at_least(1));
-  m.n_embd = s.integer("n_embd", std::nullopt, IntRange::at_least(1));
+  m.vocab_size = s.integer("vocab_size", m.vocab_size, IntRange::closed(1, kMaxDimension));
+  m.block_size = s.integer("block_size", std::nullopt, IntRange::closed(1, kMaxDimension));
+  m.n_layer = s.integer("n_layer", std::nullopt, IntRange::closed(1, kMaxLayers));
+  m.n_head = s.integer("n_head", std::nullopt, IntRange::closed(1, kMaxDimension));
+  m.n_embd = s.integer("n_embd", std::nullopt, IntRange::closed(1, kMaxDimension));
   // Attention splits n_embd into n_head equal heads.
   if (m.n_embd % m.n_head != 0)
     s.fail_value("n_embd", "a multiple of model.n_head = " + format_number(m.n_head));
+  check_elements(s, "n_embd", "the token embedding",
+                 {{"model.vocab_size", m.vocab_size}, {"model.n_embd", m.n_embd}});
+  check_elements(s, "n_embd", "the position embedding",
+                 {{"model.block_size", m.block_size}, {"model.n_embd", m.n_embd}});
+  check_elements(s, "n_embd", "an MLP weight",
+                 {{"4", 4}, {"model.n_embd", m.n_embd}, {"model.n_embd", m.n_embd}});
   m.dropout = s.number("dropout", m.dropout, RealRange::closed_open(0.0, 1.0));
   m.bias = s.boolean("bias", m.bias);
   s.finish();
@@ -140,11 +182,21 @@ DataConfig read_data(SectionReader& s) {
 
 TrainConfig read_train(SectionReader& s, const ModelConfig& model) {
   TrainConfig t;
-  t.batch_size = s.integer("batch_size", std::nullopt, IntRange::at_least(1));
+  t.batch_size = s.integer("batch_size", std::nullopt, IntRange::closed(1, kMaxDimension));
   // Positions past block_size have no position embedding.
   t.seq_len = s.integer("seq_len", std::nullopt,
                         IntRange::closed(1, model.block_size)
                             .because("train.seq_len may not exceed model.block_size"));
+  // The largest activations of one step (attention never materialises its [B, H, T, T]).
+  check_elements(s, "batch_size", "the MLP's hidden activation",
+                 {{"train.batch_size", t.batch_size},
+                  {"train.seq_len", t.seq_len},
+                  {"4", 4},
+                  {"model.n_embd", model.n_embd}});
+  check_elements(s, "batch_size", "the logits",
+                 {{"train.batch_size", t.batch_size},
+                  {"train.seq_len", t.seq_len},
+                  {"model.vocab_size", model.vocab_size}});
   t.steps = s.integer("steps", std::nullopt, IntRange::at_least(1));
   t.optimizer = s.choice("optimizer", kOptimizers, std::nullopt);
   t.lr = s.number("lr", std::nullopt, RealRange::above(0.0));

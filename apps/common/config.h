@@ -22,7 +22,7 @@ namespace hap::app {
 
 // A config file that cannot be used. The message names the file, the key path, the offending value
 // and what was expected, e.g.
-//   configs/gpt.yaml: train.batch_size: expected an integer >= 1, got 0
+//   configs/gpt.yaml: train.steps: expected an integer >= 1, got 0
 class ConfigError : public hap::Error {
  public:
   using hap::Error::Error;
@@ -37,14 +37,17 @@ enum class Optimizer { kAdamW, kSgd };
 std::string_view to_string(ModelName name);
 std::string_view to_string(Optimizer optimizer);
 
-// Keys without a default here are required in the YAML file.
+// Keys without a default here are required in the YAML file. Sizes are bounded so that nothing
+// derived from them overflows: every dimension is below 2^31, n_layer at most 10000, and no tensor
+// has more than 2^40 elements (vocab_size x n_embd, block_size x n_embd, 4 x n_embd x n_embd, and
+// per step batch_size x seq_len x 4 x n_embd and batch_size x seq_len x vocab_size).
 struct ModelConfig {
   ModelName name = ModelName::kGpt;
   std::int64_t vocab_size = 256;  // in [1, 2^31)
-  std::int64_t block_size = 0;    // maximum number of positions; required, >= 1
-  std::int64_t n_layer = 0;       // required, >= 1
-  std::int64_t n_head = 0;        // required, >= 1
-  std::int64_t n_embd = 0;        // required, >= 1, a multiple of n_head
+  std::int64_t block_size = 0;    // maximum number of positions; required, in [1, 2^31)
+  std::int64_t n_layer = 0;       // required, in [1, 10000]
+  std::int64_t n_head = 0;        // required, in [1, 2^31)
+  std::int64_t n_embd = 0;        // required, in [1, 2^31), a multiple of n_head
   double dropout = 0.0;           // in [0, 1)
   bool bias = true;               // biases in linear layers and layer norms
 };
@@ -55,7 +58,7 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  std::int64_t batch_size = 0;  // sequences per step; required, >= 1
+  std::int64_t batch_size = 0;  // sequences per step; required, in [1, 2^31)
   std::int64_t seq_len = 0;     // tokens per sequence; required, in [1, model.block_size]
   std::int64_t steps = 0;       // optimizer steps; required, >= 1
   Optimizer optimizer = Optimizer::kAdamW;  // required

@@ -139,10 +139,10 @@ TEST(ShippedConfig, TheLastOverrideOfAKeyWins) {
 
 TEST(ShippedConfig, ErrorMessageHasTheDocumentedFormat) {
   const std::string path = shipped("gpt.yaml");
-  EXPECT_EQ(load_error(path, {"train.batch_size=0"}),
+  EXPECT_EQ(load_error(path, {"train.steps=0"}),
             path +
-                ": train.batch_size: expected an integer >= 1, got 0"
-                " (value from --set train.batch_size=0)");
+                ": train.steps: expected an integer >= 1, got 0"
+                " (value from --set train.steps=0)");
 }
 
 TEST(ShippedConfig, JsonHasEveryValueUnderItsYamlKey) {
@@ -250,7 +250,8 @@ TEST_F(ConfigFileTest, SectionThatIsNotAMappingIsRejected) {
 TEST_F(ConfigFileTest, MissingRequiredKeySaysWhatIsExpected) {
   const std::string path = write(edited("  n_head: 2\n", ""));
   expect_contains(load_error(path),
-                  {path, "model.n_head", "missing required key", "expected an integer >= 1"});
+                  {path, "model.n_head", "missing required key",
+                   "expected an integer in [1, 2147483647]"});
 }
 
 TEST_F(ConfigFileTest, MissingRequiredSectionIsReported) {
@@ -270,15 +271,16 @@ TEST_F(ConfigFileTest, OutOfRangeValueNamesTheRange) {
     std::string from, to, key, expectation;
   };
   const std::vector<Case> cases = {
-      {"batch_size: 4", "batch_size: 0", "train.batch_size", "expected an integer >= 1, got 0"},
+      {"batch_size: 4", "batch_size: 0", "train.batch_size",
+       "expected an integer in [1, 2147483647], got 0"},
       {"lr: 0.1", "lr: 0", "train.lr", "expected a number > 0, got 0"},
-      {"n_layer: 2", "n_layer: -3", "model.n_layer", "expected an integer >= 1, got -3"},
+      {"n_layer: 2", "n_layer: -3", "model.n_layer", "expected an integer in [1, 10000], got -3"},
       {"n_embd: 32", "n_embd: 33", "model.n_embd",
        "expected a multiple of model.n_head = 2, got 33"},
       {"n_embd: 32", "n_embd: 32\n  dropout: 1", "model.dropout",
        "expected a number in [0, 1), got 1"},
       {"n_embd: 32", "n_embd: 32\n  vocab_size: 2147483648", "model.vocab_size",
-       "expected an integer in [1, 2147483648), got 2147483648"},
+       "expected an integer in [1, 2147483647], got 2147483648"},
       {"path: corpus.txt", "path: corpus.txt\n  val_fraction: 1.0", "data.val_fraction",
        "expected a number in (0, 1), got 1.0"},
       {"lr: 0.1", "lr: 0.1\n  min_lr: 0.2", "train.min_lr", "expected a number in [0, 0.1]"},
@@ -298,6 +300,67 @@ TEST_F(ConfigFileTest, OutOfRangeValueNamesTheRange) {
     SCOPED_TRACE(c.key);
     expect_contains(load_error(path), {path, c.key, c.expectation});
   }
+}
+
+TEST_F(ConfigFileTest, SizesAboveTheirLimitsNameTheKeyValueAndLimit) {
+  struct Case {
+    std::string set, key, expectation;
+  };
+  const std::vector<Case> cases = {
+      {"model.block_size=9223372036854775807", "model.block_size",
+       "expected an integer in [1, 2147483647], got 9223372036854775807"},
+      {"train.batch_size=9223372036854775807", "train.batch_size",
+       "expected an integer in [1, 2147483647], got 9223372036854775807"},
+      {"model.n_layer=2147483648", "model.n_layer",
+       "expected an integer in [1, 10000], got 2147483648"},
+      {"model.n_layer=10001", "model.n_layer", "expected an integer in [1, 10000], got 10001"},
+      {"model.n_head=2147483648", "model.n_head", "expected an integer in [1, 2147483647]"},
+      {"model.n_embd=4294967296", "model.n_embd", "expected an integer in [1, 2147483647]"},
+  };
+  const std::string path = write(kValidRun);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.set);
+    expect_contains(load_error(path, {c.set}),
+                    {path + ": " + c.key + ": ", c.expectation, "(value from --set " + c.set + ")"});
+  }
+  EXPECT_EQ(load_train_config(path, {"model.n_layer=10000"}).model.n_layer, 10000);
+}
+
+TEST_F(ConfigFileTest, TensorsOfMoreThan2To40ElementsAreRefused) {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string key, expectation;
+  };
+  const std::vector<Case> cases = {
+      {{"train.batch_size=2147483647"}, "train.batch_size",
+       "expected an integer with train.batch_size x train.seq_len x 4 x model.n_embd <= 2^40 (the "
+       "elements of the MLP's hidden activation; here 2147483647 x 64 x 4 x 32 = 17592186036224), "
+       "got 2147483647"},
+      {{"model.vocab_size=2147483647", "train.batch_size=16"}, "train.batch_size",
+       "train.batch_size x train.seq_len x model.vocab_size <= 2^40 (the elements of the logits"},
+      {{"model.n_embd=1048576"}, "model.n_embd",
+       "4 x model.n_embd x model.n_embd <= 2^40 (the elements of an MLP weight"},
+      {{"model.block_size=2147483647", "model.n_embd=1024"}, "model.n_embd",
+       "model.block_size x model.n_embd <= 2^40 (the elements of the position embedding; here "
+       "2147483647 x 1024"},
+      {{"model.vocab_size=2147483647", "model.n_embd=1024"}, "model.n_embd",
+       "model.vocab_size x model.n_embd <= 2^40 (the elements of the token embedding"},
+  };
+  const std::string path = write(kValidRun);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.sets.back());
+    expect_contains(load_error(path, {c.sets.begin(), c.sets.end()}),
+                    {path + ": " + c.key + ": ", c.expectation});
+  }
+}
+
+TEST_F(ConfigFileTest, AGpt3SizedRunIsWithinTheLimits) {
+  const TrainRunConfig c = load_train_config(
+      write(kValidRun), {"model.vocab_size=50257", "model.block_size=2048", "model.n_layer=96",
+                         "model.n_head=96", "model.n_embd=12288", "train.batch_size=1536",
+                         "train.seq_len=2048"});
+  EXPECT_EQ(c.model.n_embd, 12288);
+  EXPECT_EQ(c.train.batch_size, 1536);
 }
 
 TEST_F(ConfigFileTest, SeqLenLongerThanBlockSizeIsRejected) {
