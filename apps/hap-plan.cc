@@ -3,14 +3,21 @@
 //            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
 //   hap-plan --config configs/gpt.yaml --dump-graph
 //   hap-plan --cluster FILE --describe-cluster   (the validated cluster as JSON: scripts read it)
-// Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input.
+// Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input (config,
+// cluster, options, a --json path that cannot be written).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/common/cluster_config.h"
@@ -48,6 +55,20 @@ nlohmann::json cluster_to_json(const hap::synth::Cluster& cluster) {
   return j;
 }
 
+// Why the file at `path` cannot be written (the OS's reason), or "" when it can.
+std::string unwritable_reason(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return "it is a directory";
+  const bool exists = fs::exists(path, ec);
+  fs::path target = exists ? fs::path(path) : fs::path(path).parent_path();
+  if (target.empty()) target = ".";
+  if (!exists && fs::exists(target, ec) && !fs::is_directory(target, ec))
+    return "'" + target.string() + "' is not a directory";
+  if (::access(target.c_str(), W_OK) != 0) return std::strerror(errno);
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,6 +89,17 @@ int main(int argc, char** argv) {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return cli.exit(e) == 0 ? 0 : 2;
+  }
+  // An empty value would silently mean "not given".
+  for (const auto& [option, value] : {std::pair<const char*, const std::string*>{"--config", &config_path},
+                                      {"--cluster", &cluster_path},
+                                      {"--strategy", &strategy},
+                                      {"--segments", &segments},
+                                      {"--json", &json_path}}) {
+    if (cli.count(option) > 0 && value->empty()) {
+      std::fprintf(stderr, "hap-plan: %s: expected a non-empty value, got ''\n", option);
+      return 2;
+    }
   }
   if (describe_cluster) {
     if (cluster_path.empty()) {
@@ -93,10 +125,20 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-plan: --cluster FILE is required to plan (or pass --dump-graph)\n");
     return 2;
   }
-  if (!strategy.empty()) overrides.push_back("parallel.strategy=" + strategy);
-  if (!segments.empty()) overrides.push_back("parallel.segments=" + segments);
+  // Checked before planning, which can take minutes, rather than after.
+  if (!json_path.empty()) {
+    if (const std::string reason = unwritable_reason(json_path); !reason.empty()) {
+      std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(), reason.c_str());
+      return 2;
+    }
+  }
+  std::vector<hap::app::ConfigOverride> config_overrides(overrides.begin(), overrides.end());
+  if (!strategy.empty())
+    config_overrides.emplace_back("parallel.strategy=" + strategy, "--strategy " + strategy);
+  if (!segments.empty())
+    config_overrides.emplace_back("parallel.segments=" + segments, "--segments " + segments);
   try {
-    hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, overrides);
+    hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, config_overrides);
     hap::app::TracedModel tm = hap::app::trace_model(config);
     if (dump_graph) std::printf("%s", tm.graph.str().c_str());
     if (cluster_path.empty()) return 0;
@@ -120,11 +162,12 @@ int main(int argc, char** argv) {
     std::printf("%s", hap::app::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {
       std::ofstream out(json_path);
+      if (out) out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
+      if (out) out.close();
       if (!out) {
-        std::fprintf(stderr, "hap-plan: cannot write --json '%s'\n", json_path.c_str());
+        std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(), std::strerror(errno));
         return 1;
       }
-      out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
       std::printf("wrote %s\n", json_path.c_str());
     }
     return 0;

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   }
   hap::app::TrainRunConfig config;
   try {
-    config = hap::app::load_train_config(config_path, overrides);
+    config = hap::app::load_train_config(config_path, {overrides.begin(), overrides.end()});
   } catch (const hap::app::ConfigError& e) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;

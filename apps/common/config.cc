@@ -72,34 +72,35 @@ std::string_view name_of(const std::array<Choice<E>, N>& choices, E value) {
 // ---- the file and the overrides ----
 
 
-// Applies "section.key=value" overrides to the parsed tree, and records them in `origin` so that a
-// message about an overridden value points at its --set argument.
-void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::string>& overrides) {
-  for (const std::string& text : overrides) {
+// Applies "section.key=value" overrides to the parsed tree, and records where each came from in
+// `origin`, so that a message about an overridden value points at its command-line argument.
+void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<ConfigOverride>& overrides) {
+  for (const ConfigOverride& override : overrides) {
+    const std::string& text = override.assignment;
+    const std::string& argument = override.argument;
     const std::size_t equals = text.find('=');
     const std::string key_path = text.substr(0, equals);
     const std::size_t dot = key_path.find('.');
     if (equals == std::string::npos || dot == std::string::npos || dot == 0 ||
         dot + 1 == key_path.size())
-      fail(origin, "", "--set '" + text + "': expected section.key=value, e.g. train.steps=100");
+      fail(origin, "",
+           argument + ": expected section.key=value, e.g. train.steps=100, got '" + text + "'");
     const std::string section = key_path.substr(0, dot);
     const std::string key = key_path.substr(dot + 1);
 
     const std::span<const std::string_view> keys = keys_of(section);
     if (keys.empty())
       fail(origin, key_path,
-           "--set " + text + ": unknown section '" + section +
-               "'; valid sections: " + join(kSections));
+           argument + ": unknown section '" + section + "'; valid sections: " + join(kSections));
     if (std::find(keys.begin(), keys.end(), key) == keys.end())
-      fail(origin, key_path,
-           "--set " + text + ": " + detail::unknown_key_problem(section, key, keys));
+      fail(origin, key_path, argument + ": " + detail::unknown_key_problem(section, key, keys));
 
     // The value is a YAML scalar, so `--set train.lr=1e-3` means what `lr: 1e-3` means in the file.
     YAML::Node value;
     try {
       value = YAML::Load(text.substr(equals + 1));
     } catch (const YAML::Exception& e) {
-      fail(origin, key_path, "--set " + text + ": the value is not valid YAML: " + e.msg);
+      fail(origin, key_path, argument + ": the value is not valid YAML: " + e.msg);
     }
 
     // A malformed tree is left as it is: the section reader reports it.
@@ -107,7 +108,7 @@ void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::st
     YAML::Node section_node = root[section];
     if (section_node.IsDefined() && !section_node.IsNull() && !section_node.IsMap()) continue;
     section_node[key] = value;
-    origin.overrides[key_path] = text;
+    origin.overrides[key_path] = argument;
   }
 }
 
@@ -237,7 +238,7 @@ std::string_view to_string(ModelName name) { return name_of(kModelNames, name); 
 std::string_view to_string(Optimizer optimizer) { return name_of(kOptimizers, optimizer); }
 
 TrainRunConfig load_train_config(const std::string& path,
-                                 const std::vector<std::string>& overrides) {
+                                 const std::vector<ConfigOverride>& overrides) {
   Origin origin{.file = path, .overrides = {}};
   YAML::Node root = detail::parse_yaml_file(origin, "config file");
   apply_overrides(origin, root, overrides);

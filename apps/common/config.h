@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -97,11 +98,26 @@ struct TrainRunConfig {
   std::string source_file;  // the config path as passed to load_train_config
 };
 
-// Reads and validates the run file at `path`. Each override is "section.key=value" (from
-// `--set`); the value is parsed as a YAML scalar and replaces the file's value before validation,
-// so it is checked exactly like a value in the file. Throws ConfigError on the first problem.
+// One override of a config key, "section.key=value", and the command-line argument it came from,
+// which messages about its value name. A plain string is a `--set` argument; an app option that
+// sets a key (hap-plan --strategy dp-ev) passes its own spelling.
+struct ConfigOverride {
+  // Implicit, so that "train.steps=9" and the strings of --set convert.
+  ConfigOverride(std::string assignment_text)
+      : assignment(std::move(assignment_text)), argument("--set " + assignment) {}
+  ConfigOverride(const char* assignment_text) : ConfigOverride(std::string(assignment_text)) {}
+  ConfigOverride(std::string assignment_text, std::string argument_text)
+      : assignment(std::move(assignment_text)), argument(std::move(argument_text)) {}
+
+  std::string assignment;  // "parallel.strategy=dp-ev"
+  std::string argument;    // "--set parallel.strategy=dp-ev", "--strategy dp-ev"
+};
+
+// Reads and validates the run file at `path`. Each override's value is parsed as a YAML scalar and
+// replaces the file's value before validation, so it is checked exactly like a value in the file;
+// a message about it says "(value from <argument>)". Throws ConfigError on the first problem.
 TrainRunConfig load_train_config(const std::string& path,
-                                 const std::vector<std::string>& overrides = {});
+                                 const std::vector<ConfigOverride>& overrides = {});
 
 // A short multi-line human summary, for the start of a run.
 std::string describe(const TrainRunConfig& config);

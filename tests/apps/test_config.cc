@@ -54,7 +54,7 @@ class ConfigFileTest : public YamlFileTest {
 };
 
 // The message of the ConfigError that loading throws; fails the test when nothing is thrown.
-std::string load_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
+std::string load_error(const std::string& path, const std::vector<ConfigOverride>& overrides = {}) {
   try {
     load_train_config(path, overrides);
   } catch (const ConfigError& e) {
@@ -387,7 +387,7 @@ TEST_F(ConfigFileTest, SetWithoutKeyAndValueIsRejected) {
   const std::string path = write(kValidRun);
   for (const std::string bad : {"train.steps", "steps=7", ".steps=7", "train.=7", "=7"})
     expect_contains(load_error(path, {bad}),
-                    {path, "--set '" + bad + "'", "expected section.key=value"});
+                    {path, "--set " + bad + ": expected section.key=value", "got '" + bad + "'"});
 }
 
 TEST_F(ConfigFileTest, SetOfUnknownKeyIsRejected) {
@@ -407,6 +407,17 @@ TEST_F(ConfigFileTest, SetWithABadValueSaysItCameFromSet) {
   expect_contains(load_error(path, {"model.dropout=1.5"}),
                   {path, "model.dropout", "expected a number in [0, 1), got 1.5",
                    "value from --set model.dropout=1.5"});
+}
+
+TEST_F(ConfigFileTest, AnOverrideFromAnAppOptionNamesThatOption) {
+  const std::string path = write(kValidRun);
+  const std::string message =
+      load_error(path, {ConfigOverride("parallel.strategy=foo", "--strategy foo")});
+  expect_contains(message, {path + ": parallel.strategy: expected one of", "got 'foo'",
+                            "(value from --strategy foo)"});
+  EXPECT_EQ(message.find("--set"), std::string::npos) << message;
+  expect_contains(load_error(path, {ConfigOverride("train.stpes=7", "--steps 7")}),
+                  {"--steps 7: unknown key"});
 }
 
 TEST_F(ConfigFileTest, SetCanProvideAKeyTheFileLacks) {

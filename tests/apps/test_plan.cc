@@ -120,6 +120,46 @@ TEST(PlanBinary, ImplausibleClusterFiguresExitWith2NamingTheKeyAndRange) {
   fs::remove(bad);
 }
 
+TEST(PlanBinary, UnwritableJsonPathIsRefusedBeforePlanningWithTheReason) {
+  std::string out, err;
+  const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
+                           src("configs/clusters/emu-mixed4.yaml");
+  EXPECT_EQ(run_plan(plan + " --json /nonexistent/dir/p.json", &out, &err), 2);
+  EXPECT_NE(err.find("cannot write --json '/nonexistent/dir/p.json': No such file or directory"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(out.find("predicted step time"), std::string::npos) << "planned before refusing:\n" << out;
+  const std::string dir = fs::temp_directory_path().string();
+  EXPECT_EQ(run_plan(plan + " --json " + dir, &out, &err), 2);
+  EXPECT_NE(err.find("cannot write --json '" + dir + "': it is a directory"), std::string::npos) << err;
+}
+
+TEST(PlanBinary, EmptyOptionValuesAreRefused) {
+  const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
+                           src("configs/clusters/emu-mixed4.yaml");
+  for (const char* option : {"--json", "--strategy", "--segments"}) {
+    SCOPED_TRACE(option);
+    std::string out, err;
+    EXPECT_EQ(run_plan(plan + " " + option + " ''", &out, &err), 2);
+    EXPECT_NE(err.find(std::string(option) + ": expected a non-empty value, got ''"), std::string::npos)
+        << err;
+  }
+}
+
+TEST(PlanBinary, BadStrategyOrSegmentsNameTheirOption) {
+  const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
+                           src("configs/clusters/emu-mixed4.yaml");
+  std::string out, err;
+  EXPECT_EQ(run_plan(plan + " --strategy foo", &out, &err), 2);
+  EXPECT_NE(err.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'foo' "
+                     "(value from --strategy foo)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(err.find("--set"), std::string::npos) << err;
+  EXPECT_EQ(run_plan(plan + " --segments all", &out, &err), 2);
+  EXPECT_NE(err.find("(value from --segments all)"), std::string::npos) << err;
+}
+
 // ---- the report, on programs made up to hit its edge cases ----
 
 // `names.size()` devices of 1 GiB on one node.
