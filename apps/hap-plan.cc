@@ -1,6 +1,7 @@
 // hap-plan: synthesize (and explain) a distributed program offline, for any cluster size.
 //   hap-plan --config configs/gpt.yaml --cluster configs/clusters/hap-paper.yaml
 //            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
+//            [--search-budget STATES] [--set key.path=value]...
 //   hap-plan --config configs/gpt.yaml --dump-graph
 //   hap-plan --cluster FILE --describe-cluster   (the validated cluster as JSON: scripts read it)
 // Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input (config,
@@ -73,13 +74,16 @@ std::string unwritable_reason(const std::string& path) {
 
 int main(int argc, char** argv) {
   CLI::App cli{"hap-plan: synthesize a ratio-sharded SPMD program for a model on a cluster"};
-  std::string config_path, cluster_path, strategy, segments, json_path;
+  std::string config_path, cluster_path, strategy, segments, json_path, search_budget;
   std::vector<std::string> overrides;
   bool dump_graph = false, describe_cluster = false;
   cli.add_option("--config", config_path, "run config (YAML): the model and the global batch");
   cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
   cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp (default: the config's parallel.strategy)");
   cli.add_option("--segments", segments, "per-block or single (default: the config's parallel.segments)");
+  cli.add_option("--search-budget", search_budget,
+                 "states the program search may expand per round (default: the config's "
+                 "parallel.search_budget, 2000000)");
   cli.add_option("--set", overrides, "override a config key (repeatable)");
   cli.add_option("--json", json_path, "write the plan as JSON");
   cli.add_flag("--dump-graph", dump_graph, "print the traced graph");
@@ -95,7 +99,8 @@ int main(int argc, char** argv) {
                                       {"--cluster", &cluster_path},
                                       {"--strategy", &strategy},
                                       {"--segments", &segments},
-                                      {"--json", &json_path}}) {
+                                      {"--json", &json_path},
+                                      {"--search-budget", &search_budget}}) {
     if (cli.count(option) > 0 && value->empty()) {
       std::fprintf(stderr, "hap-plan: %s: expected a non-empty value, got ''\n", option);
       return 2;
@@ -137,6 +142,9 @@ int main(int argc, char** argv) {
     config_overrides.emplace_back("parallel.strategy=" + strategy, "--strategy " + strategy);
   if (!segments.empty())
     config_overrides.emplace_back("parallel.segments=" + segments, "--segments " + segments);
+  if (!search_budget.empty())
+    config_overrides.emplace_back("parallel.search_budget=" + search_budget,
+                                  "--search-budget " + search_budget);
   try {
     hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, config_overrides);
     hap::app::TracedModel tm = hap::app::trace_model(config);
@@ -146,7 +154,14 @@ int main(int argc, char** argv) {
 
     hap::synth::SynthesisOptions opt = hap::app::synthesis_options(config.parallel);
     hap::synth::Strategy strat = opt.strategy;
-    hap::synth::DistributedProgram plan = hap::synth::synthesize(tm.graph, cluster, opt);
+    hap::synth::DistributedProgram plan;
+    try {
+      plan = hap::synth::synthesize(tm.graph, cluster, opt);
+    } catch (const hap::Error& e) {
+      std::fprintf(stderr, "hap-plan: error: %s\n",
+                   hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
+      return 1;
+    }
     std::vector<hap::synth::DistributedProgram> baselines;
     for (auto s : {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp}) {
       if (s == strat) continue;
@@ -155,7 +170,8 @@ int main(int argc, char** argv) {
       try {
         baselines.push_back(hap::synth::synthesize(tm.graph, cluster, b));
       } catch (const hap::Error& e) {
-        std::printf("note: baseline %s has no feasible program: %s\n", hap::synth::strategy_name(s), e.what());
+        std::printf("note: baseline %s has no feasible program: %s\n", hap::synth::strategy_name(s),
+                    hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
       }
     }
     hap::synth::CostModel cm(tm.graph, cluster);

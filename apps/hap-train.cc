@@ -49,7 +49,8 @@ int run_distributed(int argc, char** argv, hap::app::TrainRunConfig config,
     return 2;
   } catch (const std::exception& e) {
     // Possibly on this rank only: end every rank now rather than leave them in a collective.
-    std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(), e.what());
+    std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(),
+                 hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
     comm.abort_all(1);
   }
 }

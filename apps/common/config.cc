@@ -33,7 +33,8 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 2> kParallelKeys = {"strategy", "segments"};
+constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments",
+                                                           "search_budget"};
 constexpr std::array<std::string_view, 8> kModelKeys = {
     "name", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias"};
 constexpr std::array<std::string_view, 2> kDataKeys = {"path", "val_fraction"};
@@ -226,6 +227,8 @@ ParallelConfig read_parallel(SectionReader& s) {
   ParallelConfig p;
   p.strategy = s.choice("strategy", kStrategies, p.strategy);
   p.segments = s.choice("segments", kSegmentModes, p.segments);
+  // Fewer states than this cannot plan even the smallest model.
+  p.search_budget = s.integer("search_budget", p.search_budget, IntRange::at_least(1000));
   s.finish();
   return p;
 }
@@ -325,7 +328,8 @@ nlohmann::json to_json(const TrainRunConfig& config) {
         {"threads", t.threads}}},
       {"parallel",
        {{"strategy", std::string(to_string(config.parallel.strategy))},
-        {"segments", std::string(to_string(config.parallel.segments))}}},
+        {"segments", std::string(to_string(config.parallel.segments))},
+        {"search_budget", config.parallel.search_budget}}},
   };
 }
 

@@ -86,6 +86,8 @@ enum class Segments { kPerBlock, kSingle };
 struct ParallelConfig {
   Strategy strategy = Strategy::kHap;
   Segments segments = Segments::kPerBlock;
+  // States the program search may expand per round (synth::SynthesisOptions::max_states), >= 1000.
+  std::int64_t search_budget = 2'000'000;
 };
 std::string_view to_string(Strategy strategy);  // "hap", "dp-ev", "dp-cp", "tp"
 std::string_view to_string(Segments segments);  // "per-block", "single"

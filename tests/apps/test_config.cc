@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/common/config.h"
+#include "apps/common/dist_trainer.h"
 
 namespace hap::app {
 namespace {
@@ -456,6 +457,36 @@ TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
     EXPECT_NE(m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
               std::string::npos) << m;
   }
+}
+
+TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  TrainRunConfig c = load_train_config(path, {});
+  EXPECT_EQ(c.parallel.search_budget, 2'000'000);
+  EXPECT_EQ(synthesis_options(c.parallel).max_states, 2'000'000);
+  c = load_train_config(path, {"parallel.search_budget=5000000"});
+  EXPECT_EQ(c.parallel.search_budget, 5'000'000);
+  EXPECT_EQ(synthesis_options(c.parallel).max_states, 5'000'000);
+  EXPECT_EQ(to_json(c)["parallel"]["search_budget"], 5'000'000);
+  try {
+    load_train_config(path, {"parallel.search_budget=999"});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.search_budget: expected an integer >= 1000, got 999"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ParallelSection, ABudgetErrorNamesTheKeyAndTheOptions) {
+  ParallelConfig p;
+  p.search_budget = 4000;
+  const std::string what = "search: expanded more than 4000 states without reaching the loss (raise "
+                           "the search budget)";
+  EXPECT_EQ(synthesis_error_message(what, p),
+            what + "; the budget is parallel.search_budget = 4000 states (--set "
+                   "parallel.search_budget=N, or hap-plan --search-budget N)");
+  EXPECT_EQ(synthesis_error_message("no program fits in memory", p), "no program fits in memory");
 }
 
 }  // namespace

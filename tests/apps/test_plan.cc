@@ -137,7 +137,7 @@ TEST(PlanBinary, UnwritableJsonPathIsRefusedBeforePlanningWithTheReason) {
 TEST(PlanBinary, EmptyOptionValuesAreRefused) {
   const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
                            src("configs/clusters/emu-mixed4.yaml");
-  for (const char* option : {"--json", "--strategy", "--segments"}) {
+  for (const char* option : {"--json", "--strategy", "--segments", "--search-budget"}) {
     SCOPED_TRACE(option);
     std::string out, err;
     EXPECT_EQ(run_plan(plan + " " + option + " ''", &out, &err), 2);
@@ -158,6 +158,26 @@ TEST(PlanBinary, BadStrategyOrSegmentsNameTheirOption) {
   EXPECT_EQ(err.find("--set"), std::string::npos) << err;
   EXPECT_EQ(run_plan(plan + " --segments all", &out, &err), 2);
   EXPECT_NE(err.find("(value from --segments all)"), std::string::npos) << err;
+}
+
+TEST(PlanBinary, SearchBudgetIsAnOptionAndRunningOutNamesIt) {
+  const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
+                           src("configs/clusters/two-devices.yaml");
+  std::string out, err;
+  // Two uneven devices take some 20000 states to plan gpt-tiny.
+  EXPECT_EQ(run_plan(plan + " --search-budget 1000", &out, &err), 1);
+  EXPECT_NE(err.find("expanded more than 1000 states"), std::string::npos) << err;
+  EXPECT_NE(err.find("parallel.search_budget = 1000 states"), std::string::npos) << err;
+  EXPECT_NE(err.find("--search-budget N"), std::string::npos) << err;
+  EXPECT_EQ(run_plan(plan + " --set parallel.search_budget=1000", &out, &err), 1);
+  EXPECT_NE(err.find("parallel.search_budget = 1000 states"), std::string::npos) << err;
+  EXPECT_EQ(run_plan(plan + " --search-budget 999", &out, &err), 2);
+  EXPECT_NE(err.find("parallel.search_budget: expected an integer >= 1000, got 999 (value from "
+                     "--search-budget 999)"),
+            std::string::npos)
+      << err;
+  EXPECT_EQ(run_plan(plan + " --search-budget 100000", &out, &err), 0) << err;
+  EXPECT_NE(out.find("predicted step time"), std::string::npos) << out;
 }
 
 // ---- the report, on programs made up to hit its edge cases ----
