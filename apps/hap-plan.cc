@@ -95,12 +95,13 @@ int main(int argc, char** argv) {
     return cli.exit(e) == 0 ? 0 : 2;
   }
   // An empty value would silently mean "not given".
-  for (const auto& [option, value] : {std::pair<const char*, const std::string*>{"--config", &config_path},
-                                      {"--cluster", &cluster_path},
-                                      {"--strategy", &strategy},
-                                      {"--segments", &segments},
-                                      {"--json", &json_path},
-                                      {"--search-budget", &search_budget}}) {
+  for (const auto& [option, value] :
+       {std::pair<const char*, const std::string*>{"--config", &config_path},
+        {"--cluster", &cluster_path},
+        {"--strategy", &strategy},
+        {"--segments", &segments},
+        {"--json", &json_path},
+        {"--search-budget", &search_budget}}) {
     if (cli.count(option) > 0 && value->empty()) {
       std::fprintf(stderr, "hap-plan: %s: expected a non-empty value, got ''\n", option);
       return 2;
@@ -133,7 +134,8 @@ int main(int argc, char** argv) {
   // Checked before planning, which can take minutes, rather than after.
   if (!json_path.empty()) {
     if (const std::string reason = unwritable_reason(json_path); !reason.empty()) {
-      std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(), reason.c_str());
+      std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(),
+                   reason.c_str());
       return 2;
     }
   }
@@ -181,7 +183,8 @@ int main(int argc, char** argv) {
       if (out) out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
       if (out) out.close();
       if (!out) {
-        std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(), std::strerror(errno));
+        std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(),
+                     std::strerror(errno));
         return 1;
       }
       std::printf("wrote %s\n", json_path.c_str());
@@ -194,7 +197,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-plan: error: %s\n", e.what());
     return 1;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "hap-plan: error: out of memory (the model or the search is too large for this machine)\n");
+    std::fprintf(
+        stderr,
+        "hap-plan: error: out of memory (the model or the search is too large for this machine)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());

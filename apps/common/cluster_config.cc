@@ -53,8 +53,7 @@ constexpr std::int64_t kMaxCount = 65536;
 const RealRange kFlopsRange = RealRange::closed(1e3, 1e18).because("FLOP/s of one device");
 const RealRange kBandwidthRange = RealRange::closed(1e3, 1e15).because("bytes/s");
 const RealRange kLatencyRange = RealRange::closed(0, 10).because("seconds");
-const RealRange kUpdateRange =
-    RealRange::closed(0, 1e-3).because("seconds per parameter element");
+const RealRange kUpdateRange = RealRange::closed(0, 1e-3).because("seconds per parameter element");
 // 1 PB: far beyond any device, and exact in the cost model's doubles (below 2^53).
 constexpr double kMaxMemoryBytes = 1e15;
 

@@ -33,8 +33,7 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments",
-                                                           "search_budget"};
+constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments", "search_budget"};
 constexpr std::array<std::string_view, 8> kModelKeys = {
     "name", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias"};
 constexpr std::array<std::string_view, 2> kDataKeys = {"path", "val_fraction"};
@@ -72,10 +71,10 @@ std::string_view name_of(const std::array<Choice<E>, N>& choices, E value) {
 
 // ---- the file and the overrides ----
 
-
 // Applies "section.key=value" overrides to the parsed tree, and records where each came from in
 // `origin`, so that a message about an overridden value points at its command-line argument.
-void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<ConfigOverride>& overrides) {
+void apply_overrides(Origin& origin, YAML::Node& root,
+                     const std::vector<ConfigOverride>& overrides) {
   for (const ConfigOverride& override : overrides) {
     const std::string& text = override.assignment;
     const std::string& argument = override.argument;
@@ -145,8 +144,8 @@ void check_elements(const SectionReader& s, std::string_view key, std::string_vi
     values += format_number(f.value);
   }
   s.fail_value(key, "an integer with " + names + " <= 2^40 (the elements of " +
-                        std::string(tensor) + "; here " + values + " = " +
-                        format_number(product) + ")");
+                        std::string(tensor) + "; here " + values + " = " + format_number(product) +
+                        ")");
 }
 
 // ---- the sections ----

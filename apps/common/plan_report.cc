@@ -203,10 +203,11 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
     if (listed++ < 40) {
       const synth::GraphTensor& t = g.tensors[in.tensor];
       std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
-      os << "  " << pad(synth::instr_name(in.kind), 16) << " " << pad(synth::method_name(in.method), 8)
-         << " " << pad("%" + std::to_string(in.tensor), 9) << " " << pad(in.from.str(), 6) << "->"
-         << pad(in.to.str(), 6) << " " << pad_left(fmt_bytes(bytes), 10) << "  "
-         << pad_left(fmt_s(in.cost_s), 10) << "  (" << where << ")\n";
+      os << "  " << pad(synth::instr_name(in.kind), 16) << " "
+         << pad(synth::method_name(in.method), 8) << " " << pad("%" + std::to_string(in.tensor), 9)
+         << " " << pad(in.from.str(), 6) << "->" << pad(in.to.str(), 6) << " "
+         << pad_left(fmt_bytes(bytes), 10) << "  " << pad_left(fmt_s(in.cost_s), 10) << "  ("
+         << where << ")\n";
     }
   }
   if (listed > 40) os << "  ... " << listed - 40 << " more\n";
@@ -219,13 +220,15 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
      << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";
   os << "per device:\n";
   std::size_t name_width = 16;
-  for (const synth::Device& device : c.devices) name_width = std::max(name_width, device.name.size());
+  for (const synth::Device& device : c.devices)
+    name_width = std::max(name_width, device.name.size());
   for (int d = 0; d < c.size(); ++d) {
     const double capacity = static_cast<double>(c.devices[d].memory_bytes);
-    os << "  " << pad(std::to_string(d), 3) << " " << pad(c.devices[d].name, name_width) << " compute "
-       << pad_left(fmt_s(p.device_compute_s[d]), 10) << "  memory "
-       << pad_left(fmt_bytes(p.device_memory_bytes[d]), 10) << " of " << pad_left(fmt_bytes(capacity), 10)
-       << (p.device_memory_bytes[d] > capacity ? "  OVER" : "") << "\n";
+    os << "  " << pad(std::to_string(d), 3) << " " << pad(c.devices[d].name, name_width)
+       << " compute " << pad_left(fmt_s(p.device_compute_s[d]), 10) << "  memory "
+       << pad_left(fmt_bytes(p.device_memory_bytes[d]), 10) << " of "
+       << pad_left(fmt_bytes(capacity), 10) << (p.device_memory_bytes[d] > capacity ? "  OVER" : "")
+       << "\n";
   }
   if (!baselines.empty()) {
     os << "predicted speed-up of " << p.strategy << " over:";

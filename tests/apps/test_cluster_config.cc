@@ -309,8 +309,8 @@ TEST_F(ClusterFileTest, BadMemoryNamesTheValueAndTheAcceptedForms) {
 TEST_F(ClusterFileTest, ErrorMessageHasTheDocumentedFormat) {
   const std::string path = write(edited("flops_per_s: 1.0e12", "flops_per_s: 0"));
   EXPECT_EQ(load_error(path), path +
-                                 ": nodes[1].devices[0].flops_per_s: expected a number in [1000, "
-                                 "1e+18] (FLOP/s of one device), got 0");
+                                  ": nodes[1].devices[0].flops_per_s: expected a number in [1000, "
+                                  "1e+18] (FLOP/s of one device), got 0");
 }
 
 TEST_F(ClusterFileTest, NonPositiveValues) {
@@ -324,12 +324,13 @@ TEST_F(ClusterFileTest, NonPositiveValues) {
        "got 0"},
       {"count: 2", "count: 100000", "nodes[0].devices[1].count",
        "expected an integer in [1, 65536]", "got 100000"},
-      {"bandwidth_bytes_per_s: 5.0e9", "bandwidth_bytes_per_s: 0", "nodes[1].link.bandwidth_bytes_per_s",
-       "expected a number in [1000, 1e+15] (bytes/s)", "got 0"},
+      {"bandwidth_bytes_per_s: 5.0e9", "bandwidth_bytes_per_s: 0",
+       "nodes[1].link.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15] (bytes/s)",
+       "got 0"},
       {"latency_s: 2.0e-6", "latency_s: -2.0e-6", "nodes[0].link.latency_s",
        "expected a number in [0, 10] (seconds)", "got -2.0e-6"},
-      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: -1", "inter_node.bandwidth_bytes_per_s",
-       "expected a number in [1000, 1e+15]", "got -1"},
+      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: -1",
+       "inter_node.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15]", "got -1"},
       {"flops_per_s: 4.0e12", "flops_per_s: .inf", "nodes[0].devices[0].flops_per_s",
        "expected a number", "got '.inf'"},
       {"flops_per_s: 4.0e12", "flops_per_s: 1e400", "nodes[0].devices[0].flops_per_s",
@@ -542,20 +543,26 @@ TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
     std::string from, to, key_path, expectation;
   };
   const std::vector<Case> cases = {
-      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 1.5}", "nodes[0].devices[0].cpu_quota",
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 1.5}",
+       "nodes[0].devices[0].cpu_quota",
        "expected a number in (0, 1] (a share of one CPU core), got 1.5"},
-      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 0}", "nodes[0].devices[0].cpu_quota",
-       "expected a number in (0, 1]"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 0}",
+       "nodes[0].devices[0].cpu_quota", "expected a number in (0, 1]"},
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, update_s_per_param: -1}",
-       "nodes[0].devices[0].update_s_per_param", "expected a number in [0, 0.001] (seconds per parameter element), got -1"},
+       "nodes[0].devices[0].update_s_per_param",
+       "expected a number in [0, 0.001] (seconds per parameter element), got -1"},
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: -5}",
        "nodes[0].devices[0].memory_bandwidth_bytes_per_s",
        "expected 0 (not modelled) or a number in [1000, 1e+15] (bytes/s), got -5"},
-      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_reduce: {bandwidth_bytes_per_s: 0, "
-       "latency_s: 1e-6}}}", "nodes[0].link.collectives.all_reduce.bandwidth_bytes_per_s",
+      {"latency_s: 2.0e-6}",
+       "latency_s: 2.0e-6, collectives: {all_reduce: {bandwidth_bytes_per_s: 0, "
+       "latency_s: 1e-6}}}",
+       "nodes[0].link.collectives.all_reduce.bandwidth_bytes_per_s",
        "expected a number in [1000, 1e+15] (bytes/s), got 0"},
-      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {broadcast: {bandwidth_bytes_per_s: 1e9, "
-       "latency_s: 1e-6}}}", "nodes[0].link.collectives", "broadcast"},
+      {"latency_s: 2.0e-6}",
+       "latency_s: 2.0e-6, collectives: {broadcast: {bandwidth_bytes_per_s: 1e9, "
+       "latency_s: 1e-6}}}",
+       "nodes[0].link.collectives", "broadcast"},
       {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_gather: {latency_s: 1e-6}}}",
        "nodes[0].link.collectives.all_gather.bandwidth_bytes_per_s", "missing required key"},
   };

@@ -250,9 +250,8 @@ TEST_F(ConfigFileTest, SectionThatIsNotAMappingIsRejected) {
 
 TEST_F(ConfigFileTest, MissingRequiredKeySaysWhatIsExpected) {
   const std::string path = write(edited("  n_head: 2\n", ""));
-  expect_contains(load_error(path),
-                  {path, "model.n_head", "missing required key",
-                   "expected an integer in [1, 2147483647]"});
+  expect_contains(load_error(path), {path, "model.n_head", "missing required key",
+                                     "expected an integer in [1, 2147483647]"});
 }
 
 TEST_F(ConfigFileTest, MissingRequiredSectionIsReported) {
@@ -321,8 +320,8 @@ TEST_F(ConfigFileTest, SizesAboveTheirLimitsNameTheKeyValueAndLimit) {
   const std::string path = write(kValidRun);
   for (const Case& c : cases) {
     SCOPED_TRACE(c.set);
-    expect_contains(load_error(path, {c.set}),
-                    {path + ": " + c.key + ": ", c.expectation, "(value from --set " + c.set + ")"});
+    expect_contains(load_error(path, {c.set}), {path + ": " + c.key + ": ", c.expectation,
+                                                "(value from --set " + c.set + ")"});
   }
   EXPECT_EQ(load_train_config(path, {"model.n_layer=10000"}).model.n_layer, 10000);
 }
@@ -333,18 +332,23 @@ TEST_F(ConfigFileTest, TensorsOfMoreThan2To40ElementsAreRefused) {
     std::string key, expectation;
   };
   const std::vector<Case> cases = {
-      {{"train.batch_size=2147483647"}, "train.batch_size",
+      {{"train.batch_size=2147483647"},
+       "train.batch_size",
        "expected an integer with train.batch_size x train.seq_len x 4 x model.n_embd <= 2^40 (the "
        "elements of the MLP's hidden activation; here 2147483647 x 64 x 4 x 32 = 17592186036224), "
        "got 2147483647"},
-      {{"model.vocab_size=2147483647", "train.batch_size=16"}, "train.batch_size",
+      {{"model.vocab_size=2147483647", "train.batch_size=16"},
+       "train.batch_size",
        "train.batch_size x train.seq_len x model.vocab_size <= 2^40 (the elements of the logits"},
-      {{"model.n_embd=1048576"}, "model.n_embd",
+      {{"model.n_embd=1048576"},
+       "model.n_embd",
        "4 x model.n_embd x model.n_embd <= 2^40 (the elements of an MLP weight"},
-      {{"model.block_size=2147483647", "model.n_embd=1024"}, "model.n_embd",
+      {{"model.block_size=2147483647", "model.n_embd=1024"},
+       "model.n_embd",
        "model.block_size x model.n_embd <= 2^40 (the elements of the position embedding; here "
        "2147483647 x 1024"},
-      {{"model.vocab_size=2147483647", "model.n_embd=1024"}, "model.n_embd",
+      {{"model.vocab_size=2147483647", "model.n_embd=1024"},
+       "model.n_embd",
        "model.vocab_size x model.n_embd <= 2^40 (the elements of the token embedding"},
   };
   const std::string path = write(kValidRun);
@@ -357,9 +361,9 @@ TEST_F(ConfigFileTest, TensorsOfMoreThan2To40ElementsAreRefused) {
 
 TEST_F(ConfigFileTest, AGpt3SizedRunIsWithinTheLimits) {
   const TrainRunConfig c = load_train_config(
-      write(kValidRun), {"model.vocab_size=50257", "model.block_size=2048", "model.n_layer=96",
-                         "model.n_head=96", "model.n_embd=12288", "train.batch_size=1536",
-                         "train.seq_len=2048"});
+      write(kValidRun),
+      {"model.vocab_size=50257", "model.block_size=2048", "model.n_layer=96", "model.n_head=96",
+       "model.n_embd=12288", "train.batch_size=1536", "train.seq_len=2048"});
   EXPECT_EQ(c.model.n_embd, 12288);
   EXPECT_EQ(c.train.batch_size, 1536);
 }
@@ -472,8 +476,9 @@ TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthes
     load_train_config(path, {"parallel.search_budget=999"});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("parallel.search_budget: expected an integer >= 1000, got 999"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("parallel.search_budget: expected an integer >= 1000, got 999"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -481,11 +486,12 @@ TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthes
 TEST(ParallelSection, ABudgetErrorNamesTheKeyAndTheOptions) {
   ParallelConfig p;
   p.search_budget = 4000;
-  const std::string what = "search: expanded more than 4000 states without reaching the loss (raise "
-                           "the search budget)";
+  const std::string what =
+      "search: expanded more than 4000 states without reaching the loss (raise the search budget)";
   EXPECT_EQ(synthesis_error_message(what, p),
-            what + "; the budget is parallel.search_budget = 4000 states (--set "
-                   "parallel.search_budget=N, or hap-plan --search-budget N)");
+            what +
+                "; the budget is parallel.search_budget = 4000 states (--set "
+                "parallel.search_budget=N, or hap-plan --search-budget N)");
   EXPECT_EQ(synthesis_error_message("no program fits in memory", p), "no program fits in memory");
 }
 

@@ -103,16 +103,19 @@ TEST(PlanBinary, ImplausibleClusterFiguresExitWith2NamingTheKeyAndRange) {
        "count: 2}",
        "memory_bandwidth_bytes_per_s", "1e-30"},
   };
-  fs::path bad = fs::temp_directory_path() / ("hap_implausible_" + std::to_string(::getpid()) + ".yaml");
+  fs::path bad =
+      fs::temp_directory_path() / ("hap_implausible_" + std::to_string(::getpid()) + ".yaml");
   for (const Case& c : cases) {
     SCOPED_TRACE(c.device);
     std::ofstream(bad) << "nodes:\n  - link: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5}\n"
                        << "    devices:\n      - " << c.device << "\n";
     std::string out, err;
-    EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(), &out, &err),
+    EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(),
+                       &out, &err),
               2)
         << err;
-    EXPECT_NE(err.find(bad.string() + ": nodes[0].devices[0]." + c.key + ": expected "), std::string::npos)
+    EXPECT_NE(err.find(bad.string() + ": nodes[0].devices[0]." + c.key + ": expected "),
+              std::string::npos)
         << err;
     EXPECT_NE(err.find(" in ["), std::string::npos) << err;
     EXPECT_NE(err.find("got " + c.got), std::string::npos) << err;
@@ -128,10 +131,12 @@ TEST(PlanBinary, UnwritableJsonPathIsRefusedBeforePlanningWithTheReason) {
   EXPECT_NE(err.find("cannot write --json '/nonexistent/dir/p.json': No such file or directory"),
             std::string::npos)
       << err;
-  EXPECT_EQ(out.find("predicted step time"), std::string::npos) << "planned before refusing:\n" << out;
+  EXPECT_EQ(out.find("predicted step time"), std::string::npos) << "planned before refusing:\n"
+                                                                << out;
   const std::string dir = fs::temp_directory_path().string();
   EXPECT_EQ(run_plan(plan + " --json " + dir, &out, &err), 2);
-  EXPECT_NE(err.find("cannot write --json '" + dir + "': it is a directory"), std::string::npos) << err;
+  EXPECT_NE(err.find("cannot write --json '" + dir + "': it is a directory"), std::string::npos)
+      << err;
 }
 
 TEST(PlanBinary, EmptyOptionValuesAreRefused) {
@@ -141,7 +146,8 @@ TEST(PlanBinary, EmptyOptionValuesAreRefused) {
     SCOPED_TRACE(option);
     std::string out, err;
     EXPECT_EQ(run_plan(plan + " " + option + " ''", &out, &err), 2);
-    EXPECT_NE(err.find(std::string(option) + ": expected a non-empty value, got ''"), std::string::npos)
+    EXPECT_NE(err.find(std::string(option) + ": expected a non-empty value, got ''"),
+              std::string::npos)
         << err;
   }
 }
@@ -223,7 +229,8 @@ class PlanReport : public ::testing::Test {
   }
 
   // The report's lines that start with `prefix`.
-  static std::vector<std::string> lines_starting(const std::string& text, const std::string& prefix) {
+  static std::vector<std::string> lines_starting(const std::string& text,
+                                                 const std::string& prefix) {
     std::vector<std::string> lines;
     std::istringstream in(text);
     for (std::string line; std::getline(in, line);)
@@ -237,7 +244,8 @@ class PlanReport : public ::testing::Test {
 TEST_F(PlanReport, TimesKeepTheirUnitAtAnySize) {
   const hap::synth::Cluster c = cluster_of(numbered(2));
   std::string out = report(c, program(c, 2e30));
-  EXPECT_NE(out.find("predicted step time: 2.00e+30 s (compute 2.00e+30 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("predicted step time: 2.00e+30 s (compute 2.00e+30 s"), std::string::npos)
+      << out;
   out = report(c, program(c, 3e-10));
   EXPECT_NE(out.find("predicted step time: 0.3 ns"), std::string::npos) << out;
   out = report(c, program(c, 0.0125));
@@ -279,7 +287,8 @@ TEST_F(PlanReport, SharesOfManyDevicesAreShownWithEnoughDigitsToSumToOne) {
   const hap::synth::Cluster c = cluster_of(numbered(64));
   hap::synth::DistributedProgram p = program(c, 1.0);
   // 16 fast devices and 48 slow ones, as on the hap-paper cluster.
-  for (int d = 0; d < 64; ++d) p.ratios[0][d] = d < 16 ? 3.86 / (16 * 3.86 + 48 * 2.15) : 2.15 / (16 * 3.86 + 48 * 2.15);
+  for (int d = 0; d < 64; ++d)
+    p.ratios[0][d] = d < 16 ? 3.86 / (16 * 3.86 + 48 * 2.15) : 2.15 / (16 * 3.86 + 48 * 2.15);
   p.ratios[0].back() = 1e-9;  // and one share far too small for the fixed decimals
   const std::vector<std::string> rows = lines_starting(report(c, p), "  segment 0:");
   ASSERT_EQ(rows.size(), 1u);
