@@ -1,14 +1,24 @@
 // hap-plan: synthesize (and explain) a distributed program offline, for any cluster size.
 //   hap-plan --config configs/gpt.yaml --cluster configs/clusters/hap-paper.yaml
 //            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
+//            [--search-budget STATES] [--set key.path=value]...
 //   hap-plan --config configs/gpt.yaml --dump-graph
 //   hap-plan --cluster FILE --describe-cluster   (the validated cluster as JSON: scripts read it)
-// Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input.
+// Exit codes: 0 planned, 1 no feasible plan or another run-time error, 2 bad input (config,
+// cluster, options, a --json path that cannot be written).
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <exception>
+#include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "apps/common/cluster_config.h"
@@ -46,17 +56,34 @@ nlohmann::json cluster_to_json(const hap::synth::Cluster& cluster) {
   return j;
 }
 
+// Why the file at `path` cannot be written (the OS's reason), or "" when it can.
+std::string unwritable_reason(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) return "it is a directory";
+  const bool exists = fs::exists(path, ec);
+  fs::path target = exists ? fs::path(path) : fs::path(path).parent_path();
+  if (target.empty()) target = ".";
+  if (!exists && fs::exists(target, ec) && !fs::is_directory(target, ec))
+    return "'" + target.string() + "' is not a directory";
+  if (::access(target.c_str(), W_OK) != 0) return std::strerror(errno);
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App cli{"hap-plan: synthesize a ratio-sharded SPMD program for a model on a cluster"};
-  std::string config_path, cluster_path, strategy, segments, json_path;
+  std::string config_path, cluster_path, strategy, segments, json_path, search_budget;
   std::vector<std::string> overrides;
   bool dump_graph = false, describe_cluster = false;
   cli.add_option("--config", config_path, "run config (YAML): the model and the global batch");
   cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
   cli.add_option("--strategy", strategy, "hap, dp-ev, dp-cp or tp (default: the config's parallel.strategy)");
   cli.add_option("--segments", segments, "per-block or single (default: the config's parallel.segments)");
+  cli.add_option("--search-budget", search_budget,
+                 "states the program search may expand per round (default: the config's "
+                 "parallel.search_budget, 2000000)");
   cli.add_option("--set", overrides, "override a config key (repeatable)");
   cli.add_option("--json", json_path, "write the plan as JSON");
   cli.add_flag("--dump-graph", dump_graph, "print the traced graph");
@@ -66,6 +93,19 @@ int main(int argc, char** argv) {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return cli.exit(e) == 0 ? 0 : 2;
+  }
+  // An empty value would silently mean "not given".
+  for (const auto& [option, value] :
+       {std::pair<const char*, const std::string*>{"--config", &config_path},
+        {"--cluster", &cluster_path},
+        {"--strategy", &strategy},
+        {"--segments", &segments},
+        {"--json", &json_path},
+        {"--search-budget", &search_budget}}) {
+    if (cli.count(option) > 0 && value->empty()) {
+      std::fprintf(stderr, "hap-plan: %s: expected a non-empty value, got ''\n", option);
+      return 2;
+    }
   }
   if (describe_cluster) {
     if (cluster_path.empty()) {
@@ -78,6 +118,9 @@ int main(int argc, char** argv) {
     } catch (const hap::app::ConfigError& e) {
       std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
       return 2;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
+      return 1;
     }
   }
   if (config_path.empty()) {
@@ -88,10 +131,24 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-plan: --cluster FILE is required to plan (or pass --dump-graph)\n");
     return 2;
   }
-  if (!strategy.empty()) overrides.push_back("parallel.strategy=" + strategy);
-  if (!segments.empty()) overrides.push_back("parallel.segments=" + segments);
+  // Checked before planning, which can take minutes, rather than after.
+  if (!json_path.empty()) {
+    if (const std::string reason = unwritable_reason(json_path); !reason.empty()) {
+      std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(),
+                   reason.c_str());
+      return 2;
+    }
+  }
+  std::vector<hap::app::ConfigOverride> config_overrides(overrides.begin(), overrides.end());
+  if (!strategy.empty())
+    config_overrides.emplace_back("parallel.strategy=" + strategy, "--strategy " + strategy);
+  if (!segments.empty())
+    config_overrides.emplace_back("parallel.segments=" + segments, "--segments " + segments);
+  if (!search_budget.empty())
+    config_overrides.emplace_back("parallel.search_budget=" + search_budget,
+                                  "--search-budget " + search_budget);
   try {
-    hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, overrides);
+    hap::app::TrainRunConfig config = hap::app::load_train_config(config_path, config_overrides);
     hap::app::TracedModel tm = hap::app::trace_model(config);
     if (dump_graph) std::printf("%s", tm.graph.str().c_str());
     if (cluster_path.empty()) return 0;
@@ -99,7 +156,14 @@ int main(int argc, char** argv) {
 
     hap::synth::SynthesisOptions opt = hap::app::synthesis_options(config.parallel);
     hap::synth::Strategy strat = opt.strategy;
-    hap::synth::DistributedProgram plan = hap::synth::synthesize(tm.graph, cluster, opt);
+    hap::synth::DistributedProgram plan;
+    try {
+      plan = hap::synth::synthesize(tm.graph, cluster, opt);
+    } catch (const hap::Error& e) {
+      std::fprintf(stderr, "hap-plan: error: %s\n",
+                   hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
+      return 1;
+    }
     std::vector<hap::synth::DistributedProgram> baselines;
     for (auto s : {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp}) {
       if (s == strat) continue;
@@ -108,18 +172,21 @@ int main(int argc, char** argv) {
       try {
         baselines.push_back(hap::synth::synthesize(tm.graph, cluster, b));
       } catch (const hap::Error& e) {
-        std::printf("note: baseline %s has no feasible program: %s\n", hap::synth::strategy_name(s), e.what());
+        std::printf("note: baseline %s has no feasible program: %s\n", hap::synth::strategy_name(s),
+                    hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
       }
     }
     hap::synth::CostModel cm(tm.graph, cluster);
     std::printf("%s", hap::app::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {
       std::ofstream out(json_path);
+      if (out) out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
+      if (out) out.close();
       if (!out) {
-        std::fprintf(stderr, "hap-plan: cannot write --json '%s'\n", json_path.c_str());
+        std::fprintf(stderr, "hap-plan: cannot write --json '%s': %s\n", json_path.c_str(),
+                     std::strerror(errno));
         return 1;
       }
-      out << hap::app::plan_to_json(cm, plan).dump(2) << "\n";
       std::printf("wrote %s\n", json_path.c_str());
     }
     return 0;
@@ -128,6 +195,14 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const hap::Error& e) {
     std::fprintf(stderr, "hap-plan: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(
+        stderr,
+        "hap-plan: error: out of memory (the model or the search is too large for this machine)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
     return 1;
   }
 }

@@ -577,7 +577,8 @@ int main(int argc, char** argv) {
   try {
     if (std::filesystem::is_directory(opt.out_path))
       throw hap::app::ConfigError("--out '" + opt.out_path + "' is a directory; expected a file path");
-    const hap::app::TrainRunConfig config = hap::app::load_train_config(opt.config_path, overrides);
+    const hap::app::TrainRunConfig config =
+        hap::app::load_train_config(opt.config_path, {overrides.begin(), overrides.end()});
     rc = run(opt, config, world);
   } catch (const hap::app::ConfigError& e) {
     // Same inputs on every rank: every rank stops alike.

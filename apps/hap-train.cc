@@ -5,6 +5,7 @@
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,8 @@ int run_distributed(int argc, char** argv, hap::app::TrainRunConfig config,
     return 2;
   } catch (const std::exception& e) {
     // Possibly on this rank only: end every rank now rather than leave them in a collective.
-    std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(), e.what());
+    std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(),
+                 hap::app::synthesis_error_message(e.what(), config.parallel).c_str());
     comm.abort_all(1);
   }
 }
@@ -84,13 +86,23 @@ int main(int argc, char** argv) {
   }
   hap::app::TrainRunConfig config;
   try {
-    config = hap::app::load_train_config(config_path, overrides);
+    config = hap::app::load_train_config(config_path, {overrides.begin(), overrides.end()});
   } catch (const hap::app::ConfigError& e) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hap-train: internal error: %s\n", e.what());
+    return 1;
   }
-  if (!cluster_path.empty())
-    return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options);
+  if (!cluster_path.empty()) {
+    try {
+      return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, options);
+    } catch (const std::exception& e) {
+      // Before MPI came up (run_distributed handles everything after): this process alone.
+      std::fprintf(stderr, "hap-train: error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (!plan_file.empty()) {
     std::fprintf(stderr, "hap-train: --plan needs --cluster (the cluster the plan was made for)\n");
     return 2;

@@ -542,8 +542,7 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
     }
     if (++expanded > space.max_states)
       throw SearchBudgetError("search: expanded more than " + std::to_string(space.max_states) +
-                              " states without reaching the loss (raise the search budget: "
-                              "parallel.search_budget in the config, or hap-plan --search-budget)");
+                              " states without reaching the loss (raise the search budget)");
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;

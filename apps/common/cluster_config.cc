@@ -46,11 +46,19 @@ constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_
                                                              "reduce_scatter", "all_to_all"};
 
 constexpr std::int64_t kMaxCount = 65536;
-// Memory goes through doubles in the cost model: keep it exact there.
-constexpr double kMaxMemoryBytes = 9007199254740992.0;  // 2^53
+
+// Physically plausible figures, generous on both sides (documented in cluster_config.h). A value
+// outside them is a typo or a unit mistake, and far outside them the cost model's times overflow
+// or lose all precision and the ratio LP (COIN-OR CLP) aborts.
+const RealRange kFlopsRange = RealRange::closed(1e3, 1e18).because("FLOP/s of one device");
+const RealRange kBandwidthRange = RealRange::closed(1e3, 1e15).because("bytes/s");
+const RealRange kLatencyRange = RealRange::closed(0, 10).because("seconds");
+const RealRange kUpdateRange = RealRange::closed(0, 1e-3).because("seconds per parameter element");
+// 1 PB: far beyond any device, and exact in the cost model's doubles (below 2^53).
+constexpr double kMaxMemoryBytes = 1e15;
 
 constexpr std::string_view kMemoryExpectation =
-    "a whole number of bytes in [1, 2^53], or a number with a unit B, KB, MB, GB, TB, KiB, MiB, "
+    "a whole number of bytes in [1, 1e15], or a number with a unit B, KB, MB, GB, TB, KiB, MiB, "
     "GiB or TiB (e.g. 32GiB)";
 
 struct Unit {
@@ -92,10 +100,18 @@ std::vector<YAML::Node> sequence(const Origin& origin, const std::string& key_pa
   return out;
 }
 
+// An optional figure where 0 means "not modelled" and any other value must lie in `range`.
+double zero_or_in(SectionReader& s, std::string_view key, const RealRange& range) {
+  const double value = s.number(key, 0.0, RealRange());
+  if (value != 0 && !range.contains(value))
+    s.fail_value(key, "0 (not modelled) or " + range.expectation("a number"));
+  return value;
+}
+
 synth::Link read_link(SectionReader& s) {
   synth::Link link;
-  link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
-  link.latency_s = s.number("latency_s", std::nullopt, RealRange::at_least(0));
+  link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, kBandwidthRange);
+  link.latency_s = s.number("latency_s", std::nullopt, kLatencyRange);
   // Optional figures per collective (hap-profile writes them).
   SectionReader per = s.section("collectives", kCollectiveKeys, /*optional=*/true);
   for (std::size_t c = 0; c < kCollectiveKeys.size(); ++c) {
@@ -103,8 +119,8 @@ synth::Link read_link(SectionReader& s) {
     SectionReader t = per.section(kCollectiveKeys[c], kLinkTermKeys, /*optional=*/!given);
     if (!given) continue;
     link.collective[c].bandwidth_bytes_per_s =
-        t.number("bandwidth_bytes_per_s", std::nullopt, RealRange::above(0));
-    link.collective[c].latency_s = t.number("latency_s", std::nullopt, RealRange::at_least(0));
+        t.number("bandwidth_bytes_per_s", std::nullopt, kBandwidthRange);
+    link.collective[c].latency_s = t.number("latency_s", std::nullopt, kLatencyRange);
     t.finish();
   }
   per.finish();
@@ -234,13 +250,13 @@ synth::Cluster load_cluster_config(const std::string& path) {
       }
       synth::Device device;
       device.type = type;
-      device.flops_per_s = s.number("flops_per_s", std::nullopt, RealRange::above(0));
+      device.flops_per_s = s.number("flops_per_s", std::nullopt, kFlopsRange);
       device.memory_bytes = read_memory(origin, s, entries[e]);
       device.cpu_quota = s.number("cpu_quota", 0.0,
                                   RealRange::open_closed(0, 1).because("a share of one CPU core"));
-      device.update_s_per_param = s.number("update_s_per_param", 0.0, RealRange::at_least(0));
+      device.update_s_per_param = s.number("update_s_per_param", 0.0, kUpdateRange);
       device.memory_bandwidth_bytes_per_s =
-          s.number("memory_bandwidth_bytes_per_s", 0.0, RealRange::at_least(0));
+          zero_or_in(s, "memory_bandwidth_bytes_per_s", kBandwidthRange);
       s.finish();
       for (std::int64_t i = 0; i < count; ++i) {
         const int index = of_type[type]++;

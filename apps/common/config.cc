@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -32,7 +33,7 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 2> kParallelKeys = {"strategy", "segments"};
+constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments", "search_budget"};
 constexpr std::array<std::string_view, 8> kModelKeys = {
     "name", "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias"};
 constexpr std::array<std::string_view, 2> kDataKeys = {"path", "val_fraction"};
@@ -70,35 +71,36 @@ std::string_view name_of(const std::array<Choice<E>, N>& choices, E value) {
 
 // ---- the file and the overrides ----
 
-
-// Applies "section.key=value" overrides to the parsed tree, and records them in `origin` so that a
-// message about an overridden value points at its --set argument.
-void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::string>& overrides) {
-  for (const std::string& text : overrides) {
+// Applies "section.key=value" overrides to the parsed tree, and records where each came from in
+// `origin`, so that a message about an overridden value points at its command-line argument.
+void apply_overrides(Origin& origin, YAML::Node& root,
+                     const std::vector<ConfigOverride>& overrides) {
+  for (const ConfigOverride& override : overrides) {
+    const std::string& text = override.assignment;
+    const std::string& argument = override.argument;
     const std::size_t equals = text.find('=');
     const std::string key_path = text.substr(0, equals);
     const std::size_t dot = key_path.find('.');
     if (equals == std::string::npos || dot == std::string::npos || dot == 0 ||
         dot + 1 == key_path.size())
-      fail(origin, "", "--set '" + text + "': expected section.key=value, e.g. train.steps=100");
+      fail(origin, "",
+           argument + ": expected section.key=value, e.g. train.steps=100, got '" + text + "'");
     const std::string section = key_path.substr(0, dot);
     const std::string key = key_path.substr(dot + 1);
 
     const std::span<const std::string_view> keys = keys_of(section);
     if (keys.empty())
       fail(origin, key_path,
-           "--set " + text + ": unknown section '" + section +
-               "'; valid sections: " + join(kSections));
+           argument + ": unknown section '" + section + "'; valid sections: " + join(kSections));
     if (std::find(keys.begin(), keys.end(), key) == keys.end())
-      fail(origin, key_path,
-           "--set " + text + ": " + detail::unknown_key_problem(section, key, keys));
+      fail(origin, key_path, argument + ": " + detail::unknown_key_problem(section, key, keys));
 
     // The value is a YAML scalar, so `--set train.lr=1e-3` means what `lr: 1e-3` means in the file.
     YAML::Node value;
     try {
       value = YAML::Load(text.substr(equals + 1));
     } catch (const YAML::Exception& e) {
-      fail(origin, key_path, "--set " + text + ": the value is not valid YAML: " + e.msg);
+      fail(origin, key_path, argument + ": the value is not valid YAML: " + e.msg);
     }
 
     // A malformed tree is left as it is: the section reader reports it.
@@ -106,8 +108,44 @@ void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::st
     YAML::Node section_node = root[section];
     if (section_node.IsDefined() && !section_node.IsNull() && !section_node.IsMap()) continue;
     section_node[key] = value;
-    origin.overrides[key_path] = text;
+    origin.overrides[key_path] = argument;
   }
+}
+
+// ---- size limits ----
+
+// Every dimension of the model and the batch fits in 32 bits, and no tensor of the model or of
+// one step's activations has more than 2^40 elements (4 TiB of f32): far beyond any machine, and
+// far from overflowing the 64-bit element counts and byte sizes derived from them.
+constexpr std::int64_t kMaxDimension = (std::int64_t{1} << 31) - 1;
+constexpr std::int64_t kMaxLayers = 10000;
+constexpr double kMaxTensorElements = 1099511627776.0;  // 2^40
+
+struct Factor {
+  std::string_view key_path;
+  std::int64_t value;
+};
+
+// Fails on `key` (the last factor read) when the product of `factors`, the elements of `tensor`,
+// exceeds kMaxTensorElements; names every factor with its value. Computed in double: exact up to
+// 2^53, and a product that large is over the limit however it rounds.
+void check_elements(const SectionReader& s, std::string_view key, std::string_view tensor,
+                    std::initializer_list<Factor> factors) {
+  double product = 1;
+  for (const Factor& f : factors) product *= static_cast<double>(f.value);
+  if (product <= kMaxTensorElements) return;
+  std::string names, values;
+  for (const Factor& f : factors) {
+    if (!names.empty()) {
+      names += " x ";
+      values += " x ";
+    }
+    names.append(f.key_path);
+    values += format_number(f.value);
+  }
+  s.fail_value(key, "an integer with " + names + " <= 2^40 (the elements of " +
+                        std::string(tensor) + "; here " + values + " = " + format_number(product) +
+                        ")");
 }
 
 // ---- the sections ----
@@ -115,15 +153,20 @@ void apply_overrides(Origin& origin, YAML::Node& root, const std::vector<std::st
 ModelConfig read_model(SectionReader& s) {
   ModelConfig m;
   m.name = s.choice("name", kModelNames, ModelName::kGpt);
-  m.vocab_size =
-      s.integer("vocab_size", m.vocab_size, IntRange::closed_open(1, std::int64_t{1} << 31));
-  m.block_size = s.integer("block_size", std::nullopt, IntRange::at_least(1));
-  m.n_layer = s.integer("n_layer", std::nullopt, IntRange::at_least(1));
-  m.n_head = s.integer("n_head", std::nullopt, IntRange::at_least(1));
-  m.n_embd = s.integer("n_embd", std::nullopt, IntRange::at_least(1));
+  m.vocab_size = s.integer("vocab_size", m.vocab_size, IntRange::closed(1, kMaxDimension));
+  m.block_size = s.integer("block_size", std::nullopt, IntRange::closed(1, kMaxDimension));
+  m.n_layer = s.integer("n_layer", std::nullopt, IntRange::closed(1, kMaxLayers));
+  m.n_head = s.integer("n_head", std::nullopt, IntRange::closed(1, kMaxDimension));
+  m.n_embd = s.integer("n_embd", std::nullopt, IntRange::closed(1, kMaxDimension));
   // Attention splits n_embd into n_head equal heads.
   if (m.n_embd % m.n_head != 0)
     s.fail_value("n_embd", "a multiple of model.n_head = " + format_number(m.n_head));
+  check_elements(s, "n_embd", "the token embedding",
+                 {{"model.vocab_size", m.vocab_size}, {"model.n_embd", m.n_embd}});
+  check_elements(s, "n_embd", "the position embedding",
+                 {{"model.block_size", m.block_size}, {"model.n_embd", m.n_embd}});
+  check_elements(s, "n_embd", "an MLP weight",
+                 {{"4", 4}, {"model.n_embd", m.n_embd}, {"model.n_embd", m.n_embd}});
   m.dropout = s.number("dropout", m.dropout, RealRange::closed_open(0.0, 1.0));
   m.bias = s.boolean("bias", m.bias);
   s.finish();
@@ -140,11 +183,21 @@ DataConfig read_data(SectionReader& s) {
 
 TrainConfig read_train(SectionReader& s, const ModelConfig& model) {
   TrainConfig t;
-  t.batch_size = s.integer("batch_size", std::nullopt, IntRange::at_least(1));
+  t.batch_size = s.integer("batch_size", std::nullopt, IntRange::closed(1, kMaxDimension));
   // Positions past block_size have no position embedding.
   t.seq_len = s.integer("seq_len", std::nullopt,
                         IntRange::closed(1, model.block_size)
                             .because("train.seq_len may not exceed model.block_size"));
+  // The largest activations of one step (attention never materialises its [B, H, T, T]).
+  check_elements(s, "batch_size", "the MLP's hidden activation",
+                 {{"train.batch_size", t.batch_size},
+                  {"train.seq_len", t.seq_len},
+                  {"4", 4},
+                  {"model.n_embd", model.n_embd}});
+  check_elements(s, "batch_size", "the logits",
+                 {{"train.batch_size", t.batch_size},
+                  {"train.seq_len", t.seq_len},
+                  {"model.vocab_size", model.vocab_size}});
   t.steps = s.integer("steps", std::nullopt, IntRange::at_least(1));
   t.optimizer = s.choice("optimizer", kOptimizers, std::nullopt);
   t.lr = s.number("lr", std::nullopt, RealRange::above(0.0));
@@ -173,6 +226,8 @@ ParallelConfig read_parallel(SectionReader& s) {
   ParallelConfig p;
   p.strategy = s.choice("strategy", kStrategies, p.strategy);
   p.segments = s.choice("segments", kSegmentModes, p.segments);
+  // Fewer states than this cannot plan even the smallest model.
+  p.search_budget = s.integer("search_budget", p.search_budget, IntRange::at_least(1000));
   s.finish();
   return p;
 }
@@ -185,7 +240,7 @@ std::string_view to_string(ModelName name) { return name_of(kModelNames, name); 
 std::string_view to_string(Optimizer optimizer) { return name_of(kOptimizers, optimizer); }
 
 TrainRunConfig load_train_config(const std::string& path,
-                                 const std::vector<std::string>& overrides) {
+                                 const std::vector<ConfigOverride>& overrides) {
   Origin origin{.file = path, .overrides = {}};
   YAML::Node root = detail::parse_yaml_file(origin, "config file");
   apply_overrides(origin, root, overrides);
@@ -272,7 +327,8 @@ nlohmann::json to_json(const TrainRunConfig& config) {
         {"threads", t.threads}}},
       {"parallel",
        {{"strategy", std::string(to_string(config.parallel.strategy))},
-        {"segments", std::string(to_string(config.parallel.segments))}}},
+        {"segments", std::string(to_string(config.parallel.segments))},
+        {"search_budget", config.parallel.search_budget}}},
   };
 }
 

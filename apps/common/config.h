@@ -14,6 +14,7 @@
 #include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -22,7 +23,7 @@ namespace hap::app {
 
 // A config file that cannot be used. The message names the file, the key path, the offending value
 // and what was expected, e.g.
-//   configs/gpt.yaml: train.batch_size: expected an integer >= 1, got 0
+//   configs/gpt.yaml: train.steps: expected an integer >= 1, got 0
 class ConfigError : public hap::Error {
  public:
   using hap::Error::Error;
@@ -37,14 +38,17 @@ enum class Optimizer { kAdamW, kSgd };
 std::string_view to_string(ModelName name);
 std::string_view to_string(Optimizer optimizer);
 
-// Keys without a default here are required in the YAML file.
+// Keys without a default here are required in the YAML file. Sizes are bounded so that nothing
+// derived from them overflows: every dimension is below 2^31, n_layer at most 10000, and no tensor
+// has more than 2^40 elements (vocab_size x n_embd, block_size x n_embd, 4 x n_embd x n_embd, and
+// per step batch_size x seq_len x 4 x n_embd and batch_size x seq_len x vocab_size).
 struct ModelConfig {
   ModelName name = ModelName::kGpt;
   std::int64_t vocab_size = 256;  // in [1, 2^31)
-  std::int64_t block_size = 0;    // maximum number of positions; required, >= 1
-  std::int64_t n_layer = 0;       // required, >= 1
-  std::int64_t n_head = 0;        // required, >= 1
-  std::int64_t n_embd = 0;        // required, >= 1, a multiple of n_head
+  std::int64_t block_size = 0;    // maximum number of positions; required, in [1, 2^31)
+  std::int64_t n_layer = 0;       // required, in [1, 10000]
+  std::int64_t n_head = 0;        // required, in [1, 2^31)
+  std::int64_t n_embd = 0;        // required, in [1, 2^31), a multiple of n_head
   double dropout = 0.0;           // in [0, 1)
   bool bias = true;               // biases in linear layers and layer norms
 };
@@ -55,7 +59,7 @@ struct DataConfig {
 };
 
 struct TrainConfig {
-  std::int64_t batch_size = 0;  // sequences per step; required, >= 1
+  std::int64_t batch_size = 0;  // sequences per step; required, in [1, 2^31)
   std::int64_t seq_len = 0;     // tokens per sequence; required, in [1, model.block_size]
   std::int64_t steps = 0;       // optimizer steps; required, >= 1
   Optimizer optimizer = Optimizer::kAdamW;  // required
@@ -82,6 +86,8 @@ enum class Segments { kPerBlock, kSingle };
 struct ParallelConfig {
   Strategy strategy = Strategy::kHap;
   Segments segments = Segments::kPerBlock;
+  // States the program search may expand per round (synth::SynthesisOptions::max_states), >= 1000.
+  std::int64_t search_budget = 2'000'000;
 };
 std::string_view to_string(Strategy strategy);  // "hap", "dp-ev", "dp-cp", "tp"
 std::string_view to_string(Segments segments);  // "per-block", "single"
@@ -94,11 +100,26 @@ struct TrainRunConfig {
   std::string source_file;  // the config path as passed to load_train_config
 };
 
-// Reads and validates the run file at `path`. Each override is "section.key=value" (from
-// `--set`); the value is parsed as a YAML scalar and replaces the file's value before validation,
-// so it is checked exactly like a value in the file. Throws ConfigError on the first problem.
+// One override of a config key, "section.key=value", and the command-line argument it came from,
+// which messages about its value name. A plain string is a `--set` argument; an app option that
+// sets a key (hap-plan --strategy dp-ev) passes its own spelling.
+struct ConfigOverride {
+  // Implicit, so that "train.steps=9" and the strings of --set convert.
+  ConfigOverride(std::string assignment_text)
+      : assignment(std::move(assignment_text)), argument("--set " + assignment) {}
+  ConfigOverride(const char* assignment_text) : ConfigOverride(std::string(assignment_text)) {}
+  ConfigOverride(std::string assignment_text, std::string argument_text)
+      : assignment(std::move(assignment_text)), argument(std::move(argument_text)) {}
+
+  std::string assignment;  // "parallel.strategy=dp-ev"
+  std::string argument;    // "--set parallel.strategy=dp-ev", "--strategy dp-ev"
+};
+
+// Reads and validates the run file at `path`. Each override's value is parsed as a YAML scalar and
+// replaces the file's value before validation, so it is checked exactly like a value in the file;
+// a message about it says "(value from <argument>)". Throws ConfigError on the first problem.
 TrainRunConfig load_train_config(const std::string& path,
-                                 const std::vector<std::string>& overrides = {});
+                                 const std::vector<ConfigOverride>& overrides = {});
 
 // A short multi-line human summary, for the start of a run.
 std::string describe(const TrainRunConfig& config);

@@ -74,7 +74,7 @@ void fail(const Origin& origin, std::string_view key_path, std::string_view prob
   if (!key_path.empty()) message.append(key_path).append(": ");
   message.append(problem);
   if (const auto it = origin.overrides.find(key_path); it != origin.overrides.end())
-    message += " (value from --set " + it->second + ")";
+    message += " (value from " + it->second + ")";
   throw ConfigError(message);
 }
 

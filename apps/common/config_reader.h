@@ -55,7 +55,8 @@ std::string unknown_key_problem(std::string_view section, std::string_view key,
 // What a message needs to point at the file or at the --set argument a value came from.
 struct Origin {
   std::string file;
-  std::map<std::string, std::string, std::less<>> overrides;  // key path -> "--set" argument
+  // key path -> the command-line argument that set it ("--set train.steps=9", "--strategy tp")
+  std::map<std::string, std::string, std::less<>> overrides;
 };
 
 // Reads and parses origin.file as exactly one YAML document (an empty file gives a null node);

@@ -147,7 +147,16 @@ synth::SynthesisOptions synthesis_options(const ParallelConfig& p) {
     case Strategy::kTp: o.strategy = synth::Strategy::Tp; break;
   }
   o.segments = p.segments == Segments::kSingle ? synth::SegmentMode::Single : synth::SegmentMode::PerBlock;
+  o.max_states = p.search_budget;
   return o;
+}
+
+std::string synthesis_error_message(const std::string& what, const ParallelConfig& p) {
+  // The search (synth/search.cc) knows no config keys; its budget error asks to "raise the
+  // search budget".
+  if (what.find("search budget") == std::string::npos) return what;
+  return what + "; the budget is parallel.search_budget = " + std::to_string(p.search_budget) +
+         " states (--set parallel.search_budget=N, or hap-plan --search-budget N)";
 }
 
 TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluster& cluster,

@@ -12,6 +12,10 @@ namespace hap::app {
 // The synthesizer's options for a run config's parallel section.
 synth::SynthesisOptions synthesis_options(const ParallelConfig& p);
 
+// The message of a synthesis error for the user: when the search ran out of states, it also names
+// the key and the options that raise the budget.
+std::string synthesis_error_message(const std::string& what, const ParallelConfig& p);
+
 struct DistTrainOptions {
   synth::SynthesisOptions synthesis;
   std::string plan_json;  // write the plan here (rank 0); "" = none

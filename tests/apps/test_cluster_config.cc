@@ -308,8 +308,9 @@ TEST_F(ClusterFileTest, BadMemoryNamesTheValueAndTheAcceptedForms) {
 
 TEST_F(ClusterFileTest, ErrorMessageHasTheDocumentedFormat) {
   const std::string path = write(edited("flops_per_s: 1.0e12", "flops_per_s: 0"));
-  EXPECT_EQ(load_error(path),
-            path + ": nodes[1].devices[0].flops_per_s: expected a number > 0, got 0");
+  EXPECT_EQ(load_error(path), path +
+                                  ": nodes[1].devices[0].flops_per_s: expected a number in [1000, "
+                                  "1e+18] (FLOP/s of one device), got 0");
 }
 
 TEST_F(ClusterFileTest, NonPositiveValues) {
@@ -318,17 +319,18 @@ TEST_F(ClusterFileTest, NonPositiveValues) {
   };
   const std::vector<Case> cases = {
       {"flops_per_s: 4.0e12", "flops_per_s: -4e12", "nodes[0].devices[0].flops_per_s",
-       "expected a number > 0", "got -4e12"},
+       "expected a number in [1000, 1e+18]", "got -4e12"},
       {"count: 2", "count: 0", "nodes[0].devices[1].count", "expected an integer in [1, 65536]",
        "got 0"},
       {"count: 2", "count: 100000", "nodes[0].devices[1].count",
        "expected an integer in [1, 65536]", "got 100000"},
-      {"bandwidth_bytes_per_s: 5.0e9", "bandwidth_bytes_per_s: 0", "nodes[1].link.bandwidth_bytes_per_s",
-       "expected a number > 0", "got 0"},
+      {"bandwidth_bytes_per_s: 5.0e9", "bandwidth_bytes_per_s: 0",
+       "nodes[1].link.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15] (bytes/s)",
+       "got 0"},
       {"latency_s: 2.0e-6", "latency_s: -2.0e-6", "nodes[0].link.latency_s",
-       "expected a number >= 0", "got -2.0e-6"},
-      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: -1", "inter_node.bandwidth_bytes_per_s",
-       "expected a number > 0", "got -1"},
+       "expected a number in [0, 10] (seconds)", "got -2.0e-6"},
+      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: -1",
+       "inter_node.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15]", "got -1"},
       {"flops_per_s: 4.0e12", "flops_per_s: .inf", "nodes[0].devices[0].flops_per_s",
        "expected a number", "got '.inf'"},
       {"flops_per_s: 4.0e12", "flops_per_s: 1e400", "nodes[0].devices[0].flops_per_s",
@@ -406,8 +408,9 @@ TEST_F(ClusterFileTest, MissingKeys) {
   };
   const std::vector<Case> cases = {
       {"type: gpu-c, ", "", "nodes[1].devices[0].type", "expected a non-empty string"},
-      {"flops_per_s: 1.0e12, ", "", "nodes[1].devices[0].flops_per_s", "expected a number > 0"},
-      {"latency_s: 3.0e-6", "", "nodes[1].link.latency_s", "expected a number >= 0"},
+      {"flops_per_s: 1.0e12, ", "", "nodes[1].devices[0].flops_per_s",
+       "expected a number in [1000, 1e+18]"},
+      {"latency_s: 3.0e-6", "", "nodes[1].link.latency_s", "expected a number in [0, 10]"},
       {"    link: {bandwidth_bytes_per_s: 5.0e9, latency_s: 3.0e-6}\n", "", "nodes[1].link",
        "expected a mapping with keys bandwidth_bytes_per_s, latency_s"},
       {"inter_node: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5}\n", "", "inter_node",
@@ -540,19 +543,26 @@ TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
     std::string from, to, key_path, expectation;
   };
   const std::vector<Case> cases = {
-      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 1.5}", "nodes[0].devices[0].cpu_quota",
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 1.5}",
+       "nodes[0].devices[0].cpu_quota",
        "expected a number in (0, 1] (a share of one CPU core), got 1.5"},
-      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 0}", "nodes[0].devices[0].cpu_quota",
-       "expected a number in (0, 1]"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, cpu_quota: 0}",
+       "nodes[0].devices[0].cpu_quota", "expected a number in (0, 1]"},
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, update_s_per_param: -1}",
-       "nodes[0].devices[0].update_s_per_param", "expected a number >= 0, got -1"},
+       "nodes[0].devices[0].update_s_per_param",
+       "expected a number in [0, 0.001] (seconds per parameter element), got -1"},
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: -5}",
-       "nodes[0].devices[0].memory_bandwidth_bytes_per_s", "expected a number >= 0, got -5"},
-      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_reduce: {bandwidth_bytes_per_s: 0, "
-       "latency_s: 1e-6}}}", "nodes[0].link.collectives.all_reduce.bandwidth_bytes_per_s",
-       "expected a number > 0, got 0"},
-      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {broadcast: {bandwidth_bytes_per_s: 1e9, "
-       "latency_s: 1e-6}}}", "nodes[0].link.collectives", "broadcast"},
+       "nodes[0].devices[0].memory_bandwidth_bytes_per_s",
+       "expected 0 (not modelled) or a number in [1000, 1e+15] (bytes/s), got -5"},
+      {"latency_s: 2.0e-6}",
+       "latency_s: 2.0e-6, collectives: {all_reduce: {bandwidth_bytes_per_s: 0, "
+       "latency_s: 1e-6}}}",
+       "nodes[0].link.collectives.all_reduce.bandwidth_bytes_per_s",
+       "expected a number in [1000, 1e+15] (bytes/s), got 0"},
+      {"latency_s: 2.0e-6}",
+       "latency_s: 2.0e-6, collectives: {broadcast: {bandwidth_bytes_per_s: 1e9, "
+       "latency_s: 1e-6}}}",
+       "nodes[0].link.collectives", "broadcast"},
       {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_gather: {latency_s: 1e-6}}}",
        "nodes[0].link.collectives.all_gather.bandwidth_bytes_per_s", "missing required key"},
   };
@@ -561,6 +571,72 @@ TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
     const std::string path = write(edited(test.from, test.to));
     expect_contains(load_error(path), {path + ": " + test.key_path, test.expectation});
   }
+}
+
+TEST_F(ClusterFileTest, ImplausibleFiguresAreRefusedWithTheirRange) {
+  struct Case {
+    std::string from, to, key_path, expectation, got;
+  };
+  const std::string device = "memory_bytes: 32GiB}";
+  const std::vector<Case> cases = {
+      {"flops_per_s: 4.0e12", "flops_per_s: 1e-300", "nodes[0].devices[0].flops_per_s",
+       "expected a number in [1000, 1e+18] (FLOP/s of one device)", "got 1e-300"},
+      {"flops_per_s: 4.0e12", "flops_per_s: 1e-18", "nodes[0].devices[0].flops_per_s",
+       "expected a number in [1000, 1e+18]", "got 1e-18"},
+      {"flops_per_s: 4.0e12", "flops_per_s: 1e308", "nodes[0].devices[0].flops_per_s",
+       "expected a number in [1000, 1e+18]", "got 1e308"},
+      {device, "memory_bytes: 32GiB, update_s_per_param: 1e30}",
+       "nodes[0].devices[0].update_s_per_param",
+       "expected a number in [0, 0.001] (seconds per parameter element)", "got 1e30"},
+      {device, "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: 1e-30}",
+       "nodes[0].devices[0].memory_bandwidth_bytes_per_s",
+       "expected 0 (not modelled) or a number in [1000, 1e+15] (bytes/s)", "got 1e-30"},
+      {device, "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: 1e16}",
+       "nodes[0].devices[0].memory_bandwidth_bytes_per_s", "in [1000, 1e+15]", "got 1e16"},
+      {"latency_s: 3.0e-6", "latency_s: 1.0e30", "nodes[1].link.latency_s",
+       "expected a number in [0, 10] (seconds)", "got 1.0e30"},
+      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: 1e-3",
+       "inter_node.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15] (bytes/s)",
+       "got 1e-3"},
+      {"bandwidth_bytes_per_s: 1.0e9", "bandwidth_bytes_per_s: 2e15",
+       "inter_node.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15]", "got 2e15"},
+      {"latency_s: 2.0e-6}",
+       "latency_s: 2.0e-6, collectives: {all_gather: {bandwidth_bytes_per_s: 1e9, latency_s: 11}}}",
+       "nodes[0].link.collectives.all_gather.latency_s", "expected a number in [0, 10]", "got 11"},
+      {"memory_bytes: 8.0e9", "memory_bytes: 2e15", "nodes[1].devices[0].memory_bytes",
+       "expected a whole number of bytes in [1, 1e15]", "got '2e15'"},
+      {"memory_bytes: 8.0e9", "memory_bytes: 1PiB", "nodes[1].devices[0].memory_bytes",
+       "expected a whole number of bytes in [1, 1e15]", "got '1PiB'"},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.to);
+    const std::string path = write(edited(test.from, test.to));
+    expect_contains(load_error(path),
+                    {path + ": " + test.key_path + ": ", test.expectation, test.got});
+  }
+}
+
+TEST_F(ClusterFileTest, FiguresAtTheEdgesOfTheirRangesLoad) {
+  const Cluster low = load_cluster_config(write(R"(nodes:
+  - link: {bandwidth_bytes_per_s: 1e3, latency_s: 0}
+    devices:
+      - {type: t, flops_per_s: 1e3, memory_bytes: 1, update_s_per_param: 0, memory_bandwidth_bytes_per_s: 1e3}
+)",
+                                                "low.yaml"));
+  EXPECT_EQ(low.devices[0].flops_per_s, 1e3);
+  EXPECT_EQ(low.devices[0].memory_bytes, 1);
+  EXPECT_EQ(low.devices[0].memory_bandwidth_bytes_per_s, 1e3);
+  EXPECT_EQ(low.nodes[0].link.bandwidth_bytes_per_s, 1e3);
+  const Cluster high = load_cluster_config(write(R"(nodes:
+  - link: {bandwidth_bytes_per_s: 1e15, latency_s: 10}
+    devices:
+      - {type: t, flops_per_s: 1e18, memory_bytes: 1e15, update_s_per_param: 1e-3, memory_bandwidth_bytes_per_s: 1e15}
+)",
+                                                 "high.yaml"));
+  EXPECT_EQ(high.devices[0].flops_per_s, 1e18);
+  EXPECT_EQ(high.devices[0].memory_bytes, 1'000'000'000'000'000);
+  EXPECT_EQ(high.devices[0].update_s_per_param, 1e-3);
+  EXPECT_EQ(high.nodes[0].link.latency_s, 10);
 }
 
 TEST(ShippedCluster, EmulatedFilesDeclareTheirQuotas) {

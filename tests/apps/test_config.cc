@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "apps/common/config.h"
+#include "apps/common/dist_trainer.h"
 
 namespace hap::app {
 namespace {
@@ -54,7 +55,7 @@ class ConfigFileTest : public YamlFileTest {
 };
 
 // The message of the ConfigError that loading throws; fails the test when nothing is thrown.
-std::string load_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
+std::string load_error(const std::string& path, const std::vector<ConfigOverride>& overrides = {}) {
   try {
     load_train_config(path, overrides);
   } catch (const ConfigError& e) {
@@ -139,10 +140,10 @@ TEST(ShippedConfig, TheLastOverrideOfAKeyWins) {
 
 TEST(ShippedConfig, ErrorMessageHasTheDocumentedFormat) {
   const std::string path = shipped("gpt.yaml");
-  EXPECT_EQ(load_error(path, {"train.batch_size=0"}),
+  EXPECT_EQ(load_error(path, {"train.steps=0"}),
             path +
-                ": train.batch_size: expected an integer >= 1, got 0"
-                " (value from --set train.batch_size=0)");
+                ": train.steps: expected an integer >= 1, got 0"
+                " (value from --set train.steps=0)");
 }
 
 TEST(ShippedConfig, JsonHasEveryValueUnderItsYamlKey) {
@@ -249,8 +250,8 @@ TEST_F(ConfigFileTest, SectionThatIsNotAMappingIsRejected) {
 
 TEST_F(ConfigFileTest, MissingRequiredKeySaysWhatIsExpected) {
   const std::string path = write(edited("  n_head: 2\n", ""));
-  expect_contains(load_error(path),
-                  {path, "model.n_head", "missing required key", "expected an integer >= 1"});
+  expect_contains(load_error(path), {path, "model.n_head", "missing required key",
+                                     "expected an integer in [1, 2147483647]"});
 }
 
 TEST_F(ConfigFileTest, MissingRequiredSectionIsReported) {
@@ -270,15 +271,16 @@ TEST_F(ConfigFileTest, OutOfRangeValueNamesTheRange) {
     std::string from, to, key, expectation;
   };
   const std::vector<Case> cases = {
-      {"batch_size: 4", "batch_size: 0", "train.batch_size", "expected an integer >= 1, got 0"},
+      {"batch_size: 4", "batch_size: 0", "train.batch_size",
+       "expected an integer in [1, 2147483647], got 0"},
       {"lr: 0.1", "lr: 0", "train.lr", "expected a number > 0, got 0"},
-      {"n_layer: 2", "n_layer: -3", "model.n_layer", "expected an integer >= 1, got -3"},
+      {"n_layer: 2", "n_layer: -3", "model.n_layer", "expected an integer in [1, 10000], got -3"},
       {"n_embd: 32", "n_embd: 33", "model.n_embd",
        "expected a multiple of model.n_head = 2, got 33"},
       {"n_embd: 32", "n_embd: 32\n  dropout: 1", "model.dropout",
        "expected a number in [0, 1), got 1"},
       {"n_embd: 32", "n_embd: 32\n  vocab_size: 2147483648", "model.vocab_size",
-       "expected an integer in [1, 2147483648), got 2147483648"},
+       "expected an integer in [1, 2147483647], got 2147483648"},
       {"path: corpus.txt", "path: corpus.txt\n  val_fraction: 1.0", "data.val_fraction",
        "expected a number in (0, 1), got 1.0"},
       {"lr: 0.1", "lr: 0.1\n  min_lr: 0.2", "train.min_lr", "expected a number in [0, 0.1]"},
@@ -298,6 +300,72 @@ TEST_F(ConfigFileTest, OutOfRangeValueNamesTheRange) {
     SCOPED_TRACE(c.key);
     expect_contains(load_error(path), {path, c.key, c.expectation});
   }
+}
+
+TEST_F(ConfigFileTest, SizesAboveTheirLimitsNameTheKeyValueAndLimit) {
+  struct Case {
+    std::string set, key, expectation;
+  };
+  const std::vector<Case> cases = {
+      {"model.block_size=9223372036854775807", "model.block_size",
+       "expected an integer in [1, 2147483647], got 9223372036854775807"},
+      {"train.batch_size=9223372036854775807", "train.batch_size",
+       "expected an integer in [1, 2147483647], got 9223372036854775807"},
+      {"model.n_layer=2147483648", "model.n_layer",
+       "expected an integer in [1, 10000], got 2147483648"},
+      {"model.n_layer=10001", "model.n_layer", "expected an integer in [1, 10000], got 10001"},
+      {"model.n_head=2147483648", "model.n_head", "expected an integer in [1, 2147483647]"},
+      {"model.n_embd=4294967296", "model.n_embd", "expected an integer in [1, 2147483647]"},
+  };
+  const std::string path = write(kValidRun);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.set);
+    expect_contains(load_error(path, {c.set}), {path + ": " + c.key + ": ", c.expectation,
+                                                "(value from --set " + c.set + ")"});
+  }
+  EXPECT_EQ(load_train_config(path, {"model.n_layer=10000"}).model.n_layer, 10000);
+}
+
+TEST_F(ConfigFileTest, TensorsOfMoreThan2To40ElementsAreRefused) {
+  struct Case {
+    std::vector<std::string> sets;
+    std::string key, expectation;
+  };
+  const std::vector<Case> cases = {
+      {{"train.batch_size=2147483647"},
+       "train.batch_size",
+       "expected an integer with train.batch_size x train.seq_len x 4 x model.n_embd <= 2^40 (the "
+       "elements of the MLP's hidden activation; here 2147483647 x 64 x 4 x 32 = 17592186036224), "
+       "got 2147483647"},
+      {{"model.vocab_size=2147483647", "train.batch_size=16"},
+       "train.batch_size",
+       "train.batch_size x train.seq_len x model.vocab_size <= 2^40 (the elements of the logits"},
+      {{"model.n_embd=1048576"},
+       "model.n_embd",
+       "4 x model.n_embd x model.n_embd <= 2^40 (the elements of an MLP weight"},
+      {{"model.block_size=2147483647", "model.n_embd=1024"},
+       "model.n_embd",
+       "model.block_size x model.n_embd <= 2^40 (the elements of the position embedding; here "
+       "2147483647 x 1024"},
+      {{"model.vocab_size=2147483647", "model.n_embd=1024"},
+       "model.n_embd",
+       "model.vocab_size x model.n_embd <= 2^40 (the elements of the token embedding"},
+  };
+  const std::string path = write(kValidRun);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.sets.back());
+    expect_contains(load_error(path, {c.sets.begin(), c.sets.end()}),
+                    {path + ": " + c.key + ": ", c.expectation});
+  }
+}
+
+TEST_F(ConfigFileTest, AGpt3SizedRunIsWithinTheLimits) {
+  const TrainRunConfig c = load_train_config(
+      write(kValidRun),
+      {"model.vocab_size=50257", "model.block_size=2048", "model.n_layer=96", "model.n_head=96",
+       "model.n_embd=12288", "train.batch_size=1536", "train.seq_len=2048"});
+  EXPECT_EQ(c.model.n_embd, 12288);
+  EXPECT_EQ(c.train.batch_size, 1536);
 }
 
 TEST_F(ConfigFileTest, SeqLenLongerThanBlockSizeIsRejected) {
@@ -324,7 +392,7 @@ TEST_F(ConfigFileTest, SetWithoutKeyAndValueIsRejected) {
   const std::string path = write(kValidRun);
   for (const std::string bad : {"train.steps", "steps=7", ".steps=7", "train.=7", "=7"})
     expect_contains(load_error(path, {bad}),
-                    {path, "--set '" + bad + "'", "expected section.key=value"});
+                    {path, "--set " + bad + ": expected section.key=value", "got '" + bad + "'"});
 }
 
 TEST_F(ConfigFileTest, SetOfUnknownKeyIsRejected) {
@@ -344,6 +412,17 @@ TEST_F(ConfigFileTest, SetWithABadValueSaysItCameFromSet) {
   expect_contains(load_error(path, {"model.dropout=1.5"}),
                   {path, "model.dropout", "expected a number in [0, 1), got 1.5",
                    "value from --set model.dropout=1.5"});
+}
+
+TEST_F(ConfigFileTest, AnOverrideFromAnAppOptionNamesThatOption) {
+  const std::string path = write(kValidRun);
+  const std::string message =
+      load_error(path, {ConfigOverride("parallel.strategy=foo", "--strategy foo")});
+  expect_contains(message, {path + ": parallel.strategy: expected one of", "got 'foo'",
+                            "(value from --strategy foo)"});
+  EXPECT_EQ(message.find("--set"), std::string::npos) << message;
+  expect_contains(load_error(path, {ConfigOverride("train.stpes=7", "--steps 7")}),
+                  {"--steps 7: unknown key"});
 }
 
 TEST_F(ConfigFileTest, SetCanProvideAKeyTheFileLacks) {
@@ -382,6 +461,38 @@ TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
     EXPECT_NE(m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
               std::string::npos) << m;
   }
+}
+
+TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  TrainRunConfig c = load_train_config(path, {});
+  EXPECT_EQ(c.parallel.search_budget, 2'000'000);
+  EXPECT_EQ(synthesis_options(c.parallel).max_states, 2'000'000);
+  c = load_train_config(path, {"parallel.search_budget=5000000"});
+  EXPECT_EQ(c.parallel.search_budget, 5'000'000);
+  EXPECT_EQ(synthesis_options(c.parallel).max_states, 5'000'000);
+  EXPECT_EQ(to_json(c)["parallel"]["search_budget"], 5'000'000);
+  try {
+    load_train_config(path, {"parallel.search_budget=999"});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("parallel.search_budget: expected an integer >= 1000, got 999"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(ParallelSection, ABudgetErrorNamesTheKeyAndTheOptions) {
+  ParallelConfig p;
+  p.search_budget = 4000;
+  const std::string what =
+      "search: expanded more than 4000 states without reaching the loss (raise the search budget)";
+  EXPECT_EQ(synthesis_error_message(what, p),
+            what +
+                "; the budget is parallel.search_budget = 4000 states (--set "
+                "parallel.search_budget=N, or hap-plan --search-budget N)");
+  EXPECT_EQ(synthesis_error_message("no program fits in memory", p), "no program fits in memory");
 }
 
 }  // namespace
