@@ -190,6 +190,10 @@ class Expander {
     for (size_t c = 0; c < limit_.size(); ++c) {
       double excess = child.mem[c] - limit_[c];
       if (excess <= 0) continue;
+      if (fits) {
+        const double f = child.g + (h_suffix_.empty() ? 0.0 : h_suffix_[child.next]);
+        min_overflow_f_ = std::min(min_overflow_f_, f);
+      }
       fits = false;
       // Remember the smallest shortfall seen: the program closest to fitting names the device.
       if (over_device_ < 0 || excess < over_) {
@@ -227,27 +231,25 @@ class Expander {
     }
   }
 
-  // True when no completion of s can run out of memory on any device.
-  bool memory_safe(const State& s) const {
-    for (size_t c = 0; c < limit_.size(); ++c)
-      if (s.mem[c] + mem_suffix_[s.next] > limit_[c]) return false;
-    return true;
-  }
 
   // Whether state a makes state b (the same memo key: the same node and live properties, so the
-  // same completions) unnecessary: a costs no more, and either uses no more memory on any device
-  // or cannot run out of memory whatever follows. Every completion of b then completes a, at no
-  // more cost, within memory.
+  // same completions) unnecessary: a costs no more, and on every device either uses no more
+  // memory than b or cannot run out of memory whatever follows. Every completion of b that fits
+  // then completes a, at no more cost, within memory.
   bool covers(const State& a, const State& b) const {
     if (a.g > b.g) return false;
-    bool less_mem = true;
-    for (size_t c = 0; c < a.mem.size() && less_mem; ++c) less_mem = a.mem[c] <= b.mem[c];
-    return less_mem || memory_safe(a);
+    // Per device class: a holds no more than b there, or cannot run out there whatever follows.
+    const double to_come = mem_suffix_[a.next];
+    for (size_t c = 0; c < a.mem.size(); ++c)
+      if (a.mem[c] > b.mem[c] && a.mem[c] + to_come > limit_[c]) return false;
+    return true;
   }
 
   int num_signatures(int node) const { return static_cast<int>(cm_.signatures(node).size()); }
   int num_nodes() const { return static_cast<int>(g_.nodes.size()); }
   double worst_overflow() const { return over_; }
+  // The least f = g + h of a state that ran out of memory (infinity if none did).
+  double min_overflow_f() const { return min_overflow_f_; }
   int worst_device() const { return over_device_; }
 
   // The memo key: a 128-bit hash (two independent 64-bit mixes) of the next node and every live
@@ -300,7 +302,7 @@ class Expander {
       in.from_segment = from_seg;
       double cost = 0;
       if (kind == InstrKind::Reshard) {
-        cost = cm_.reshard_s(t, from.dim, ratios_[from_seg], r, &in.method);
+        cost = reshard(t, from.dim, from_seg, seg, &in.method);
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
       }
@@ -380,13 +382,29 @@ class Expander {
     return it->second.first;
   }
 
+  // A reshard's cost and method for (tensor, dim, from segment, to segment), computed once.
+  double reshard(int t, int dim, int from_seg, int to_seg, CollectiveMethod* method) const {
+    const uint64_t k = (static_cast<uint64_t>(t) << 40) | (static_cast<uint64_t>(dim & 0xFF) << 32) |
+                       (static_cast<uint64_t>(from_seg & 0xFFFF) << 16) | static_cast<uint64_t>(to_seg & 0xFFFF);
+    auto it = reshard_cache_.find(k);
+    if (it == reshard_cache_.end()) {
+      CollectiveMethod m = CollectiveMethod::None;
+      const double c = cm_.reshard_s(t, dim, ratios_[from_seg], ratios_[to_seg], &m);
+      it = reshard_cache_.emplace(k, std::make_pair(m, c)).first;
+    }
+    *method = it->second.first;
+    return it->second.second;
+  }
+
   std::vector<int> rep_;       // a representative device of each memory class
   std::vector<double> limit_;  // memory of each class
   std::vector<std::vector<double>> compute_cost_;
   mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> comm_cache_;
+  mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> reshard_cache_;
   std::vector<double> h_suffix_;
   std::vector<double> mem_suffix_;
   mutable double over_ = 0;
+  mutable double min_overflow_f_ = kInf;
   mutable int over_device_ = -1;
 };
 
@@ -512,11 +530,20 @@ namespace {
 // within memory is not dropped for a cheaper one that later runs out. Returns false when no
 // program reaches the loss (the expander then knows the closest shortfall).
 bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std::vector<double>>& ratios,
-                 const SearchSpace& space, size_t memo_labels, SearchResult* out) {
+                 const SearchSpace& space, size_t memo_labels, double bound, SearchResult* out) {
   std::vector<State> arena;
   arena.push_back(ex.initial());
-  std::unordered_map<std::pair<uint64_t, uint64_t>, std::vector<int>, KeyHash> memo;
-  memo[Expander::key(arena[0])] = {0};
+  // Per key: the cheapest state (g inline: no visit to the arena) and, in the memory-aware pass,
+  // the leaner ones kept beside it.
+  struct MemoEntry {
+    double g = kInf;
+    int index = -1;
+    int leaner = -1;  // in leaner_lists (the memory-aware pass only)
+  };
+  std::vector<std::vector<int>> leaner_lists;
+  std::unordered_map<std::pair<uint64_t, uint64_t>, MemoEntry, KeyHash> memo;
+  memo.reserve(static_cast<size_t>(std::min<int64_t>(space.max_states, 1 << 20)));
+  memo[Expander::key(arena[0])] = {0.0, 0, -1};
   std::vector<char> dropped(1, 0);  // covered by a later state: not expanded
   std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
   int64_t dominated = 0;
@@ -526,9 +553,7 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
   open.push({{ex.heuristic(0), seq++}, 0});
   int64_t expanded = 0;
   State child;
-  auto covers = [&](const State& a, const State& b) {
-    return memo_labels == 1 ? a.g <= b.g : ex.covers(a, b);
-  };
+  auto covers = [&](const State& a, const State& b) { return ex.covers(a, b); };
   while (!open.empty()) {
     int si = open.top().second;
     open.pop();
@@ -546,35 +571,62 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
+      if (child.g + ex.heuristic(child.next) >= bound) continue;  // cannot beat a known program
       std::vector<int>* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
       if (group && std::any_of(group->begin(), group->end(),
                                [&](int other) { return dominates(arena[other], child); })) {
         ++dominated;
         continue;
       }
-      std::vector<int>& same = memo[Expander::key(child)];
-      if (std::any_of(same.begin(), same.end(), [&](int other) { return covers(arena[other], child); }))
-        continue;
+      MemoEntry& e = memo[Expander::key(child)];
       const int index = static_cast<int>(arena.size());
-      same.erase(std::remove_if(same.begin(), same.end(),
-                                [&](int other) {
-                                  if (!covers(child, arena[other])) return false;
-                                  dropped[other] = 1;
-                                  return true;
-                                }),
-                 same.end());
-      if (same.size() >= memo_labels) {
-        // Full: a child cheaper than every kept state replaces the dearest (the cheapest path is
-        // always kept, as with one label); a dearer one is dropped.
-        auto dearest = std::max_element(same.begin(), same.end(),
-                                        [&](int a, int b) { return arena[a].g < arena[b].g; });
-        auto cheapest = std::min_element(same.begin(), same.end(),
-                                         [&](int a, int b) { return arena[a].g < arena[b].g; });
-        if (child.g >= arena[*cheapest].g) continue;
-        dropped[*dearest] = 1;
-        same.erase(dearest);
+      if (memo_labels == 1) {
+        if (child.g >= e.g) continue;
+        if (e.index >= 0) dropped[e.index] = 1;
+        e.g = child.g;
+        e.index = index;
+      } else {
+        if (e.leaner < 0) {
+          e.leaner = static_cast<int>(leaner_lists.size());
+          leaner_lists.emplace_back();
+        }
+        std::vector<int>& same = leaner_lists[e.leaner];
+        if (e.index >= 0) same.push_back(e.index);
+        if (std::any_of(same.begin(), same.end(), [&](int other) { return covers(arena[other], child); })) {
+          if (e.index >= 0) same.pop_back();
+          continue;
+        }
+        same.erase(std::remove_if(same.begin(), same.end(),
+                                  [&](int other) {
+                                    if (!covers(child, arena[other])) return false;
+                                    dropped[other] = 1;
+                                    return true;
+                                  }),
+                   same.end());
+        if (same.size() >= memo_labels) {
+          // Full: a child cheaper than every kept state replaces the dearest (the cheapest path
+          // is always kept, as with one label); a dearer one is dropped.
+          auto by_g = [&](int a, int b) { return arena[a].g < arena[b].g; };
+          auto dearest = std::max_element(same.begin(), same.end(), by_g);
+          if (child.g >= arena[*std::min_element(same.begin(), same.end(), by_g)].g) {
+            // (restore the entry's layout: the cheapest inline, the rest beside it)
+            auto cheapest = std::min_element(same.begin(), same.end(), by_g);
+            e.index = *cheapest;
+            e.g = arena[e.index].g;
+            same.erase(cheapest);
+            continue;
+          }
+          dropped[*dearest] = 1;
+          same.erase(dearest);
+        }
+        same.push_back(index);
+        auto cheapest = std::min_element(same.begin(), same.end(), [&](int a, int b) {
+          return (a == index ? child.g : arena[a].g) < (b == index ? child.g : arena[b].g);
+        });
+        e.index = *cheapest;
+        e.g = e.index == index ? child.g : arena[e.index].g;
+        same.erase(cheapest);
       }
-      same.push_back(index);
       child.parent = si;
       child.signature = sig;
       child.instrs.clear();
@@ -590,7 +642,7 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
 }
 
 // States kept per memo key in the memory-aware pass.
-constexpr size_t kMemoryMemoLabels = 16;  // the cheapest + 15 leaner
+constexpr size_t kMemoryMemoLabels = 8;  // the cheapest + 15 leaner
 
 }  // namespace
 
@@ -599,20 +651,22 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   check_ratios(cm, ratios, node_segment);
   Expander ex(cm, ratios, node_segment, space);
   ex.prepare_heuristic();
-  // First the fast pass. If no state ran out of memory in it, memory never decided between two
-  // paths and its program is optimal.
+  // First the fast pass. Its program is optimal unless a state that ran out of memory could have
+  // led to a cheaper one: a program cheaper than the one found, dropped because the memo kept a
+  // cheaper path to one of its states that then ran out, passes through a state that ran out
+  // with f = g + h (h admissible) below that program's cost. So memory only matters when some
+  // state ran out with f below the cost found (or none was found).
   SearchResult fast, lean;
-  const bool found = search_pass(cm, ex, ratios, space, 1, &fast);
-  if (ex.worst_device() < 0) {
-    if (found) return fast;
-    no_program(cm, ex);
-  }
+  const bool found = search_pass(cm, ex, ratios, space, 1, kInf, &fast);
+  if (found) fast.memory_may_matter = ex.worst_device() >= 0 && ex.min_overflow_f() < fast.cost_s;
+  if (found && (!fast.memory_may_matter || !space.memory_exact)) return fast;
+  if (ex.worst_device() < 0) no_program(cm, ex);
   // Memory binds somewhere: search again keeping leaner paths beside the cheapest ones, so that
   // a program that fits is not lost to a cheaper path that later overflows. The better program
   // of the two passes is returned (a memory-aware pass over budget leaves the fast one).
   bool found_lean = false;
   try {
-    found_lean = search_pass(cm, ex, ratios, space, kMemoryMemoLabels, &lean);
+    found_lean = search_pass(cm, ex, ratios, space, kMemoryMemoLabels, found ? fast.cost_s : kInf, &lean);
   } catch (const Error&) {
     if (!found) throw;
   }
@@ -622,6 +676,19 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   }
   if (found) return fast;
   no_program(cm, ex);
+}
+
+bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                           const std::vector<int>& node_segment, const SearchSpace& space, double bound,
+                           SearchResult* out) {
+  check_ratios(cm, ratios, node_segment);
+  Expander ex(cm, ratios, node_segment, space);
+  ex.prepare_heuristic();
+  try {
+    return search_pass(cm, ex, ratios, space, kMemoryMemoLabels, bound, out);
+  } catch (const SearchBudgetError&) {
+    return false;
+  }
 }
 
 SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vector<double>>& ratios,

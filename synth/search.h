@@ -30,6 +30,9 @@ struct SearchSpace {
   bool linear_weights_must_shard = false;
   int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
   bool dominance_pruning = true;    // drop children a recent state of their group dominates
+  // Where memory binds, also run the memory-aware pass after a fast pass that found a program
+  // (off: only when it found none; the synthesizer's intermediate rounds).
+  bool memory_exact = true;
 };
 
 // The search expanded SearchSpace::max_states states without reaching the loss.
@@ -45,12 +48,22 @@ struct SearchResult {
   int64_t states_expanded = 0;
   int64_t states_dominated = 0;  // children dropped because a state held in memory dominates them
   std::vector<double> device_memory_bytes;
+  // A state that ran out of memory could have led to a cheaper program than this one (the fast
+  // pass's memo may have kept a path that later ran out over one that fits): only a memory-aware
+  // pass can say (search_program runs it unless SearchSpace::memory_exact is off).
+  bool memory_may_matter = false;
 };
 
 // ratios[segment][device]; node_segment[node]. Throws hap::Error when no program fits every
 // device's memory (naming the device and the shortfall of the closest program).
 SearchResult search_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
                             const std::vector<int>& node_segment, const SearchSpace& space);
+
+// The memory-aware pass alone, looking for a program cheaper than `bound` under these ratios;
+// false if it finds none (or reaches space.max_states first).
+bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                           const std::vector<int>& node_segment, const SearchSpace& space, double bound,
+                           SearchResult* out);
 
 // The obviously-correct reference: every combination of signatures, depth first, no memo and no
 // heuristic. Exponential; for tests on small graphs only.

@@ -245,6 +245,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
+  // The rounds that steer the ratios skip the memory-aware pass (unless nothing is found
+  // without it); the final program gets it once, below.
+  space.memory_exact = false;
   if (space.inputs_must_shard_dim0 && D > 1)
     for (const GraphTensor& t : graph.tensors)
       HAP_CHECK(t.role != TensorRole::Input || (!t.shape.empty() && t.shape[0] >= 2), "strategy ",
@@ -267,6 +270,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   int rounds = 0;
   std::string last_error;
   bool over_budget = false;
+  bool memory_may_matter = false;  // in some round's search
+  int64_t largest_round = 0;
   std::string budget_error;
   for (size_t start_index = 0;; ++start_index) {
     if (start_index == starts.size()) {
@@ -299,6 +304,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       }
       ++rounds;
       states += res.states_expanded;
+      largest_round = std::max(largest_round, res.states_expanded);
+      memory_may_matter = memory_may_matter || res.memory_may_matter;
       auto consider = [&](std::vector<Instruction> instrs, const std::vector<std::vector<double>>& ratios) {
         double cost = recost(cm, instrs, ratios);
         // (The LP keeps memory within the limits by its linear model; checked here on the
@@ -326,6 +333,45 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       // New ratios that barely change the cost would lead the search to the same program.
       if (!(lp_cost < cost * (1 - 1e-4))) break;
       r = next;
+    }
+  }
+  if (std::isfinite(best.predicted_step_s) && memory_may_matter) {
+    // Memory bound a round's search: at the final ratios, the memory-aware pass looks for a
+    // cheaper program that a memo lost to a cheaper path that later ran out of memory. Bounded
+    // by half the largest round's states (and the budget): best effort where it cannot finish.
+    SearchSpace lean = space;
+    lean.max_states = std::min(space.max_states, std::max<int64_t>(largest_round / 2, 20'000));
+    SearchResult res;
+    if (search_leaner_program(cm, best.ratios, seg, lean, best.predicted_step_s, &res)) {
+      states += res.states_expanded;
+      std::vector<Instruction> instrs = res.instructions;
+      const double cost = recost(cm, instrs, best.ratios);
+      if (cost < best.predicted_step_s * (1 - 1e-12)) {
+        best.instructions = std::move(instrs);
+        best.storage = res.storage;
+        best.predicted_step_s = cost;
+      }
+    }
+  }
+  if (options.strategy == Strategy::Hap && memory_may_matter) {
+    // Where memory binds, hap's searches are exact only within their budgets: the baselines'
+    // programs (each a program of hap's space, found in a far smaller one) are candidates too,
+    // so that hap is never predicted slower than any of them.
+    for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
+      SynthesisOptions o = options;
+      o.strategy = s;
+      try {
+        DistributedProgram p = synthesize(graph, cluster, o);
+        states += p.states_expanded;
+        if (p.predicted_step_s < best.predicted_step_s * (1 - 1e-12)) {
+          best.instructions = std::move(p.instructions);
+          best.ratios = std::move(p.ratios);
+          best.storage = std::move(p.storage);
+          best.predicted_step_s = p.predicted_step_s;
+        }
+      } catch (const Error&) {
+        // (no program in that space: nothing to compare)
+      }
     }
   }
   if (!std::isfinite(best.predicted_step_s) && over_budget && options.strategy == Strategy::Hap) {
