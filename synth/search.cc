@@ -231,7 +231,6 @@ class Expander {
     }
   }
 
-
   // Whether state a makes state b (the same memo key: the same node and live properties, so the
   // same completions) unnecessary: a costs no more, and on every device either uses no more
   // memory than b or cannot run out of memory whatever follows. Every completion of b that fits
@@ -642,7 +641,7 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
 }
 
 // States kept per memo key in the memory-aware pass.
-constexpr size_t kMemoryMemoLabels = 8;  // the cheapest + 15 leaner
+constexpr size_t kMemoryMemoLabels = 8;  // the cheapest + 7 leaner
 
 }  // namespace
 
