@@ -40,9 +40,7 @@ int run_distributed(int argc, char** argv, hap::app::TrainRunConfig config,
     if (lead && !quiet) std::printf("%s\n", hap::app::describe(config).c_str());
     hap::app::TrainSummary s = hap::app::train_distributed(config, cluster, opt, comm);
     if (lead && !quiet)
-      std::printf("hap-train: done on %d ranks: %ld steps, loss %.4f -> %.4f, val loss %.4f, median %.1f ms/step\n",
-                  comm.size(), static_cast<long>(s.steps_run), s.first_loss, s.last_loss, s.last_val_loss,
-                  s.median_step_ms);
+      std::printf("hap-train: done on %d ranks: %s\n", comm.size(), hap::app::summary_text(s).c_str());
     return 0;
   } catch (const hap::app::ConfigError& e) {
     if (lead) std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
@@ -111,8 +109,7 @@ int main(int argc, char** argv) {
   try {
     hap::app::TrainSummary s = hap::app::train(config, options);
     if (!options.quiet)
-      std::printf("hap-train: done: %ld steps, loss %.4f -> %.4f, val loss %.4f, median %.1f ms/step\n",
-                  static_cast<long>(s.steps_run), s.first_loss, s.last_loss, s.last_val_loss, s.median_step_ms);
+      std::printf("hap-train: done: %s\n", hap::app::summary_text(s).c_str());
     return 0;
   } catch (const hap::app::ConfigError& e) {
     std::fprintf(stderr, "hap-train: config error: %s\n", e.what());

@@ -214,6 +214,8 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   int64_t start = options.resume_path.empty() ? 0 : resume_distributed(options.resume_path, ex, *opt);
   TrainSummary summary;
   std::vector<double> step_ms;
+  double window_ms = 0, window_loss = 0;  // since the last progress line
+  int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(t.batch_size * t.seq_len);
   const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
   double profiled_s = 0;  // training steps' wall time while profiling (the first is warm-up)
@@ -249,15 +251,24 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
     if (summary.steps_run == 0) summary.first_loss = loss;
     summary.last_loss = loss;
     ++summary.steps_run;
+    window_ms += ms;
+    window_loss += loss;
+    ++window_steps;
     bool last = step + 1 == end;
-    if ((step + 1) % t.log_every == 0 || last)
-      log.write({{"type", "train"}, {"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm},
-                 {"ms_per_step", ms}, {"tokens_per_s", tokens_per_step / (ms / 1000.0)}});
-    if (lead && ((step + 1) % t.log_every == 0 || last)) {
-      std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | %9.0f tok/s\n",
-                  static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm, ms,
-                  tokens_per_step / (ms / 1000.0));
-      std::fflush(stdout);
+    if ((step + 1) % t.log_every == 0 || last) {
+      // As on one process: time and loss averaged over the steps since the last line.
+      const double avg_ms = window_ms / static_cast<double>(window_steps);
+      const double tok_s = tokens_per_step / (avg_ms / 1000.0);
+      log.write({{"type", "train"}, {"step", step + 1}, {"loss", loss},
+                 {"avg_loss", window_loss / static_cast<double>(window_steps)}, {"lr", lr},
+                 {"grad_norm", norm}, {"ms_per_step", avg_ms}, {"tokens_per_s", tok_s}});
+      if (lead) {
+        std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | %9.0f tok/s\n",
+                    static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm, avg_ms, tok_s);
+        std::fflush(stdout);
+      }
+      window_ms = window_loss = 0;
+      window_steps = 0;
     }
     if ((step + 1) % t.eval_every == 0 || last) {
       if (options.profile && last) print_profile(comm, profiled_s, profiled_steps);

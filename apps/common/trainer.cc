@@ -46,6 +46,24 @@ double evaluate(nn::GPT& model, const TextCorpus& corpus, const TrainConfig& t) 
 
 }  // namespace
 
+std::string summary_text(const TrainSummary& s) {
+  char buf[160];
+  std::string out = std::to_string(s.steps_run) + " steps";
+  if (s.steps_run > 0) {
+    std::snprintf(buf, sizeof buf, ", loss %.4f -> %.4f", s.first_loss, s.last_loss);
+    out += buf;
+  }
+  if (s.last_val_loss >= 0) {
+    std::snprintf(buf, sizeof buf, ", val loss %.4f", s.last_val_loss);
+    out += buf;
+  }
+  if (s.steps_run > 0) {
+    std::snprintf(buf, sizeof buf, ", median %.1f ms/step", s.median_step_ms);
+    out += buf;
+  }
+  return out;
+}
+
 double median_of(std::vector<double> values) {
   if (values.empty()) return 0;
   std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());

@@ -27,6 +27,9 @@ struct TrainSummary {
   double median_step_ms = 0;
 };
 
+// "N steps, loss a -> b, val loss v, median m ms/step" (parts without data left out).
+std::string summary_text(const TrainSummary& s);
+
 // The median of step times (the upper one for an even count); 0 for none.
 double median_of(std::vector<double> values);
 
