@@ -115,12 +115,8 @@ int main(int argc, char** argv) {
     try {
       std::printf("%s\n", cluster_to_json(hap::app::load_cluster_config(cluster_path)).dump(2).c_str());
       return 0;
-    } catch (const hap::app::ConfigError& e) {
-      std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
-      return 2;
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
-      return 1;
+    } catch (...) {
+      return hap::app::report_current_exception("hap-plan");
     }
   }
   if (config_path.empty()) {
@@ -190,19 +186,7 @@ int main(int argc, char** argv) {
       std::printf("wrote %s\n", json_path.c_str());
     }
     return 0;
-  } catch (const hap::app::ConfigError& e) {
-    std::fprintf(stderr, "hap-plan: config error: %s\n", e.what());
-    return 2;
-  } catch (const hap::Error& e) {
-    std::fprintf(stderr, "hap-plan: error: %s\n", e.what());
-    return 1;
-  } catch (const std::bad_alloc&) {
-    std::fprintf(
-        stderr,
-        "hap-plan: error: out of memory (the model or the search is too large for this machine)\n");
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hap-plan: internal error: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    return hap::app::report_current_exception("hap-plan");
   }
 }

@@ -85,12 +85,8 @@ int main(int argc, char** argv) {
   hap::app::TrainRunConfig config;
   try {
     config = hap::app::load_train_config(config_path, {overrides.begin(), overrides.end()});
-  } catch (const hap::app::ConfigError& e) {
-    std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hap-train: internal error: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    return hap::app::report_current_exception("hap-train");
   }
   if (!cluster_path.empty()) {
     try {
@@ -111,14 +107,7 @@ int main(int argc, char** argv) {
     if (!options.quiet)
       std::printf("hap-train: done: %s\n", hap::app::summary_text(s).c_str());
     return 0;
-  } catch (const hap::app::ConfigError& e) {
-    std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
-    return 2;
-  } catch (const hap::Error& e) {
-    std::fprintf(stderr, "hap-train: error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hap-train: internal error: %s\n", e.what());
-    return 1;
+  } catch (...) {
+    return hap::app::report_current_exception("hap-train");
   }
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/shape.h"
 
 namespace hap {
 
@@ -20,14 +21,6 @@ constexpr long double kFractionResolution = 1e-9L;
 std::string list_str(const std::vector<double>& v) {
   std::ostringstream os;
   os.precision(10);
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
-std::string list_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
   os << "[";
   for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
   os << "]";
@@ -99,7 +92,7 @@ std::vector<int64_t> shard_lengths(int64_t dim_size, const std::vector<double>& 
     }
   }
   HAP_ASSERT(std::accumulate(lengths.begin(), lengths.end(), int64_t{0}) == dim_size,
-             "shard lengths ", list_str(lengths), " do not sum to ", dim_size);
+             "shard lengths ", shape_str(lengths), " do not sum to ", dim_size);
   return lengths;
 }
 

@@ -2,29 +2,17 @@
 
 #include <algorithm>
 #include <numeric>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/shape.h"
 
 namespace hap::parallel {
-
-namespace {
-
-std::string list_str(const std::vector<int64_t>& v) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < v.size(); ++i) os << (i ? ", " : "") << v[i];
-  os << "]";
-  return os.str();
-}
-
-}  // namespace
 
 ShardSpec::ShardSpec(int64_t dim_, std::vector<int64_t> lengths_)
     : dim(dim_), lengths(std::move(lengths_)) {
   HAP_CHECK(!lengths.empty(), "ShardSpec: expected one shard length per rank, got none");
   for (size_t i = 0; i < lengths.size(); ++i)
-    HAP_CHECK(lengths[i] >= 0, "ShardSpec: shard lengths ", list_str(lengths),
+    HAP_CHECK(lengths[i] >= 0, "ShardSpec: shard lengths ", shape_str(lengths),
               " have a negative entry at rank ", i);
   offsets = shard_offsets(lengths);
 }
@@ -57,7 +45,7 @@ Shape ShardSpec::local_shape(const Shape& logical_shape, int rank) const {
   int64_t d = wrap_dim(dim, static_cast<int64_t>(logical_shape.size()), "ShardSpec dim");
   HAP_CHECK(logical_shape[d] == dim_size(), "ShardSpec: logical shape ", shape_str(logical_shape),
             " has size ", logical_shape[d], " in dim ", d, " but the shard lengths ",
-            list_str(lengths), " sum to ", dim_size());
+            shape_str(lengths), " sum to ", dim_size());
   Shape s = logical_shape;
   s[d] = length(rank);
   return s;

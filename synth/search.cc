@@ -494,7 +494,7 @@ void check_ratios(const CostModel& cm, const std::vector<std::vector<double>>& r
 
 std::vector<double> program_memory(const CostModel& cm, const std::vector<Instruction>& instrs,
                                    const std::vector<Prop>& storage,
-                                   const std::vector<std::vector<double>>& ratios) {
+                                   const std::vector<std::vector<double>>& ratios, bool every_reshard_moves) {
   const Graph& g = cm.graph();
   int D = cm.num_devices();
   std::vector<double> mem(D, 0.0);
@@ -513,8 +513,8 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       for (size_t o = 0; o < n.outputs.size(); ++o)
         if (cm.requires_grad(n.outputs[o])) add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
-               !(in.kind == InstrKind::Reshard && in.cost_s == 0) && cm.requires_grad(in.tensor)) {
-      // (A reshard that moves nothing, priced at zero, hands the same shard on.)
+               !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves) &&
+               cm.requires_grad(in.tensor)) {
       add(in.tensor, in.to, in.segment, 1.0);
     }
   }
@@ -532,17 +532,18 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
                  const SearchSpace& space, size_t memo_labels, double bound, SearchResult* out) {
   std::vector<State> arena;
   arena.push_back(ex.initial());
-  // Per key: the cheapest state (g inline: no visit to the arena) and, in the memory-aware pass,
-  // the leaner ones kept beside it.
+  // Per key: in the fast pass the cheapest state (g inline: no visit to the arena); in the
+  // memory-aware pass the list of states kept (in leaner_lists).
   struct MemoEntry {
     double g = kInf;
     int index = -1;
-    int leaner = -1;  // in leaner_lists (the memory-aware pass only)
+    int leaner = -1;
   };
   std::vector<std::vector<int>> leaner_lists;
   std::unordered_map<std::pair<uint64_t, uint64_t>, MemoEntry, KeyHash> memo;
   memo.reserve(static_cast<size_t>(std::min<int64_t>(space.max_states, 1 << 20)));
-  memo[Expander::key(arena[0])] = {0.0, 0, -1};
+  memo[Expander::key(arena[0])] = {0.0, 0, memo_labels == 1 ? -1 : 0};
+  if (memo_labels > 1) leaner_lists.push_back({0});
   std::vector<char> dropped(1, 0);  // covered by a later state: not expanded
   std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
   int64_t dominated = 0;
@@ -552,7 +553,6 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
   open.push({{ex.heuristic(0), seq++}, 0});
   int64_t expanded = 0;
   State child;
-  auto covers = [&](const State& a, const State& b) { return ex.covers(a, b); };
   while (!open.empty()) {
     int si = open.top().second;
     open.pop();
@@ -589,42 +589,26 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
           e.leaner = static_cast<int>(leaner_lists.size());
           leaner_lists.emplace_back();
         }
-        std::vector<int>& same = leaner_lists[e.leaner];
-        if (e.index >= 0) same.push_back(e.index);
-        if (std::any_of(same.begin(), same.end(), [&](int other) { return covers(arena[other], child); })) {
-          if (e.index >= 0) same.pop_back();
+        std::vector<int>& kept = leaner_lists[e.leaner];  // every state kept for this key
+        if (std::any_of(kept.begin(), kept.end(), [&](int other) { return ex.covers(arena[other], child); }))
           continue;
-        }
-        same.erase(std::remove_if(same.begin(), same.end(),
+        kept.erase(std::remove_if(kept.begin(), kept.end(),
                                   [&](int other) {
-                                    if (!covers(child, arena[other])) return false;
+                                    if (!ex.covers(child, arena[other])) return false;
                                     dropped[other] = 1;
                                     return true;
                                   }),
-                   same.end());
-        if (same.size() >= memo_labels) {
+                   kept.end());
+        if (kept.size() >= memo_labels) {
           // Full: a child cheaper than every kept state replaces the dearest (the cheapest path
           // is always kept, as with one label); a dearer one is dropped.
-          auto by_g = [&](int a, int b) { return arena[a].g < arena[b].g; };
-          auto dearest = std::max_element(same.begin(), same.end(), by_g);
-          if (child.g >= arena[*std::min_element(same.begin(), same.end(), by_g)].g) {
-            // (restore the entry's layout: the cheapest inline, the rest beside it)
-            auto cheapest = std::min_element(same.begin(), same.end(), by_g);
-            e.index = *cheapest;
-            e.g = arena[e.index].g;
-            same.erase(cheapest);
-            continue;
-          }
+          auto by_g = [&](int x, int y) { return arena[x].g < arena[y].g; };
+          if (child.g >= arena[*std::min_element(kept.begin(), kept.end(), by_g)].g) continue;
+          auto dearest = std::max_element(kept.begin(), kept.end(), by_g);
           dropped[*dearest] = 1;
-          same.erase(dearest);
+          kept.erase(dearest);
         }
-        same.push_back(index);
-        auto cheapest = std::min_element(same.begin(), same.end(), [&](int a, int b) {
-          return (a == index ? child.g : arena[a].g) < (b == index ? child.g : arena[b].g);
-        });
-        e.index = *cheapest;
-        e.g = e.index == index ? child.g : arena[e.index].g;
-        same.erase(cheapest);
+        kept.push_back(index);
       }
       child.parent = si;
       child.signature = sig;

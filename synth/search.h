@@ -70,9 +70,12 @@ bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<do
 SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
                                const std::vector<int>& node_segment, const SearchSpace& space);
 
-// Per-device memory of a finished program under the given ratios.
+// Per-device memory of a finished program under the given ratios. A reshard priced at zero
+// (its two segments' shards agree) holds nothing new, unless every_reshard_moves (the ratio LP,
+// under whose ratios it may move).
 std::vector<double> program_memory(const CostModel& cm, const std::vector<Instruction>& instrs,
                                    const std::vector<Prop>& storage,
-                                   const std::vector<std::vector<double>>& ratios);
+                                   const std::vector<std::vector<double>>& ratios,
+                                   bool every_reshard_moves = false);
 
 }  // namespace hap::synth

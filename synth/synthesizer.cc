@@ -167,18 +167,14 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
   // Memory: bytes that scale with a segment's ratio, plus bytes every device holds.
   std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
   std::vector<std::vector<double>> zero(num_segments, std::vector<double>(D, 0.0));
-  // Reshards are counted as moving (holding a new shard) whatever they do under the current
-  // ratios: under the LP's ratios they may.
-  std::vector<Instruction> instrs_moving = instrs;
-  for (Instruction& in : instrs_moving)
-    if (in.kind == InstrKind::Reshard) in.cost_s = 1;
-  std::vector<double> fixed = program_memory(cm, instrs_moving, storage, zero);
-  std::vector<double> ones = program_memory(cm, instrs_moving, storage, unit);
+  // Reshards count as moving (holding a new shard): under the LP's ratios they may.
+  std::vector<double> fixed = program_memory(cm, instrs, storage, zero, true);
+  std::vector<double> ones = program_memory(cm, instrs, storage, unit, true);
   std::vector<std::vector<double>> coef(D, std::vector<double>(num_segments, 0.0));
   for (int s = 0; s < num_segments; ++s) {
     std::vector<std::vector<double>> probe = unit;
     for (int d = 0; d < D; ++d) probe[s][d] = 0.0;
-    std::vector<double> without = program_memory(cm, instrs_moving, storage, probe);
+    std::vector<double> without = program_memory(cm, instrs, storage, probe, true);
     for (int d = 0; d < D; ++d) coef[d][s] = ones[d] - without[d];
   }
   for (int c = 0; c < C; ++c) {
@@ -353,49 +349,41 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       }
     }
   }
-  if (options.strategy == Strategy::Hap && memory_may_matter) {
-    // Where memory binds, hap's searches are exact only within their budgets: the baselines'
-    // programs (each a program of hap's space, found in a far smaller one) are candidates too,
-    // so that hap is never predicted slower than any of them.
-    for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
-      SynthesisOptions o = options;
-      o.strategy = s;
-      try {
-        DistributedProgram p = synthesize(graph, cluster, o);
-        states += p.states_expanded;
-        if (p.predicted_step_s < best.predicted_step_s * (1 - 1e-12)) {
-          best.instructions = std::move(p.instructions);
-          best.ratios = std::move(p.ratios);
-          best.storage = std::move(p.storage);
-          best.predicted_step_s = p.predicted_step_s;
-        }
-      } catch (const Error&) {
-        // (no program in that space: nothing to compare)
-      }
-    }
-  }
-  if (!std::isfinite(best.predicted_step_s) && over_budget && options.strategy == Strategy::Hap) {
-    // hap's space is too large for its budget here: the best baseline program (each is a program
-    // of hap's space, found in a far smaller one) rather than nothing.
+  const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
+  if (options.strategy == Strategy::Hap && (memory_may_matter || fallback)) {
+    // The baselines' programs (each a program of hap's space, found in a far smaller one) are
+    // candidates too where hap's own search was not exact: where memory binds (it is exact only
+    // within the bounded pass above), and, as the fallback, where it went over its budget.
     std::string why = budget_error;
+    DistributedProgram base;
+    base.predicted_step_s = std::numeric_limits<double>::infinity();
     for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
       SynthesisOptions o = options;
       o.strategy = s;
       o.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
       try {
         DistributedProgram p = synthesize(graph, cluster, o);
-        if (p.predicted_step_s < best.predicted_step_s) best = std::move(p);
+        states += p.states_expanded;
+        if (p.predicted_step_s < base.predicted_step_s) base = std::move(p);
       } catch (const Error& e) {
         why += std::string("; ") + strategy_name(s) + ": " + e.what();
       }
     }
-    HAP_CHECK(std::isfinite(best.predicted_step_s), why);
-    best.note = "hap's search went over its budget of " + std::to_string(options.max_states) +
-                " states; this is the best baseline program (" + best.strategy +
-                "). Raise parallel.search_budget to search further.";
-    best.strategy = strategy_name(Strategy::Hap);
-    best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return best;
+    if (fallback) {
+      HAP_CHECK(std::isfinite(base.predicted_step_s), why);
+      base.note = "hap's search went over its budget of " + std::to_string(options.max_states) +
+                  " states; this is the best baseline program (" + base.strategy +
+                  "). Raise parallel.search_budget to search further.";
+      base.strategy = strategy_name(Strategy::Hap);
+      base.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      return base;
+    }
+    if (base.predicted_step_s < best.predicted_step_s * (1 - 1e-12)) {
+      best.instructions = std::move(base.instructions);
+      best.ratios = std::move(base.ratios);
+      best.storage = std::move(base.storage);
+      best.predicted_step_s = base.predicted_step_s;
+    }
   }
   if (!std::isfinite(best.predicted_step_s) && over_budget) throw SearchBudgetError(budget_error);
   HAP_CHECK(std::isfinite(best.predicted_step_s), last_error.empty() ? "synthesis found no program" : last_error);

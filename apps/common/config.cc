@@ -5,10 +5,12 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <new>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <sstream>
@@ -330,6 +332,23 @@ nlohmann::json to_json(const TrainRunConfig& config) {
         {"segments", std::string(to_string(config.parallel.segments))},
         {"search_budget", config.parallel.search_budget}}},
   };
+}
+
+int report_current_exception(const char* prog) {
+  try {
+    throw;
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: config error: %s\n", prog, e.what());
+    return 2;
+  } catch (const hap::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "%s: error: out of memory (the model or the search is too large for this machine)\n",
+                 prog);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: internal error: %s\n", prog, e.what());
+  }
+  return 1;
 }
 
 }  // namespace hap::app

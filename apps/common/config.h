@@ -29,6 +29,12 @@ class ConfigError : public hap::Error {
   using hap::Error::Error;
 };
 
+// For an app's top-level catch (...): prints the exception being handled as
+// "PROG: config error: ..." (a ConfigError: exit code 2), "PROG: error: ..." (any other hap::Error),
+// an out-of-memory message, or "PROG: internal error: ..." (anything else), and returns the exit
+// code (2 for config errors, else 1).
+int report_current_exception(const char* prog);
+
 // The models a training run can build (the YAML spelling is in to_string).
 enum class ModelName { kGpt };
 

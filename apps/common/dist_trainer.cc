@@ -79,9 +79,9 @@ void save_distributed(const std::string& path, const parallel::Executor& ex, con
   ex.comm().barrier();
 }
 
-int64_t resume_distributed(const std::string& path, const parallel::Executor& ex, optim::Optimizer& opt) {
-  std::map<std::string, Tensor> by_name;
-  for (auto& [n, t] : load_tensors(path)) by_name[n] = t;
+// `by_name`: the checkpoint at `path`, loaded.
+int64_t resume_distributed(const std::string& path, const std::map<std::string, Tensor>& by_name,
+                           const parallel::Executor& ex, optim::Optimizer& opt) {
   auto take = [&](const std::string& n) {
     auto it = by_name.find(n);
     HAP_CHECK(it != by_name.end(), path, ": the checkpoint has no tensor '", n, "'");
@@ -174,11 +174,13 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   set_num_threads(t.threads > 0 ? t.threads : 1);
 
   // A resumed run draws dropout from the checkpoint's seed, as the single-process trainer does.
+  std::map<std::string, Tensor> checkpoint;
   std::optional<uint64_t> dropout_seed;
   if (!options.resume_path.empty()) {
-    for (auto& [name, value] : load_tensors(options.resume_path))
-      if (name == "meta.random_seed") dropout_seed = static_cast<uint64_t>(value.item());
-    HAP_CHECK(dropout_seed.has_value(), options.resume_path, ": the checkpoint has no tensor 'meta.random_seed'");
+    for (auto& [name, value] : load_tensors(options.resume_path)) checkpoint[name] = value;
+    auto seed = checkpoint.find("meta.random_seed");
+    HAP_CHECK(seed != checkpoint.end(), options.resume_path, ": the checkpoint has no tensor 'meta.random_seed'");
+    dropout_seed = static_cast<uint64_t>(seed->second.item());
   }
   TracedModel tm = trace_model(config, dropout_seed);
   synth::CostModel cm(tm.graph, cluster);
@@ -211,7 +213,7 @@ TrainSummary train_distributed(const TrainRunConfig& config, const synth::Cluste
   log.write({{"type", "config"}, {"config", to_json(config)}, {"ranks", comm.size()},
              {"cluster", cluster.name}, {"plan", plan_to_json(cm, plan)}});
 
-  int64_t start = options.resume_path.empty() ? 0 : resume_distributed(options.resume_path, ex, *opt);
+  int64_t start = options.resume_path.empty() ? 0 : resume_distributed(options.resume_path, checkpoint, ex, *opt);
   TrainSummary summary;
   std::vector<double> step_ms;
   double window_ms = 0, window_loss = 0;  // since the last progress line
