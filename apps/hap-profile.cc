@@ -1,9 +1,9 @@
 // hap-profile: measure a cluster and write the cluster file hap-plan and hap-train read.
-//   mpirun -np N hap-profile --out cluster.yaml [--config configs/gpt.yaml] [--name NAME]
+//   mpirun -np N hap-profile --out cluster.yaml [--config run.yaml] [--name NAME]
 //          [--node-name NAME] [--type TYPE] [--busy-ms MS] [--quick] [--raw FILE.json]
 //
 // Every rank measures its compute rate (GEMM at several sizes, and one training step of the
-// config's GPT on its share of the batch; the step's rate is the device's flops_per_s) and its
+// config's model on its share of the batch; the step's rate is the device's flops_per_s) and its
 // usable memory. The ranks are grouped into nodes by hostname (or --node-name / HAP_NODE_NAME);
 // each node's ranks then time all_reduce, all_gather, reduce_scatter and all_to_all at several
 // sizes, with even and uneven shards and both methods (padded, grouped), and so do all ranks
@@ -18,546 +18,56 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <algorithm>
-#include <chrono>
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
-#include <ctime>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "apps/common/cluster_config.h"
-#include "apps/common/config.h"
-#include "apps/common/model_graph.h"
-#include "apps/common/trainer.h"
-#include "core/rng.h"
-#include "models/clip.h"
-#include "models/gpt.h"
-#include "ops/dispatch.h"
-#include "ops/threads.h"
 #include "parallel/communicator.h"
-#include "parallel/profile.h"
-#include "synth/cost_model.h"
+#include "train/cluster_profile.h"
+#include "train/config.h"
+#include "train/output_path.h"
 
 namespace {
 
-using hap::parallel::CollectiveMethod;
-using hap::parallel::CollectiveSample;
 using hap::parallel::Communicator;
-using hap::synth::InstrKind;
-using Clock = std::chrono::steady_clock;
 
-// The temporary file being written, removed if a signal ends the run.
-char g_tmp_path[4096] = {0};
-
-void remove_tmp_and_exit(int sig) {
-  if (g_tmp_path[0]) unlink(g_tmp_path);
+// An interrupted profile leaves no file behind.
+void remove_partial_output_and_exit(int sig) {
+  hap::train::remove_partial_output();
   _exit(128 + sig);
 }
 
-std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v && *v ? std::string(v) : fallback;
-}
-
-// Every rank's string, in rank order.
-std::vector<std::string> allgather_strings(const Communicator& comm, const std::string& mine) {
-  std::vector<std::string> out(comm.size());
-  for (int r = 0; r < comm.size(); ++r) out[r] = comm.broadcast_string(mine, r);
-  return out;
-}
-
-struct Options {
-  std::string out_path, config_path = "configs/gpt.yaml", name, node_name, type, raw_path;
-  bool quick = false;
-  double busy_ms = 20;
-};
-
-struct ComputeResult {
-  std::vector<hap::parallel::GemmRate> gemm;
-  double step_flops = 0, step_s = 0, flops_per_s = 0, update_s_per_param = 0;
-  double memory_bandwidth_bytes_per_s = 0;
-  int64_t batch_rows = 0;
-};
-
-class Progress {
- public:
-  Progress(bool lead, int total) : lead_(lead), total_(total) {}
-  void step(const std::string& what) {
-    ++done_;
-    if (!lead_) return;
-    std::fprintf(stderr, "hap-profile: [%3d/%d] %s\n", done_, total_, what.c_str());
-    std::fflush(stderr);
-  }
-
- private:
-  bool lead_;
-  int total_, done_ = 0;
-};
-
-std::string format_bytes(double b) {
-  char buf[32];
-  if (b >= 1048576) std::snprintf(buf, sizeof buf, "%.0f MiB", b / 1048576);
-  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.0f KiB", b / 1024);
-  else std::snprintf(buf, sizeof buf, "%.0f B", b);
-  return buf;
-}
-
-// GEMM rates, and the config's GPT training step on this rank's share of the batch: mean
-// seconds per step over a time window, and its FLOPs.
-ComputeResult profile_compute(const hap::app::TrainRunConfig& base, int world, bool quick,
-                              Progress& progress) {
-  ComputeResult r;
-  const std::vector<int64_t> sizes = quick ? std::vector<int64_t>{128, 256}
-                                           : std::vector<int64_t>{128, 256, 512, 1024};
-  for (int64_t n : sizes) {
-    r.gemm.push_back(hap::parallel::profile_gemm(n, quick ? 2 : 3));
-    progress.step("compute: GEMM " + std::to_string(n) + "^3");
-  }
-
-  // Products (GEMMs, attention) are rated in FLOP/s, everything else (element-wise, norms,
-  // copies) mostly by the bytes it moves: the kernel profiler splits the step's time between them.
-  auto is_product = [](hap::ops::OpKind k) {
-    return k == hap::ops::OpKind::MatMul || k == hap::ops::OpKind::Linear || k == hap::ops::OpKind::Attention ||
-           k == hap::ops::OpKind::AttentionBackward;
-  };
-  double product_flops = 0, product_bytes = 0, other_flops = 0, other_bytes = 0;
-  hap::app::TrainRunConfig config = base;
-  r.batch_rows = std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
-  config.train.batch_size = r.batch_rows;
-  {
-    hap::app::TracedModel traced = hap::app::trace_model(config);
-    hap::synth::Cluster one;
-    one.name = "one";
-    hap::synth::Link link;
-    link.bandwidth_bytes_per_s = 1e9;
-    hap::synth::Device device;
-    device.name = device.type = "d";
-    device.flops_per_s = 1.0;
-    device.memory_bytes = 1;
-    one.add_node("n", link, {device});
-    hap::synth::CostModel cm(traced.graph, one);
-    for (const hap::synth::GraphNode& n : traced.graph.nodes) {
-      r.step_flops += cm.step_flops(n.id);
-      (is_product(n.kind) ? product_flops : other_flops) += cm.step_flops(n.id);
-      (is_product(n.kind) ? product_bytes : other_bytes) += cm.step_bytes(n.id);
-    }
-  }
-  auto model = std::make_shared<hap::nn::GPT>(hap::app::gpt_config(config));
-  model->train();
-  auto opt = hap::app::make_optimizer(config.train, model->named_parameters());
-  const int64_t T = config.train.seq_len, V = config.model.vocab_size;
-  std::vector<int64_t> tokens(static_cast<size_t>(r.batch_rows * (T + 1)));
-  uint64_t state = 0x9E3779B97F4A7C15ull;
-  for (int64_t& t : tokens) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    t = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(V));
-  }
-  std::vector<int64_t> idx, tgt;
-  for (int64_t b = 0; b < r.batch_rows; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      idx.push_back(tokens[b * (T + 1) + t]);
-      tgt.push_back(tokens[b * (T + 1) + t + 1]);
-    }
-  hap::Tensor x = hap::Tensor::from_vector(idx, {r.batch_rows, T});
-  hap::Tensor y = hap::Tensor::from_vector(tgt, {r.batch_rows, T});
-  // Steps until a time window has passed rather than a fixed count: under a CPU quota a step's
-  // time depends on where it falls in the quota period, and a long window averages that out.
-  const double window_s = quick ? 0.3 : 2.0;
-  const int min_steps = quick ? 2 : 5;
-  // The graph's forward + backward is what flops_per_s rates; the optimizer step and the
-  // gradient-norm pass (outside the graph) are timed apart, per parameter element.
-  std::vector<hap::Tensor> params = model->parameters();
-  double num_params = 0;
-  for (const hap::Tensor& p : params) num_params += static_cast<double>(p.numel());
-  double graph_s = 0, update_s = 0;
-  auto step_once = [&]() {
-    auto t0 = Clock::now();
-    hap::Tensor loss = model->loss(x, y);
-    opt->zero_grad();
-    loss.backward();
-    auto t1 = Clock::now();
-    hap::nn::clip_grad_norm_(params, config.train.grad_clip > 0 ? config.train.grad_clip : 1e30);
-    opt->step();
-    auto t2 = Clock::now();
-    graph_s += std::chrono::duration<double>(t1 - t0).count();
-    update_s += std::chrono::duration<double>(t2 - t1).count();
-  };
-  step_once();  // warm-up
-  graph_s = update_s = 0;
-  hap::ops::reset_dispatch_stats();
-  hap::ops::set_profiling(true);
-  int steps = 0;
-  const auto t0 = Clock::now();
-  double elapsed = 0;
-  while (steps < min_steps || elapsed < window_s) {
-    step_once();
-    ++steps;
-    elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  }
-  hap::ops::set_profiling(false);
-  double product_s = 0, other_s = 0;
-  const hap::ops::DispatchStats& stats = hap::ops::dispatch_stats();
-  for (size_t k = 0; k < hap::ops::kNumOps; ++k)
-    (is_product(static_cast<hap::ops::OpKind>(k)) ? product_s : other_s) += stats.kernel_s[k];
-  // Spread the wall time (quota throttling and dispatch included) over the parts in their
-  // measured shares: update vs graph, and within the graph products vs the rest.
-  r.step_s = elapsed / steps;
-  const double graph_step_s = r.step_s * graph_s / (graph_s + update_s);
-  r.update_s_per_param = (r.step_s - graph_step_s) / num_params;
-  const double kernels_s = product_s + other_s;
-  if (kernels_s > 0 && product_s > 0 && other_s > 0 && other_bytes > 0) {
-    const double product_step_s = graph_step_s * product_s / kernels_s;
-    const double other_step_s = graph_step_s - product_step_s;
-    // Products' bytes and the others' FLOPs are small: charge them at the other's rate.
-    r.flops_per_s = product_flops / product_step_s;
-    const double bytes_s = other_step_s - other_flops / r.flops_per_s;
-    r.memory_bandwidth_bytes_per_s = bytes_s > 0 ? (other_bytes + product_bytes) / bytes_s : 0;
-  }
-  if (r.memory_bandwidth_bytes_per_s <= 0) {
-    r.flops_per_s = r.step_flops / graph_step_s;
-    r.memory_bandwidth_bytes_per_s = 0;
-  }
-  progress.step("compute: GPT training step (" + std::to_string(r.batch_rows) + " x " +
-                std::to_string(T) + " tokens)");
-  return r;
-}
-
-struct Measurement {
-  InstrKind kind;
-  CollectiveMethod method;
-  bool uneven;
-  double bytes;
-};
-
-std::vector<Measurement> measurement_plan(bool quick) {
-  const std::vector<double> sizes = quick ? std::vector<double>{4096, 262144}
-                                          : std::vector<double>{4096, 65536, 1048576, 4194304};
-  std::vector<Measurement> plan;
-  for (double bytes : sizes)
-    for (bool uneven : {false, true}) {
-      plan.push_back({InstrKind::AllReduce, CollectiveMethod::Grouped, uneven, bytes});
-      for (InstrKind k : {InstrKind::AllGather, InstrKind::ReduceScatter, InstrKind::AllToAll})
-        for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped})
-          plan.push_back({k, m, uneven, bytes});
-    }
-  return plan;
-}
-
-std::vector<CollectiveSample> profile_group(const Communicator& group,
-                                            const std::vector<double>& rates,
-                                            const std::vector<Measurement>& plan, int reps,
-                                            double busy_s, const std::string& label,
-                                            Progress& progress) {
-  // Uneven shards follow the measured rates (what a plan would use); if the ranks are alike,
-  // a fixed skew still exercises the uneven paths.
-  std::vector<double> uneven = rates;
-  const auto [lo, hi] = std::minmax_element(rates.begin(), rates.end());
-  if (*hi < 1.05 * *lo)
-    for (size_t i = 0; i < uneven.size(); ++i) uneven[i] = static_cast<double>(uneven.size() - i);
-  double sum = 0;
-  for (double u : uneven) sum += u;
-  for (double& u : uneven) u /= sum;
-  const std::vector<double> even(rates.size(), 1.0 / static_cast<double>(rates.size()));
-
-  std::vector<CollectiveSample> samples;
-  for (const Measurement& m : plan) {
-    samples.push_back(hap::parallel::time_collective(group, m.kind, m.method, m.bytes,
-                                                     m.uneven ? uneven : even, reps, busy_s));
-    progress.step(label + ": " + hap::synth::instr_name(m.kind) +
-                  (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::parallel::method_name(m.method)) +
-                  (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
-  }
-  return samples;
-}
-
-nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
-  nlohmann::json j = nlohmann::json::array();
-  for (const CollectiveSample& s : samples)
-    j.push_back({{"collective", hap::synth::instr_name(s.kind)},
-                 {"method", s.kind == InstrKind::AllReduce ? "-" : hap::parallel::method_name(s.method)},
-                 {"ranks", s.group_size},
-                 {"bytes", s.bytes},
-                 {"max_share", s.max_share},
-                 {"uneven", s.uneven},
-                 {"seconds", s.seconds}});
-  return j;
-}
-
-std::string number(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", v);
-  return buf;
-}
-
-// A link's fit over all its samples, and one per collective (all_reduce, all_gather,
-// reduce_scatter, all_to_all, in synth::Collective order).
-struct LinkFits {
-  hap::parallel::LinkFit all;
-  std::vector<hap::parallel::LinkFit> per;  // empty when not measured
-
-  std::vector<double> flatten() const {
-    std::vector<double> v = {all.bandwidth_bytes_per_s, all.latency_s, all.rms_relative_error};
-    for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
-      const hap::parallel::LinkFit f = c < static_cast<int>(per.size()) ? per[c] : hap::parallel::LinkFit{};
-      v.insert(v.end(), {f.bandwidth_bytes_per_s, f.latency_s, f.rms_relative_error});
-    }
-    return v;
-  }
-  static LinkFits unflatten(const std::vector<double>& v) {
-    LinkFits f;
-    f.all = {v[0], v[1], v[2]};
-    for (int c = 0; c < hap::synth::kNumCollectives; ++c)
-      f.per.push_back({v[3 + 3 * c], v[4 + 3 * c], v[5 + 3 * c]});
-    return f;
-  }
-};
-
-LinkFits fit_all(const std::vector<CollectiveSample>& samples, const std::vector<InstrKind>& kinds) {
-  LinkFits f;
-  f.all = hap::parallel::fit_link(samples);
-  for (InstrKind k : kinds) {
-    std::vector<CollectiveSample> of_kind;
-    for (const CollectiveSample& s : samples)
-      if (s.kind == k) of_kind.push_back(s);
-    f.per.push_back(hap::parallel::fit_link(of_kind));
-  }
-  return f;
-}
-
-// A block mapping: the overall figures, then one line per collective; `fit` comments give the
-// rms relative error of each fit.
-std::string link_yaml(const LinkFits& f, const std::string& indent) {
-  std::ostringstream y;
-  y << "   # fit " << number(f.all.rms_relative_error * 100) << "% over all collectives\n";
-  y << indent << "bandwidth_bytes_per_s: " << number(f.all.bandwidth_bytes_per_s) << "\n";
-  y << indent << "latency_s: " << number(f.all.latency_s) << "\n";
-  y << indent << "collectives:";
-  for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
-    const hap::parallel::LinkFit& t = f.per[c];
-    y << "\n" << indent << "  " << hap::synth::collective_name(static_cast<hap::synth::Collective>(c))
-      << ": {bandwidth_bytes_per_s: " << number(t.bandwidth_bytes_per_s) << ", latency_s: " << number(t.latency_s)
-      << "}   # fit " << number(t.rms_relative_error * 100) << "%";
-  }
-  return y.str();
-}
-
-// Writes `text` to `path` through a temporary file in the same directory and a rename.
-void write_atomically(const std::string& path, const std::string& text) {
-  const std::filesystem::path p(path);
-  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
-  const std::string tmp =
-      (dir / ("." + p.filename().string() + ".tmp." + std::to_string(getpid()))).string();
-  HAP_CHECK(tmp.size() < sizeof g_tmp_path, "output path too long: ", path);
-  std::snprintf(g_tmp_path, sizeof g_tmp_path, "%s", tmp.c_str());
-  {
-    std::ofstream out(tmp);
-    HAP_CHECK(static_cast<bool>(out), "cannot write '", tmp, "' (for --out ", path, ")");
-    out << text;
-    out.flush();
-    HAP_CHECK(static_cast<bool>(out), "writing '", tmp, "' failed (disk full?)");
-  }
+// The shipped configs/gpt.yaml, found from the binary rather than the working directory: the
+// installed copy (<prefix>/share/hap/configs) beside an installed binary, else the source tree's.
+std::string default_config_path() {
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    unlink(tmp.c_str());
-    g_tmp_path[0] = 0;
-    HAP_CHECK(false, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const auto installed =
+        exe.parent_path().parent_path() / "share" / "hap" / "configs" / "gpt.yaml";
+    if (std::filesystem::exists(installed, ec)) return installed.string();
   }
-  g_tmp_path[0] = 0;
-}
-
-int run(const Options& opt, const hap::app::TrainRunConfig& config, const Communicator& world) {
-  const int P = world.size(), me = world.rank();
-  const bool lead = me == 0;
-  hap::set_num_threads(config.train.threads > 0 ? config.train.threads : 1);
-
-  char host[256] = {0};
-  gethostname(host, sizeof host - 1);
-  const std::string node_name = !opt.node_name.empty() ? opt.node_name : env_or("HAP_NODE_NAME", host);
-  const std::vector<std::string> node_of = allgather_strings(world, node_name);
-  std::vector<std::string> nodes;  // in order of first rank
-  std::vector<int> node_index(P);
-  for (int r = 0; r < P; ++r) {
-    auto it = std::find(nodes.begin(), nodes.end(), node_of[r]);
-    if (it == nodes.end()) {
-      nodes.push_back(node_of[r]);
-      it = nodes.end() - 1;
-    }
-    node_index[r] = static_cast<int>(it - nodes.begin());
-    if (r > 0 && node_index[r] != node_index[r - 1] && node_index[r] != static_cast<int>(nodes.size()) - 1)
-      throw hap::app::ConfigError(
-          "the ranks of node '" + node_of[r] + "' are not contiguous (rank " + std::to_string(r) +
-          " comes after ranks of another node); a cluster file lists devices node by node in rank "
-          "order: launch with mpirun --map-by slot (or node-contiguous ranks)");
-  }
-  const int local_ranks = static_cast<int>(std::count(node_index.begin(), node_index.end(), node_index[me]));
-  const std::vector<Measurement> plan = measurement_plan(opt.quick);
-  std::vector<int> group_sizes;
-  for (size_t n = 0; n < nodes.size(); ++n)
-    group_sizes.push_back(static_cast<int>(std::count(node_index.begin(), node_index.end(), static_cast<int>(n))));
-  const int sizes_compute = opt.quick ? 3 : 5;
-  const bool lead_node_measured = group_sizes[0] >= 2;
-  const bool world_measured = P >= 2 && nodes.size() > 1;
-  Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
-                              (world_measured ? static_cast<int>(plan.size()) : 0));
-  if (lead) {
-    std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
-                 P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
-    std::fflush(stderr);
-  }
-
-  const ComputeResult compute = profile_compute(config, P, opt.quick, progress);
-  const std::vector<double> rates = world.allgather(compute.flops_per_s);
-  const std::vector<int64_t> memory = world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
-  const int reps = opt.quick ? 2 : 5;
-  const double busy_s = opt.busy_ms / 1e3;
-
-  // Links: each node's ranks together (at the same time on every node), then all ranks.
-  Communicator node_comm = world.split(node_index[me], me);
-  std::vector<CollectiveSample> node_samples, world_samples;
-  if (node_comm.size() >= 2) {
-    std::vector<double> node_rates;
-    for (int r = 0; r < P; ++r)
-      if (node_index[r] == node_index[me]) node_rates.push_back(rates[r]);
-    node_samples = profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name, progress);
-  }
-  world.barrier();
-  if (world_measured) world_samples = profile_group(world, rates, plan, reps, busy_s, "all nodes", progress);
-
-  // Each node's fits (overall, then per collective), collected from that node's first rank.
-  const std::vector<InstrKind> kinds = {InstrKind::AllReduce, InstrKind::AllGather,
-                                        InstrKind::ReduceScatter, InstrKind::AllToAll};
-  std::vector<LinkFits> node_fits(nodes.size());
-  const LinkFits mine = node_samples.empty() ? LinkFits{} : fit_all(node_samples, kinds);
-  const std::vector<double> flat = mine.flatten();
-  std::vector<std::vector<double>> gathered(flat.size());
-  for (size_t i = 0; i < flat.size(); ++i) gathered[i] = world.allgather(flat[i]);
-  for (int r = P - 1; r >= 0; --r) {
-    std::vector<double> v(flat.size());
-    for (size_t i = 0; i < flat.size(); ++i) v[i] = gathered[i][r];
-    node_fits[node_index[r]] = LinkFits::unflatten(v);
-  }
-  // Every rank's node samples, for --raw only (the same flag on every rank).
-  const std::vector<std::string> raw_per_rank =
-      opt.raw_path.empty() ? std::vector<std::string>{}
-                           : allgather_strings(world, samples_json(node_samples).dump());
-  LinkFits inter{};
-  if (world_measured) inter = fit_all(world_samples, kinds);
-
-  const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
-  const std::string dev_type = !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", "cpu");
-  const std::string quota = env_or("HAP_CPU_QUOTA", "");
-  const std::vector<std::string> names = allgather_strings(world, dev_name);
-  const std::vector<std::string> types = allgather_strings(world, dev_type);
-  const std::vector<std::string> quotas = allgather_strings(world, quota);
-  const std::vector<double> step_s = world.allgather(compute.step_s);
-  const std::vector<double> update_s = world.allgather(compute.update_s_per_param);
-  const std::vector<double> mem_bw = world.allgather(compute.memory_bandwidth_bytes_per_s);
-  std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
-  for (size_t i = 0; i < compute.gemm.size(); ++i) gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
-  if (!lead) return 0;
-
-  // ---- the cluster file ----
-  std::ostringstream y;
-  std::time_t now = std::time(nullptr);
-  char when[64];
-  std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
-  y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
-    << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
-  y << "# flops_per_s: the mean training step (2 s window) of the GPT in " << opt.config_path << " on "
-    << compute.batch_rows << " x " << config.train.seq_len << " tokens per rank ("
-    << number(compute.step_flops) << " FLOPs, forward + backward), one thread per rank;\n"
-    << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per parameter;\n"
-    << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
-    << "# flops_per_s, the other ops' bytes give memory_bandwidth_bytes_per_s.\n";
-  y << "# GEMM for comparison (FLOP/s at n = ";
-  for (size_t i = 0; i < compute.gemm.size(); ++i) y << (i ? ", " : "") << compute.gemm[i].n;
-  y << "):\n";
-  for (int r = 0; r < P; ++r) {
-    y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms; GEMM";
-    for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
-    y << "\n";
-  }
-  if (P == 1) {
-    y << "# Links: not measured (one rank); the node link below is a placeholder the planner never\n"
-         "# uses with one device.\n";
-  } else {
-    y << "# Links: latency and bandwidth fitted to " << plan.size()
-      << " timed collectives per group (all_reduce, all_gather, reduce_scatter, all_to_all; even\n"
-         "# and uneven shards; padded and grouped), each right after " << opt.busy_ms
-      << " ms of compute on every rank\n"
-         "# (as in training), with the cost model's formulas; 'fit' is the rms relative error.\n";
-  }
-  y << "name: " << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";
-  if (nodes.size() > 1)
-    y << "inter_node:" << link_yaml(inter, "  ") << "\n";
-  y << "nodes:\n";
-  for (size_t n = 0; n < nodes.size(); ++n) {
-    y << "  - name: " << nodes[n] << "\n";
-    if (group_sizes[n] < 2) {
-      y << "    link: {bandwidth_bytes_per_s: 1e10, latency_s: 1e-5}   # not measured (one rank on this "
-           "node; unused by the planner)\n";
-    } else {
-      y << "    link:" << link_yaml(node_fits[n], "      ") << "\n";
-    }
-    y << "    devices:\n";
-    for (int r = 0; r < P; ++r) {
-      if (node_index[r] != static_cast<int>(n)) continue;
-      y << "      - {name: " << (names[r].empty() ? nodes[n] + ".r" + std::to_string(r) : names[r])
-        << ", type: " << types[r] << ", flops_per_s: " << number(rates[r])
-        << ", memory_bandwidth_bytes_per_s: " << number(mem_bw[r])
-        << ", update_s_per_param: " << number(update_s[r]) << ", memory_bytes: " << memory[r];
-      if (!quotas[r].empty()) y << ", cpu_quota: " << quotas[r];
-      y << "}\n";
-    }
-  }
-  write_atomically(opt.out_path, y.str());
-  // The file must load as is.
-  hap::app::load_cluster_config(opt.out_path);
-  std::fprintf(stderr, "hap-profile: wrote %s\n", opt.out_path.c_str());
-
-  if (!opt.raw_path.empty()) {
-    nlohmann::json raw;
-    raw["ranks"] = nlohmann::json::array();
-    for (int r = 0; r < P; ++r) {
-      nlohmann::json g = nlohmann::json::array();
-      for (size_t i = 0; i < compute.gemm.size(); ++i) g.push_back({{"n", compute.gemm[i].n}, {"flops_per_s", gemm_rates[i][r]}});
-      raw["ranks"].push_back({{"rank", r}, {"node", node_of[r]}, {"gpt_step_s", step_s[r]},
-                              {"gpt_step_flops", compute.step_flops}, {"flops_per_s", rates[r]},
-                              {"update_s_per_param", update_s[r]},
-                              {"memory_bandwidth_bytes_per_s", mem_bw[r]},
-                              {"memory_bytes", memory[r]}, {"gemm", g},
-                              {"cpu_quota", quotas[r]}});
-    }
-    raw["node_samples"] = nlohmann::json::object();
-    for (int r = 0; r < P; ++r)
-      if (r == 0 || node_index[r] != node_index[r - 1])
-        raw["node_samples"][node_of[r]] = nlohmann::json::parse(raw_per_rank[r]);
-    raw["world_samples"] = samples_json(world_samples);
-    write_atomically(opt.raw_path, raw.dump(2) + "\n");
-  }
-  return 0;
+  return std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App cli{"hap-profile: measure the cluster the MPI ranks run on and write its cluster file"};
-  Options opt;
+  hap::train::ProfileOptions opt;
+  std::string config_path = default_config_path();
   std::vector<std::string> overrides;
   cli.add_option("--out", opt.out_path, "the cluster file to write (YAML)")->required();
-  cli.add_option("--config", opt.config_path, "run config whose GPT is timed (default configs/gpt.yaml)");
+  cli.add_option("--config", config_path,
+                 "run config whose model is timed (default: the shipped configs/gpt.yaml)");
   cli.add_option("--set", overrides, "override a key of that config (repeatable)");
   cli.add_option("--name", opt.name, "the cluster's name (default: the --out file's stem)");
-  cli.add_option("--node-name", opt.node_name, "this rank's node (default: HAP_NODE_NAME or the hostname)");
-  cli.add_option("--type", opt.type, "device type written to the file (default: HAP_DEVICE_TYPE or cpu)");
+  cli.add_option("--node-name", opt.node_name,
+                 "this rank's node (default: HAP_NODE_NAME or the hostname)");
+  cli.add_option("--type", opt.type,
+                 "device type written to the file (default: HAP_DEVICE_TYPE or cpu)");
   cli.add_option("--raw", opt.raw_path, "also write every measurement as JSON");
   cli.add_flag("--quick", opt.quick, "fewer sizes and repetitions (a smoke test, not a profile)");
   cli.add_option("--busy-ms", opt.busy_ms,
@@ -568,19 +78,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return cli.exit(e) == 0 ? 0 : 2;
   }
-  std::signal(SIGINT, remove_tmp_and_exit);
-  std::signal(SIGTERM, remove_tmp_and_exit);
+  std::signal(SIGINT, remove_partial_output_and_exit);
+  std::signal(SIGTERM, remove_partial_output_and_exit);
 
   hap::parallel::MpiSession mpi(&argc, &argv);
   Communicator world = Communicator::world();
-  int rc = 0;
   try {
     if (std::filesystem::is_directory(opt.out_path))
-      throw hap::app::ConfigError("--out '" + opt.out_path + "' is a directory; expected a file path");
-    const hap::app::TrainRunConfig config =
-        hap::app::load_train_config(opt.config_path, {overrides.begin(), overrides.end()});
-    rc = run(opt, config, world);
-  } catch (const hap::app::ConfigError& e) {
+      throw hap::train::ConfigError("--out '" + opt.out_path +
+                                    "' is a directory; expected a file path");
+    const hap::train::RunConfig config =
+        hap::train::load_run_config(config_path, {overrides.begin(), overrides.end()});
+    hap::train::profile_cluster(config, opt, world);
+  } catch (const hap::train::ConfigError& e) {
     // Same inputs on every rank: every rank stops alike.
     if (world.rank() == 0) std::fprintf(stderr, "hap-profile: error: %s\n", e.what());
     return 2;
@@ -588,5 +98,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "hap-profile: rank %d: error: %s\n", world.rank(), e.what());
     world.abort_all(1);
   }
-  return rc;
+  return 0;
 }

@@ -11,9 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "apps/common/cluster_config.h"
-#include "apps/common/config.h"
-#include "apps/common/model_graph.h"
+#include "train/cluster_config.h"
+#include "train/config.h"
+#include "models/gpt.h"
+#include "train/from_config.h"
+#include "train/trace.h"
 #include "ops/threads.h"
 #include "synth/synthesizer.h"
 
@@ -41,16 +43,20 @@ synth::Cluster mixed_cluster(int n) {
   return c;
 }
 
-app::TrainRunConfig gpt_run(int layers, int64_t batch) {
-  app::TrainRunConfig r;
-  r.model.vocab_size = 50257;
-  r.model.block_size = 128;
-  r.model.n_layer = layers;
-  r.model.n_head = 12;
-  r.model.n_embd = 768;
-  r.train.batch_size = batch;
-  r.train.seq_len = 128;
-  return r;
+// GPT-2 small's shape with `layers` blocks, traced for a global batch of `batch` x 128 tokens.
+synth::Graph gpt_graph(int layers, int64_t batch) {
+  nn::GPTConfig c;
+  c.vocab_size = 50257;
+  c.block_size = 128;
+  c.n_layer = layers;
+  c.n_head = 12;
+  c.n_embd = 768;
+  std::shared_ptr<nn::GPT> model;
+  {
+    MetaGuard meta;
+    model = std::make_shared<nn::GPT>(c);
+  }
+  return train::trace_model(*model, batch);
 }
 
 }  // namespace
@@ -71,11 +77,11 @@ int main(int argc, char** argv) {
               "no-dom synth s", "no-dom states");
   for (int L : layer_counts)
     for (int N : device_counts) {
-      app::TracedModel tm = app::trace_model(gpt_run(L, 8 * N));
+      const synth::Graph graph = gpt_graph(L, 8 * N);
       synth::Cluster c = mixed_cluster(N);
       synth::DistributedProgram p;
       try {
-        p = synth::synthesize(tm.graph, c, synth::SynthesisOptions{});
+        p = synth::synthesize(graph, c, synth::SynthesisOptions{});
       } catch (const hap::Error& e) {
         std::printf("%8d %8d %10s  %s\n", L, N, "-", e.what());
         timing.push_back({{"layers", L}, {"devices", N}, {"error", e.what()}});
@@ -83,14 +89,14 @@ int main(int argc, char** argv) {
       }
       synth::SynthesisOptions memo_only;
       memo_only.dominance_pruning = false;
-      const synth::DistributedProgram q = synth::synthesize(tm.graph, c, memo_only);
+      const synth::DistributedProgram q = synth::synthesize(graph, c, memo_only);
       std::printf("%8d %8d %10.3f %12lld %10.4f %14.3f %14lld\n", L, N, p.synthesis_s,
                   static_cast<long long>(p.states_expanded), p.predicted_step_s, q.synthesis_s,
                   static_cast<long long>(q.states_expanded));
       std::fflush(stdout);
       timing.push_back({{"layers", L}, {"devices", N}, {"synthesis_s", p.synthesis_s},
                         {"states", p.states_expanded}, {"rounds", p.search_iterations},
-                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", tm.graph.nodes.size()},
+                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", graph.nodes.size()},
                         {"without_dominance", {{"synthesis_s", q.synthesis_s}, {"states", q.states_expanded},
                                                {"predicted_step_s", q.predicted_step_s}}}});
     }
@@ -106,19 +112,21 @@ int main(int argc, char** argv) {
   std::printf("\npredicted step time per strategy\n%-12s %10s %10s %10s %10s %10s %8s\n", "cluster", "hap", "dp-ev",
               "dp-cp", "tp", "bound", "hap/bnd");
   for (const Case& k : cases) {
-    synth::Cluster c = app::load_cluster_config(std::string(HAP_SOURCE_DIR) + "/configs/clusters/" + k.cluster + ".yaml");
-    app::TrainRunConfig run = k.gpu ? gpt_run(12, 32 * c.size())
-                                    : app::load_train_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml", {});
-    app::TracedModel tm = app::trace_model(run);
-    synth::CostModel cm(tm.graph, c);
-    nlohmann::json row = {{"cluster", k.cluster}, {"devices", c.size()}, {"layers", run.model.n_layer},
-                          {"global_batch", run.train.batch_size}, {"compute_lower_bound_s", cm.compute_lower_bound_s()}};
+    synth::Cluster c = train::load_cluster_config(std::string(HAP_SOURCE_DIR) + "/configs/clusters/" + k.cluster + ".yaml");
+    const train::RunConfig run = train::load_run_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml", {});
+    const int layers = k.gpu ? 12 : static_cast<int>(run.model.options.integer("n_layer"));
+    const int64_t batch = k.gpu ? 32 * c.size() : run.train.batch_size;
+    const synth::Graph graph = k.gpu ? gpt_graph(layers, batch)
+                                     : train::trace_model(*train::build_model(run, /*shapes_only=*/true), batch);
+    synth::CostModel cm(graph, c);
+    nlohmann::json row = {{"cluster", k.cluster}, {"devices", c.size()}, {"layers", layers},
+                          {"global_batch", batch}, {"compute_lower_bound_s", cm.compute_lower_bound_s()}};
     std::printf("%-12s", k.cluster.c_str());
     for (auto s : {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp}) {
       synth::SynthesisOptions o;
       o.strategy = s;
       try {
-        synth::DistributedProgram p = synth::synthesize(tm.graph, c, o);
+        synth::DistributedProgram p = synth::synthesize(graph, c, o);
         row[synth::strategy_name(s)] = {{"predicted_step_s", p.predicted_step_s},
                                         {"compute_s", p.compute_s},
                                         {"communication_s", p.communication_s},

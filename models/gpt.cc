@@ -1,8 +1,9 @@
 #include "models/gpt.h"
 
+#include <charconv>
 #include <cmath>
+#include <initializer_list>
 
-#include "ops/dispatch.h"
 #include "ops/functional.h"
 
 namespace hap::nn {
@@ -10,6 +11,8 @@ namespace hap::nn {
 void GPTConfig::validate() const {
   HAP_CHECK(vocab_size >= 1, "GPTConfig: vocab_size must be >= 1, got ", vocab_size);
   HAP_CHECK(block_size >= 1, "GPTConfig: block_size must be >= 1, got ", block_size);
+  HAP_CHECK(seq_len >= 0 && seq_len <= block_size, "GPTConfig: seq_len must be in [0, block_size=",
+            block_size, "] (0 means block_size), got ", seq_len);
   HAP_CHECK(n_layer >= 1, "GPTConfig: n_layer must be >= 1, got ", n_layer);
   HAP_CHECK(n_head >= 1, "GPTConfig: n_head must be >= 1, got ", n_head);
   HAP_CHECK(n_embd >= 1, "GPTConfig: n_embd must be >= 1, got ", n_embd);
@@ -25,7 +28,7 @@ int64_t GPTConfig::num_parameters() const {
   return vocab_size * C + block_size * C + n_layer * per_block + C * (1 + b);
 }
 
-GPT::GPT(const GPTConfig& config) : Module("GPT"), config_(config) {
+GPT::GPT(const GPTConfig& config) : Model("GPT"), config_(config) {
   config.validate();
   int64_t C = config.n_embd;
   wte = register_module("wte", std::make_shared<Embedding>(EmbeddingOptions(config.vocab_size, C)));
@@ -73,18 +76,10 @@ Tensor GPT::forward(const Tensor& idx) {
       HAP_CHECK(p[i] >= 0 && p[i] < V, "GPT: token id ", p[i], " at position [", i / T, ", ", i % T,
                 "] of idx is outside [0, vocab_size=", V, ")");
   }
-  Tensor x;
-  {
-    ops::ScopeGuard scope("embed");
-    Tensor tok = wte->forward(idx);            // [B, T, C]
-    Tensor pos = slice(wpe->weight, 0, 0, T);  // [T, C]
-    x = drop->forward(tok + pos);              // [B, T, C]
-  }
-  for (size_t i = 0; i < block_list_.size(); ++i) {
-    ops::ScopeGuard scope("blocks." + std::to_string(i));
-    x = block_list_[i]->forward(x);
-  }
-  ops::ScopeGuard scope("head");
+  Tensor tok = wte->forward(idx);            // [B, T, C]
+  Tensor pos = slice(wpe->weight, 0, 0, T);  // [T, C]
+  Tensor x = drop->forward(tok + pos);       // [B, T, C]
+  for (const auto& block : block_list_) x = block->forward(x);
   x = ln_f->forward(x);
   Tensor logits = linear(x, wte->weight);  // [B, T, V]
   if (is_training()) advance_random_step();
@@ -108,6 +103,110 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   }
   Tensor logits = forward(idx);  // [B, T, V]
   return cross_entropy(reshape(logits, {-1, V}), reshape(targets, {-1}), -100);
+}
+
+}  // namespace hap::nn
+
+namespace hap::nn {
+
+std::vector<InputSpec> GPT::inputs(int64_t batch_size) const {
+  const int64_t T = config_.seq_len > 0 ? config_.seq_len : config_.block_size;
+  const int64_t V = config_.vocab_size;
+  return {{"idx", {batch_size, T}, DType::I64, 0, V, false},
+          {"targets", {batch_size, T}, DType::I64, 0, V, true}};
+}
+
+Tensor GPT::loss(const Batch& batch) {
+  return loss(input_of(batch, "idx", DType::I64, 2, "gpt"), input_of(batch, "targets", DType::I64, 2, "gpt"));
+}
+
+namespace {
+
+constexpr double kMaxDimension = 2147483647.0;  // 2^31 - 1: every dimension fits in 32 bits
+constexpr double kMaxTensorElements = 1099511627776.0;  // 2^40: 4 TiB of f32, far beyond any machine
+
+template <typename T>
+std::string number_text(T v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+struct Factor {
+  const char* key;
+  int64_t value;
+};
+
+// Throws on `key` when the product of `factors` (the elements of `tensor`) exceeds 2^40, naming
+// every factor with its value: nothing derived from the sizes may overflow.
+void check_elements(const char* key, const char* tensor, std::initializer_list<Factor> factors) {
+  double product = 1;
+  for (const Factor& f : factors) product *= static_cast<double>(f.value);
+  if (product <= kMaxTensorElements) return;
+  std::string names, values;
+  for (const Factor& f : factors) {
+    names += (names.empty() ? "" : " x ") + std::string(f.key);
+    values += (values.empty() ? "" : " x ") + number_text(f.value);
+  }
+  throw OptionError(key, "an integer with " + names + " <= 2^40 (the elements of " + tensor + "; here " +
+                             values + " = " + number_text(product) + ")");
+}
+
+GPTConfig gpt_config_of(const Options& o, uint64_t seed) {
+  GPTConfig c;
+  c.vocab_size = o.integer("vocab_size");
+  c.block_size = o.integer("block_size");
+  c.seq_len = o.integer("seq_len");
+  c.n_layer = o.integer("n_layer");
+  c.n_head = o.integer("n_head");
+  c.n_embd = o.integer("n_embd");
+  c.dropout = o.number("dropout");
+  c.bias = o.boolean("bias");
+  c.seed = seed;
+  return c;
+}
+
+}  // namespace
+
+ModelEntry gpt_model_entry() {
+  ModelEntry e;
+  e.name = "gpt";
+  e.summary = "GPT-2: byte or token language model (inputs idx, targets: i64 [batch, seq_len])";
+  e.options = {
+      OptionSpec::integer("vocab_size", 256, 1, kMaxDimension, "tokens in the vocabulary"),
+      OptionSpec::integer("block_size", std::nullopt, 1, kMaxDimension,
+                          "maximum sequence length (positions with an embedding)"),
+      OptionSpec::integer("seq_len", 0, 0, kMaxDimension,
+                          "tokens per training sequence, at most block_size; 0 means block_size"),
+      OptionSpec::integer("n_layer", std::nullopt, 1, 10000, "transformer blocks"),
+      OptionSpec::integer("n_head", std::nullopt, 1, kMaxDimension, "attention heads per block"),
+      OptionSpec::integer("n_embd", std::nullopt, 1, kMaxDimension,
+                          "width of the residual stream, a multiple of n_head"),
+      OptionSpec::number("dropout", 0.0, 0.0, 1.0, "dropout probability").max_open(),
+      OptionSpec::boolean("bias", true, "biases in linear layers and layer norms"),
+  };
+  e.check = [](const Options& o, int64_t B) {
+    const int64_t V = o.integer("vocab_size"), block = o.integer("block_size");
+    const int64_t C = o.integer("n_embd"), n_head = o.integer("n_head");
+    if (o.integer("seq_len") > block)
+      throw OptionError("seq_len", "an integer in [0, model.block_size = " + number_text(block) +
+                                       "] (positions past block_size have no embedding)");
+    // Attention splits n_embd into n_head equal heads.
+    if (C % n_head != 0) throw OptionError("n_embd", "a multiple of model.n_head = " + number_text(n_head));
+    const int64_t T = o.integer("seq_len") > 0 ? o.integer("seq_len") : block;
+    check_elements("n_embd", "the token embedding", {{"model.vocab_size", V}, {"model.n_embd", C}});
+    check_elements("n_embd", "the position embedding", {{"model.block_size", block}, {"model.n_embd", C}});
+    check_elements("n_embd", "an MLP weight", {{"4", 4}, {"model.n_embd", C}, {"model.n_embd", C}});
+    // The largest activations of one step (attention never materialises its [B, H, T, T]).
+    check_elements("n_embd", "the MLP's hidden activation",
+                   {{"train.batch_size", B}, {"model.seq_len", T}, {"4", 4}, {"model.n_embd", C}});
+    check_elements("vocab_size", "the logits",
+                   {{"train.batch_size", B}, {"model.seq_len", T}, {"model.vocab_size", V}});
+  };
+  e.build = [](const Options& o, uint64_t seed) -> std::shared_ptr<Model> {
+    return std::make_shared<GPT>(gpt_config_of(o, seed));
+  };
+  return e;
 }
 
 }  // namespace hap::nn

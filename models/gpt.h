@@ -15,13 +15,15 @@
 #include <vector>
 
 #include "models/layers.h"
-#include "models/module.h"
+#include "models/model.h"
+#include "models/zoo.h"
 
 namespace hap::nn {
 
 struct GPTConfig {
   int64_t vocab_size = 256;
   int64_t block_size = 128;  // maximum sequence length
+  int64_t seq_len = 0;       // tokens per training sequence (inputs()); 0 means block_size
   int64_t n_layer = 4;
   int64_t n_head = 4;
   int64_t n_embd = 256;
@@ -36,7 +38,9 @@ struct GPTConfig {
   int64_t num_parameters() const;
 };
 
-class GPT : public Module {
+// Trained as a Model: inputs "idx" and "targets", i64 [B, seq_len] (batch dim 0); the loss is
+// the mean next-token cross-entropy.
+class GPT : public Model {
  public:
   // Builds the model, draws its parameters with config.seed and binds its dropout to that seed.
   explicit GPT(const GPTConfig& config);
@@ -46,6 +50,10 @@ class GPT : public Module {
   Tensor forward(const Tensor& idx);
   // Mean cross-entropy of forward(idx) against targets (i64 [B, T]); a target of -100 is ignored.
   Tensor loss(const Tensor& idx, const Tensor& targets);
+
+  std::vector<InputSpec> inputs(int64_t batch_size) const override;
+  Tensor loss(const Batch& batch) override;
+  int64_t tokens_per_example() const override { return config_.seq_len > 0 ? config_.seq_len : config_.block_size; }
 
   std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
   const GPTConfig& config() const { return config_; }
@@ -60,5 +68,9 @@ class GPT : public Module {
   GPTConfig config_;
   std::vector<std::shared_ptr<TransformerBlock>> block_list_;
 };
+
+// The zoo entry "gpt": options vocab_size, block_size, seq_len, n_layer, n_head, n_embd,
+// dropout, bias (GPTConfig's fields); sizes bounded so that no tensor of a step overflows.
+ModelEntry gpt_model_entry();
 
 }  // namespace hap::nn

@@ -27,7 +27,10 @@ Linear::Linear(const LinearOptions& options) : Module("Linear"), options_(option
     bias = register_parameter("bias", make_param(*this, "bias", {options.out_features()}));
 }
 
-Tensor Linear::forward(const Tensor& x) const { return linear(x, weight, bias); }
+Tensor Linear::forward(const Tensor& x) const {
+  auto scope = enter_scope();
+  return linear(x, weight, bias);
+}
 
 std::optional<ParamInit> Linear::init_rule(const std::string& name, const Tensor&) const {
   if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
@@ -44,7 +47,10 @@ Embedding::Embedding(const EmbeddingOptions& options) : Module("Embedding"), opt
       "weight", make_param(*this, "weight", {options.num_embeddings(), options.embedding_dim()}));
 }
 
-Tensor Embedding::forward(const Tensor& ids) const { return embedding(weight, ids); }
+Tensor Embedding::forward(const Tensor& ids) const {
+  auto scope = enter_scope();
+  return embedding(weight, ids);
+}
 
 std::optional<ParamInit> Embedding::init_rule(const std::string& name, const Tensor&) const {
   if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
@@ -60,6 +66,7 @@ LayerNorm::LayerNorm(const LayerNormOptions& options) : Module("LayerNorm"), opt
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
+  auto scope = enter_scope();
   return layer_norm(x, weight, bias, options_.eps());
 }
 
@@ -76,7 +83,10 @@ RMSNorm::RMSNorm(const RMSNormOptions& options) : Module("RMSNorm"), options_(op
   weight = register_parameter("weight", make_param(*this, "weight", {options.dim()}));
 }
 
-Tensor RMSNorm::forward(const Tensor& x) const { return rms_norm(x, weight, options_.eps()); }
+Tensor RMSNorm::forward(const Tensor& x) const {
+  auto scope = enter_scope();
+  return rms_norm(x, weight, options_.eps());
+}
 
 std::optional<ParamInit> RMSNorm::init_rule(const std::string& name, const Tensor&) const {
   if (name == "weight") return ParamInit::ones();
@@ -90,6 +100,7 @@ Dropout::Dropout(const DropoutOptions& options) : Module("Dropout"), options_(op
 }
 
 Tensor Dropout::forward(const Tensor& x) {
+  auto scope = enter_scope();
   if (!is_training() || options_.p() == 0.0) return x;
   RandomDraw d = next_random_draw();
   return dropout(x, options_.p(), true, d.seed, d.stream);
@@ -107,6 +118,7 @@ MLP::MLP(const MLPOptions& options) : Module("MLP"), options_(options) {
 }
 
 Tensor MLP::forward(const Tensor& x) {
+  auto scope = enter_scope();
   Tensor h = gelu(fc->forward(x), GeluApprox::Tanh);  // [..., hidden]
   return drop->forward(proj->forward(h));
 }
@@ -130,6 +142,7 @@ CausalSelfAttention::CausalSelfAttention(const CausalSelfAttentionOptions& optio
 }
 
 Tensor CausalSelfAttention::forward(const Tensor& x) {
+  auto scope = enter_scope();
   HAP_CHECK(x.dim() == 3 && x.size(2) == options_.dim(), "CausalSelfAttention: expected x of ",
             "shape [B, T, ", options_.dim(), "], got ", shape_str(x.shape()));
   int64_t B = x.size(0), T = x.size(1), C = options_.dim(), H = options_.n_head(), D = C / H;
@@ -162,6 +175,7 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
+  auto scope = enter_scope();
   Tensor h = x + attn->forward(ln1->forward(x));
   return h + mlp->forward(ln2->forward(h));
 }

@@ -52,7 +52,19 @@ void Module::add_child(std::string name, std::shared_ptr<Module> child) {
   for (const auto& [_, m] : child->named_modules())
     HAP_CHECK(m != this, "Submodule '", name, "' of ", type_name_,
               " contains this module: module trees must not have cycles");
+  // A module registered a second time (a shared submodule) keeps its first name, as in
+  // named_modules().
+  if (child->parent_ == nullptr) {
+    child->parent_ = this;
+    child->set_path(join_name(path_, name));
+  }
   children_.emplace_back(std::move(name), std::move(child));
+}
+
+void Module::set_path(const std::string& path) {
+  path_ = path;
+  for (const auto& [n, c] : children_)
+    if (c->parent_ == this) c->set_path(join_name(path_, n));
 }
 
 std::vector<std::pair<std::string, Module*>> Module::named_modules() const {
@@ -178,6 +190,7 @@ ParamInit Module::init_rule_of(const std::string& full_name) const {
 }
 
 void Module::reset_parameters(uint64_t seed) {
+  init_seed_ = seed;
   NoGradGuard no_grad;
   for (const auto& [name, t] : named_parameters())
     init_parameter(t, init_rule_of(name), seed, name);

@@ -34,6 +34,7 @@
 
 #include "core/tensor.h"
 #include "models/init.h"
+#include "ops/dispatch.h"
 
 // A field of an options struct in the libtorch style: `LinearOptions(8, 4).bias(false)` sets it
 // (and returns the options for chaining), `options.bias()` reads it.
@@ -75,6 +76,11 @@ class Module {
 
   // The class name used in messages ("Linear", "GPT").
   const std::string& type_name() const { return type_name_; }
+  // The full dotted name of this module in the tree it was first registered in ("blocks.3.attn";
+  // "" for a root). Ops a layer runs inside enter_scope() are traced with this module path, which
+  // names them in graphs, plans and errors and groups them into segments (one per numbered
+  // child of a module list, e.g. each transformer block).
+  const std::string& path() const { return path_; }
 
   // ---- registration ----
   // Registers `tensor` (a leaf) under `name` and sets its requires_grad. Returns the same tensor
@@ -118,6 +124,9 @@ class Module {
   // ---- initialisation ----
   // Redraws every parameter with the rule init_rule_of(name) gives it (see models/init.h).
   void reset_parameters(uint64_t seed);
+  // The seed of the last reset_parameters() on this module (nullopt if never): with it and the
+  // init rules, a rank draws exactly its shard of every parameter (train::Trainer on ranks).
+  std::optional<uint64_t> init_seed() const { return init_seed_; }
   // The rule for the parameter `full_name`: the outermost module on its path whose init_rule()
   // answers decides (so a model can override its layers' defaults); no answer means keep.
   ParamInit init_rule_of(const std::string& full_name) const;
@@ -138,17 +147,26 @@ class Module {
  protected:
   // The (seed, stream) for this module's next draw.
   RandomDraw next_random_draw();
+  // Scopes the ops run until the guard ends to this module's path (every built-in layer's forward
+  // does this; a custom module may, or leave its own ops to the tracer, which attributes an
+  // unscoped op to the block its inputs come from).
+  ops::ScopeGuard enter_scope() const { return ops::ScopeGuard(path_, ops::ScopeGuard::kAbsolute); }
 
  private:
   void check_new_name(const std::string& name, const char* what) const;
   void add_child(std::string name, std::shared_ptr<Module> child);
+  // Sets the path of this module and of the submodules it registered first, recursively.
+  void set_path(const std::string& path);
 
   std::string type_name_;
+  std::string path_;
+  const Module* parent_ = nullptr;  // the module this one was first registered in
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<RandomState> random_;
   uint64_t module_index_ = 0;
+  std::optional<uint64_t> init_seed_;
 };
 
 // A list of submodules named "0", "1", ... (GPT's "blocks").

@@ -11,29 +11,14 @@ RecordHook g_record_hook = nullptr;
 DispatchStats g_stats;
 bool g_profiling = false;
 thread_local TraceHook* t_trace = nullptr;
-thread_local std::vector<std::string> t_scope;
-
-// Ops that only move data: their kernels work for any dtype, and routing bf16 through f32 would
-// turn every view of a bf16 tensor into two copies.
-bool moves_data_only(OpKind kind) {
-  switch (kind) {
-    case OpKind::Cast:
-    case OpKind::Reshape:
-    case OpKind::Permute:
-    case OpKind::Slice:
-    case OpKind::Expand:
-    case OpKind::Concat:
-    case OpKind::Split:
-    case OpKind::Contiguous:
-    case OpKind::SliceBackward:
-      return true;
-    default:
-      return false;
-  }
-}
+struct ScopePart {
+  std::string name;
+  bool absolute;
+};
+thread_local std::vector<ScopePart> t_scope;
 
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
-  if (moves_data_only(kind)) return false;
+  if (op_def(kind).moves_data) return false;
   const Tensor* bf = nullptr;
   const Tensor* other = nullptr;
   for (const Tensor& t : inputs) {
@@ -55,14 +40,22 @@ TraceGuard::TraceGuard(TraceHook* hook) : prev_(t_trace) { t_trace = hook; }
 TraceGuard::~TraceGuard() { t_trace = prev_; }
 bool is_tracing() { return t_trace != nullptr; }
 
-ScopeGuard::ScopeGuard(const std::string& name) { t_scope.push_back(name); }
+ScopeGuard::ScopeGuard(const std::string& name, Kind kind) {
+  t_scope.push_back({name, kind == kAbsolute});
+}
 ScopeGuard::~ScopeGuard() { t_scope.pop_back(); }
 std::string current_scope() {
+  size_t first = 0;
+  for (size_t i = t_scope.size(); i-- > 0;)
+    if (t_scope[i].absolute) {
+      first = i;
+      break;
+    }
   std::string s;
-  for (const std::string& part : t_scope) {
-    if (part.empty()) continue;
+  for (size_t i = first; i < t_scope.size(); ++i) {
+    if (t_scope[i].name.empty()) continue;
     if (!s.empty()) s += '.';
-    s += part;
+    s += t_scope[i].name;
   }
   return s;
 }

@@ -41,9 +41,12 @@ bool is_tracing();
 
 // The module path of the code now running ("blocks.3.attn"), kept by ScopeGuard; recorded with
 // each traced call so that graphs and error messages can name the module an op came from.
+// A relative guard appends a part to the enclosing path; an absolute one (what nn::Module's
+// layers enter) replaces it with a module's full path until it ends.
 class ScopeGuard {
  public:
-  explicit ScopeGuard(const std::string& name);
+  enum Kind { kRelative, kAbsolute };
+  explicit ScopeGuard(const std::string& name, Kind kind = kRelative);
   ~ScopeGuard();
   ScopeGuard(const ScopeGuard&) = delete;
   ScopeGuard& operator=(const ScopeGuard&) = delete;

@@ -76,6 +76,15 @@ struct OpDef {
   uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
   bool saves_inputs = true;   // backward reads the inputs
   bool saves_outputs = false;  // backward reads the outputs
+  // A matrix product (input 1, when a parameter, is its weight: tensor parallelism stores it
+  // Sharded); its backward computes one forward-sized product per input that needs a gradient.
+  bool product = false;
+  // Its time follows its FLOPs (products, attention) rather than the bytes it moves: hap-profile
+  // rates these in FLOP/s and the others by memory bandwidth.
+  bool flops_bound = false;
+  // Only moves or reinterprets data: the kernel works for any dtype as is (bf16 is not routed
+  // through f32).
+  bool moves_data = false;
 };
 
 using OpTable = std::array<OpDef, kNumOps>;

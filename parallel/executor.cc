@@ -168,7 +168,9 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
   return (*inputs)(gt.name, gt.shape, LogicalSlice{});
 }
 
-Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, bool training) {
+Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
+  const uint64_t random_offset = options.random_offset;
+  const bool training = options.training;
   values_.assign(graph_.tensors.size(), {});
   const int rank = comm_.rank();
   for (const Instruction& in : program_.instructions) {
@@ -251,6 +253,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
           Prop q = in_prop(0);
           auto& r = std::get<ops::RandomAttrs>(attrs);
           r.stream += random_offset;
+          if (options.random_seed) r.seed = *options.random_seed;
           if (!training) r.p = 0;
           if (q.kind == ops::PropKind::Sharded) {
             const Shape& s = graph_.tensors[n.inputs[0]].shape;
@@ -263,6 +266,7 @@ Tensor Executor::forward(const TensorSource& inputs, uint64_t random_offset, boo
           Prop q = in_prop(0);
           auto& a = std::get<ops::AttentionAttrs>(attrs);
           a.dropout.stream += random_offset;
+          if (options.random_seed) a.dropout.seed = *options.random_seed;
           if (!training) a.dropout.p = 0;
           if (q.kind == ops::PropKind::Sharded && a.dropout.p > 0) {
             const Shape& s = graph_.tensors[n.inputs[0]].shape;  // [B, H, T, D]

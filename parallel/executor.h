@@ -10,6 +10,7 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,18 @@ using ops::Prop;
 using TensorSource =
     std::function<Tensor(const std::string& name, const Shape& local_shape, const LogicalSlice& slice)>;
 
+// How forward() draws randomness and whether it trains.
+struct ForwardOptions {
+  // Added to the stream of every random op recorded in the graph (a model's per-step dropout
+  // streams; see nn::kRandomStreamsPerStep).
+  uint64_t random_offset = 0;
+  // Replaces the seed the graph's random ops were traced with (a run resumed from a checkpoint
+  // draws with the checkpoint's seed).
+  std::optional<uint64_t> random_seed;
+  // false: dropout (and attention dropout) is the identity, as in eval().
+  bool training = true;
+};
+
 class Executor {
  public:
   // Checks that every rank holds the same program (size of the world = devices of the plan).
@@ -39,11 +52,8 @@ class Executor {
   Prop storage(const std::string& name) const;
 
   // Runs the program's forward on this rank's inputs and returns the local loss, a Partial
-  // (the global loss is the sum over ranks) ready for backward(). `random_offset` is added to the
-  // stream of every random op recorded in the graph (a model's per-step dropout streams; see
-  // nn::kRandomStreamsPerStep).
-  // With training = false, dropout (and attention dropout) is the identity, as in eval().
-  Tensor forward(const TensorSource& inputs, uint64_t random_offset = 0, bool training = true);
+  // (the global loss is the sum over ranks) ready for backward().
+  Tensor forward(const TensorSource& inputs, const ForwardOptions& options = {});
   // Backward of the local loss from forward(): every rank's local gradients, then one all-reduce
   // per bucket (up to 32 MiB of one dtype, in parameter order) of the Replicated parameters'
   // Partial gradients, as data-parallel frameworks do, instead of one per parameter. The sums

@@ -1,6 +1,6 @@
 // The typed description of a cluster: devices (one per rank) grouped into nodes, with one link
 // inside each node and one link between nodes. The synthesizer's cost model reads it; it knows
-// nothing about YAML (apps/common/cluster_config.h loads it from a file).
+// nothing about YAML (train/cluster_config.h loads it from a file).
 //
 // Ranks are device indices: `devices[r]` is the device that rank r drives. A cluster loaded from
 // YAML lists its devices node by node, in file order, so the ranks of a node are contiguous; a

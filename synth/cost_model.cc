@@ -74,7 +74,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster)
         if (is_floating(graph.tensors[t].dtype)) requires_grad_[t] = true;
     // Backward of a product costs one product per input that needs a gradient; other ops about
     // one forward's worth.
-    bool product = n.kind == ops::OpKind::MatMul || n.kind == ops::OpKind::Linear;
+    const bool product = def.product;
     double bw = !differentiable ? 0.0 : product ? std::min(grad_inputs, 2) : 1.0;
     step_flops_[n.id] = n.flops * (1.0 + bw);
     // Memory traffic: a backward reads the output gradient and what it saved and writes the

@@ -2,6 +2,7 @@
 // and communications between properties) + the ratios they were costed with + the method of
 // every collective, with the predicted time and memory of each device.
 #pragma once
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -56,5 +57,11 @@ struct DistributedProgram {
   int64_t states_expanded = 0;
   std::string note;  // non-empty when the program is a fallback (hap over its search budget)
 };
+
+// A 64-bit hash (FNV-1a) of what a rank executes: every instruction's kind, node, signature,
+// tensor, properties, segments and method, the exact bits of every ratio, the node segments and
+// the storage of every tensor. Two programs with equal hashes run alike (up to a collision);
+// predicted costs and timings are left out.
+uint64_t program_hash(const DistributedProgram& p);
 
 }  // namespace hap::synth

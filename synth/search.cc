@@ -60,7 +60,7 @@ class Expander {
     for (const GraphNode& n : g_.nodes) {
       for (int t : n.inputs)
         if (t >= 0) last_use_[t] = n.id;
-      const bool product = n.kind == ops::OpKind::Linear || n.kind == ops::OpKind::MatMul;
+      const bool product = ops::op_def(n.kind).product;
       if (product && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
           g_.tensors[n.inputs[1]].role == TensorRole::Parameter)
         linear_weight_[n.inputs[1]] = true;

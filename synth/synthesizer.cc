@@ -53,7 +53,14 @@ std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_
         }
         start = dot + 1;
       }
-      if (key.empty()) continue;
+      if (key.empty()) {
+        // An op of no module (a custom model's own forward) belongs where its inputs come from:
+        // the latest block among their producers (a residual add after block k is block k's).
+        if (n.module.empty())
+          for (int t : n.inputs)
+            if (t >= 0 && graph.tensors[t].producer >= 0) seg[n.id] = std::max(seg[n.id], seg[graph.tensors[t].producer]);
+        continue;
+      }
       auto [it, inserted] = ids.try_emplace(key, next);
       if (inserted) ++next;
       seg[n.id] = it->second;

@@ -312,6 +312,7 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
 
 void register_attention_ops(OpTable& t) {
   OpDef& at = def_of(t, OpKind::Attention);
+  at.flops_bound = true;
   at.name = "attention";
   at.num_inputs = 3;
   at.infer = infer_attention;
@@ -333,6 +334,7 @@ void register_attention_ops(OpTable& t) {
   };
 
   OpDef& ab = def_of(t, OpKind::AttentionBackward);
+  ab.flops_bound = true;
   ab.name = "attention_backward";
   ab.num_inputs = 7;
   ab.optional_inputs = (1u << 5) | (1u << 6);

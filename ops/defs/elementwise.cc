@@ -384,6 +384,7 @@ void register_elementwise_ops(OpTable& t) {
 
   // ---- cast ----
   OpDef& cs = def_of(t, OpKind::Cast);
+  cs.moves_data = true;
   cs.name = "cast";
   cs.num_inputs = 1;
   cs.infer = [](const Metas& in, const Attrs& a) {

@@ -121,6 +121,7 @@ Tensor copy_into_slice(const Tensor& dst, const Tensor& src, int64_t dim, int64_
 
 void register_shape_ops(OpTable& t) {
   OpDef& rs = def_of(t, OpKind::Reshape);
+  rs.moves_data = true;
   rs.name = "reshape";
   rs.num_inputs = 1;
   rs.infer = [](const Metas& in, const Attrs& a) {
@@ -140,6 +141,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& pm = def_of(t, OpKind::Permute);
+  pm.moves_data = true;
   pm.name = "permute";
   pm.num_inputs = 1;
   pm.infer = [](const Metas& in, const Attrs& a) {
@@ -178,6 +180,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& sl = def_of(t, OpKind::Slice);
+  sl.moves_data = true;
   sl.name = "slice";
   sl.num_inputs = 1;
   sl.infer = [](const Metas& in, const Attrs& a) {
@@ -211,6 +214,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& sb = def_of(t, OpKind::SliceBackward);
+  sb.moves_data = true;
   sb.name = "slice_backward";
   sb.num_inputs = 1;
   sb.infer = [](const Metas& in, const Attrs& a) { return Metas{{attr<ScatterAttrs>(a).shape, in[0].dtype}}; };
@@ -228,6 +232,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& ex = def_of(t, OpKind::Expand);
+  ex.moves_data = true;
   ex.name = "expand";
   ex.num_inputs = 1;
   ex.infer = [](const Metas& in, const Attrs& a) {
@@ -261,6 +266,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& ct = def_of(t, OpKind::Contiguous);
+  ct.moves_data = true;
   ct.name = "contiguous";
   ct.num_inputs = 1;
   ct.infer = [](const Metas& in, const Attrs&) { return Metas{in[0]}; };
@@ -272,6 +278,7 @@ void register_shape_ops(OpTable& t) {
   ct.backward = [](const BackwardContext& c) { return std::vector<Tensor>{c.grad_outputs[0]}; };
 
   OpDef& cc = def_of(t, OpKind::Concat);
+  cc.moves_data = true;
   cc.name = "concat";
   cc.num_inputs = -1;
   cc.infer = [](const Metas& in, const Attrs& a) {
@@ -327,6 +334,7 @@ void register_shape_ops(OpTable& t) {
   };
 
   OpDef& sp = def_of(t, OpKind::Split);
+  sp.moves_data = true;
   sp.name = "split";
   sp.num_inputs = 1;
   sp.infer = [](const Metas& in, const Attrs& a) {

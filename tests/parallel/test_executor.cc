@@ -118,7 +118,7 @@ void compare_with_one_device(const synth::Graph& g, synth::Strategy strategy, sy
   optim::AdamW dist_opt(optim::weight_decay_groups(ex.parameters(), 0.1), {lr, {0.9, 0.95}, 1e-8, 0.1});
   optim::AdamW ref_opt(optim::weight_decay_groups(named, 0.1), {lr, {0.9, 0.95}, 1e-8, 0.1});
   for (int step = 0; step < steps; ++step) {
-    Tensor local = ex.forward(inputs, static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep);
+    Tensor local = ex.forward(inputs, {.random_offset = static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep});
     double loss = ex.global_loss(local);
     dist_opt.zero_grad();
     ex.backward(local);

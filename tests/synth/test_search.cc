@@ -353,6 +353,10 @@ TEST(Segments, PerBlockGivesEachNumberedModuleItsOwnSegment) {
           ops::ScopeGuard t("mlp");
           h = relu(h);
         }
+        {
+          ops::ScopeGuard s("head");
+          h = tanh(h);
+        }
         return mean(h);
       },
       {}, {{"x", x}});
@@ -361,8 +365,38 @@ TEST(Segments, PerBlockGivesEachNumberedModuleItsOwnSegment) {
   EXPECT_EQ(n, 3);
   EXPECT_EQ(seg[0], 1);
   EXPECT_EQ(seg[1], 2);
-  EXPECT_EQ(seg[2], 0);
+  EXPECT_EQ(seg[2], 0) << "a module that is not a numbered block belongs to segment 0";
+  EXPECT_EQ(seg[3], 0) << "an op of no module belongs where its input comes from (head: 0)";
   EXPECT_EQ(g.nodes[1].module, "blocks.1.mlp");
+}
+
+TEST(Segments, AnOpOfNoModuleJoinsTheLatestBlockOfItsInputs) {
+  // A custom model's own forward, between and after its blocks: the residual add after block k
+  // reads block k's output and belongs to block k.
+  Tensor x = Tensor::meta({4, 3}, DType::F32);
+  Graph g = trace(
+      [&] {
+        Tensor a, b;
+        {
+          ops::ScopeGuard s("layers.0", ops::ScopeGuard::kAbsolute);
+          a = gelu(x);
+        }
+        Tensor r0 = x + a;  // no module: block 0's
+        {
+          ops::ScopeGuard s("layers.1.fc", ops::ScopeGuard::kAbsolute);
+          b = relu(r0);
+        }
+        Tensor r1 = r0 + b;  // reads blocks 0 and 1: block 1's
+        return mean(r1);     // block 1's
+      },
+      {}, {{"x", x}});
+  int n = 0;
+  auto seg = assign_segments(g, SegmentMode::PerBlock, &n);
+  ASSERT_EQ(g.nodes.size(), 5u);
+  EXPECT_EQ(n, 3);
+  EXPECT_EQ(seg, (std::vector<int>{1, 1, 2, 2, 2}));
+  EXPECT_EQ(g.nodes[1].module, "");
+  EXPECT_EQ(g.nodes[2].module, "layers.1.fc");
 }
 
 }  // namespace

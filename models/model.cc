@@ -1,0 +1,26 @@
+#include "models/model.h"
+
+namespace hap::nn {
+
+std::string input_str(const InputSpec& spec) {
+  return spec.name + ": " + dtype_name(spec.dtype) + shape_str(spec.shape) + " (batch dim " +
+         std::to_string(spec.batch_dim) + ")";
+}
+
+const Tensor& input_of(const Batch& batch, const std::string& name, DType dtype, std::int64_t rank,
+                       const std::string& model) {
+  auto it = batch.find(name);
+  if (it == batch.end()) {
+    std::string have;
+    for (const auto& [n, _] : batch) have += (have.empty() ? "'" : ", '") + n + "'";
+    HAP_CHECK(false, model, ": the batch has no input '", name, "' (it has ",
+              have.empty() ? std::string("none") : have, ")");
+  }
+  const Tensor& t = it->second;
+  HAP_CHECK(t.defined() && t.dtype() == dtype && t.dim() == rank, model, ": input '", name,
+            "' must be ", dtype_name(dtype), " with ", rank, " dims, got ",
+            t.defined() ? t.str() : "an undefined tensor");
+  return t;
+}
+
+}  // namespace hap::nn

@@ -1,0 +1,60 @@
+// Loading a cluster description (synth/cluster.h) from YAML (`hap-plan --cluster c.yaml`).
+//
+// Schema (every number may be written 1e9, 1.25e9, 2.0e-5, ...):
+//
+//   name: emu-2node                 # optional; defaults to the file name without its extension
+//   inter_node:                     # the link between nodes; required iff there are >= 2 nodes
+//     {bandwidth_bytes_per_s: 1.25e8, latency_s: 2.0e-4}
+//   nodes:                          # a non-empty sequence; ranks follow it, node by node
+//     - name: node0                 # optional; defaults to node<i>; unique
+//       link: {bandwidth_bytes_per_s: 5.0e9, latency_s: 5.0e-6}   # inside the node; required
+//       devices:                    # a non-empty sequence
+//         - {name: cpu0, type: cpu-0.8core, flops_per_s: 3.2e10, memory_bytes: 4.0e9}
+//         - {type: v100-32gb, flops_per_s: 3.86e12, memory_bytes: 32GiB, count: 8}
+//
+// Device keys: `type` (required, non-empty), `flops_per_s` (required, in [1e3, 1e18], effective
+// rather than peak), `memory_bytes` (required: a whole number of bytes in [1, 1e15], or a number
+// with a unit B, KB (or kB), MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024),
+// e.g. 32GiB or "1.5 GB", rounded to whole bytes), `count` (optional integer in [1, 65536],
+// default 1: the entry stands for that many identical devices) and `name` (optional, unique in the
+// cluster; not allowed with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier
+// devices of that type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share
+// of one CPU core scripts/hap-emulate caps the rank to; the planner ignores it),
+// `update_s_per_param` (optional, in [0, 1e-3], default 0: seconds of optimizer step per parameter
+// element, as hap-profile measures it; the cost model adds it per stored parameter),
+// `memory_bandwidth_bytes_per_s` (optional, 0 or in [1e3, 1e15], default 0 = not modelled: the
+// cost model adds each op's bytes at this rate). Link keys: `bandwidth_bytes_per_s` (in
+// [1e3, 1e15]) and `latency_s` (in [0, 10]), both required, and `collectives` (optional): a mapping
+// from all_reduce, all_gather, reduce_scatter or all_to_all to {bandwidth_bytes_per_s, latency_s}
+// (same ranges), figures for that collective over the link (hap-profile fits them); the cost model
+// uses them instead of the link's own for that collective.
+//
+// The ranges are physically plausible figures, generous on both sides (1 kFLOP/s to 1 EFLOP/s,
+// 1 kB/s to 1 PB/s, up to 10 s of latency, 1 ms per parameter, 1 PB of memory): a value outside
+// them is a typo or a unit mistake, and would overflow the cost model or break the ratio LP.
+//
+// Loading is strict like the training config (train/config.h): unknown, repeated, missing or
+// mistyped keys and out-of-range values throw one ConfigError naming the file, the key path (list
+// items by index: nodes[1].devices[0].flops_per_s), the value and the expectation, e.g.
+//   configs/clusters/x.yaml: nodes[1].devices[0].flops_per_s: expected a number in [1000, 1e+18]
+//   (FLOP/s of one device), got 0
+// The loaded cluster always passes Cluster::validate().
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "synth/cluster.h"
+#include "train/config.h"
+
+namespace hap::train {
+
+// Reads and validates the cluster file at `path`. Throws ConfigError on the first problem.
+synth::Cluster load_cluster_config(const std::string& path);
+
+// The validated cluster as JSON, one device per rank (name, type, node, flops_per_s,
+// memory_bytes, cpu_quota), with its nodes and links: for scripts (scripts/hap-emulate) that must
+// not parse cluster files themselves.
+nlohmann::json cluster_to_json(const synth::Cluster& cluster);
+
+}  // namespace hap::train

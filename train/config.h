@@ -1,0 +1,133 @@
+// The typed configuration of a training run (`hap-train --config run.yaml --set key=value`).
+//
+// A run file has the sections `model`, `data`, `train` and (optional) `parallel`; the model and
+// the dataset are registered entries chosen by `name`, each with its own typed options.
+// load_run_config() reads it with
+// yaml-cpp, applies the `--set` overrides to the YAML tree, and validates everything once, so the
+// rest of the app works with typed, in-range values and never looks a key up by name.
+//
+// Paths inside a run file (`data.path`, `train.log_file`) are used as written: a relative path is
+// resolved against the current working directory of the process, not against the directory of
+// the config file. Loading a config never touches the filesystem for them; the data loader and
+// the logger report a path that does not exist.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "models/options.h"
+#include "synth/synthesizer.h"
+
+namespace hap::train {
+
+// A config file that cannot be used. The message names the file, the key path, the offending value
+// and what was expected, e.g.
+//   configs/gpt.yaml: train.steps: expected an integer >= 1, got 0
+class ConfigError : public hap::Error {
+ public:
+  using hap::Error::Error;
+};
+
+// For an app's top-level catch (...): prints the exception being handled as
+// "PROG: config error: ..." (a ConfigError: exit code 2), "PROG: error: ..." (any other
+// hap::Error), an out-of-memory message, or "PROG: internal error: ..." (anything else), and
+// returns the exit code (2 for config errors, else 1).
+int report_current_exception(const char* prog);
+
+// The optimizers a training run can use (the YAML spelling is in to_string).
+enum class Optimizer { kAdamW, kSgd };
+std::string_view to_string(Optimizer optimizer);
+
+// `model`: a model of the zoo (models/zoo.h) by name, and its options, checked against the
+// entry's declared options (types, ranges, required keys, its cross-key check with the batch
+// size) at load time.
+struct ModelConfig {
+  std::string name = "gpt";
+  nn::Options options;
+};
+
+// `data`: a registered dataset (train/dataset.h) by name, and its options, checked likewise.
+struct DataConfig {
+  std::string name = "bytes";
+  nn::Options options;
+};
+
+// Keys without a default here are required in the YAML file.
+struct TrainConfig {
+  std::int64_t batch_size = 0;  // examples per step (the global batch); required, in [1, 2^31)
+  std::int64_t steps = 0;       // optimizer steps; required, >= 1
+  Optimizer optimizer = Optimizer::kAdamW;  // required
+  double lr = 0.0;                          // peak learning rate; required, > 0
+  double min_lr = 0.0;                      // final learning rate, in [0, lr]; defaults to lr
+  std::int64_t warmup_steps = 0;            // in [0, steps]
+  double weight_decay = 0.0;                // >= 0
+  double beta1 = 0.9;                       // AdamW, in [0, 1)
+  double beta2 = 0.95;                      // AdamW, in [0, 1)
+  double eps = 1e-8;                        // AdamW, > 0
+  double momentum = 0.9;                    // SGD, in [0, 1)
+  double grad_clip = 1.0;         // maximum global gradient norm, >= 0; 0 turns clipping off
+  std::uint64_t seed = 1337;      // initialisation, dropout and the order of batches
+  std::int64_t log_every = 10;    // steps between training-loss log lines, >= 1
+  std::int64_t eval_every = 100;  // steps between evaluations, >= 1
+  std::int64_t eval_batches = 8;  // batches per evaluation, >= 1
+  std::string log_file;           // JSONL metrics log; empty means no log
+  int threads = 0;  // CPU threads, >= 0; 0 means all cores (one process) or one per rank (ranks)
+};
+
+// How to train on several ranks (used with hap-train --cluster, or hap-plan).
+struct ParallelConfig {
+  synth::Strategy strategy = synth::Strategy::Hap;
+  synth::SegmentMode segments = synth::SegmentMode::PerBlock;
+  // States the program search may expand per round (synth::SynthesisOptions::max_states), >= 1000.
+  std::int64_t search_budget = 2'000'000;
+};
+std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
+
+struct RunConfig {
+  ModelConfig model;
+  DataConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;  // optional section
+  std::string source_file;  // the config path as passed to load_run_config
+};
+
+// One override of a config key, "section.key=value", and the command-line argument it came from,
+// which messages about its value name. A plain string is a `--set` argument; an app option that
+// sets a key (hap-plan --strategy dp-ev) passes its own spelling.
+struct ConfigOverride {
+  // Implicit, so that "train.steps=9" and the strings of --set convert.
+  ConfigOverride(std::string assignment_text)
+      : assignment(std::move(assignment_text)), argument("--set " + assignment) {}
+  ConfigOverride(const char* assignment_text) : ConfigOverride(std::string(assignment_text)) {}
+  ConfigOverride(std::string assignment_text, std::string argument_text)
+      : assignment(std::move(assignment_text)), argument(std::move(argument_text)) {}
+
+  std::string assignment;  // "parallel.strategy=dp-ev"
+  std::string argument;    // "--set parallel.strategy=dp-ev", "--strategy dp-ev"
+};
+
+// Reads and validates the run file at `path`. Each override's value is parsed as a YAML scalar and
+// replaces the file's value before validation, so it is checked exactly like a value in the file;
+// a message about it says "(value from <argument>)". Throws ConfigError on the first problem.
+RunConfig load_run_config(const std::string& path,
+                          const std::vector<ConfigOverride>& overrides = {});
+
+// A short multi-line human summary, for the start of a run.
+std::string describe(const RunConfig& config);
+
+// Every field, with the YAML spelling of enums, for the metrics log.
+nlohmann::json to_json(const RunConfig& config);
+
+// The synthesizer's options for a run config's parallel section.
+synth::SynthesisOptions synthesis_options(const ParallelConfig& p);
+
+// The message of a synthesis error for the user: when the search ran out of states, it also names
+// the key and the options that raise the budget.
+std::string synthesis_error_message(const std::string& what, const ParallelConfig& p);
+
+}  // namespace hap::train

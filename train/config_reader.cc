@@ -1,0 +1,218 @@
+#include "train/config_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace hap::train::detail {
+namespace {
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+// The valid key a misspelled one most likely meant, when one is close enough to be a typo.
+std::optional<std::string_view> likely_meant(std::string_view key,
+                                             std::span<const std::string_view> keys) {
+  std::optional<std::string_view> best;
+  std::size_t best_distance = std::min<std::size_t>(2, key.size() / 2);
+  for (std::string_view candidate : keys) {
+    const std::size_t distance = edit_distance(key, candidate);
+    if (distance <= best_distance) {
+      best = candidate;
+      best_distance = distance;
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+std::string show(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "an empty value";
+    case YAML::NodeType::Scalar:
+      return "'" + node.Scalar() + "'";
+    case YAML::NodeType::Sequence:
+      return "a sequence";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      break;
+  }
+  return "nothing";
+}
+
+std::string unknown_key_problem(std::string_view section, std::string_view key,
+                                std::span<const std::string_view> keys) {
+  std::string problem =
+      section.empty() ? "unknown section; valid sections: " + join(keys)
+                      : "unknown key; valid keys of " + std::string(section) + ": " + join(keys);
+  if (const auto meant = likely_meant(key, keys))
+    problem += " (did you mean '" + std::string(*meant) + "'?)";
+  return problem;
+}
+
+void fail(const Origin& origin, std::string_view key_path, std::string_view problem) {
+  std::string message = origin.file + ": ";
+  if (!key_path.empty()) message.append(key_path).append(": ");
+  message.append(problem);
+  if (const auto it = origin.overrides.find(key_path); it != origin.overrides.end())
+    message += " (value from " + it->second + ")";
+  throw ConfigError(message);
+}
+
+bool parse_number(std::string_view text, double& value) {
+  if (text.size() > 1 && text[0] == '+' && text[1] != '-') text.remove_prefix(1);
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  return ptr == end && ptr != text.data() && ec == std::errc() && std::isfinite(value);
+}
+
+SectionReader::SectionReader(const Origin& origin, std::string section, const YAML::Node& node,
+                             std::span<const std::string_view> keys)
+    : origin_(origin), section_(std::move(section)), keys_(keys) {
+  if (!node.IsDefined() || node.IsNull()) return;
+  if (!node.IsMap())
+    fail(origin_, section_, "expected " + mapping_expectation() + ", got " + show(node));
+  for (const auto& entry : node) {
+    if (!entry.first.IsScalar())
+      fail(origin_, section_, "expected key names, got " + show(entry.first) + " as a key");
+    const std::string& key = entry.first.Scalar();
+    if (std::find(keys_.begin(), keys_.end(), key) == keys_.end())
+      fail(origin_, path(key), unknown_key_problem(section_, key, keys_));
+    // yaml-cpp keeps both entries of a repeated key and finds the first; the user meant one.
+    if (!entries_.emplace(key, entry.second).second)
+      fail(origin_, path(key), "duplicate key; each key may appear once");
+  }
+}
+
+SectionReader SectionReader::section(std::string_view key, std::span<const std::string_view> keys,
+                                     bool optional) {
+  const std::optional<YAML::Node> node = find(key);
+  SectionReader reader(origin_, path(key), node.value_or(YAML::Node()), keys);
+  if (!node && !optional)
+    fail(origin_, path(key), "missing required section; expected " + reader.mapping_expectation());
+  return reader;
+}
+
+double SectionReader::number(std::string_view key, std::optional<double> fallback,
+                             const RealRange& bounds) {
+  const std::string expected = bounds.expectation("a number");
+  const std::optional<YAML::Node> node = find(key);
+  if (!node) return required(key, fallback, expected);
+  const std::string text = unquoted_scalar(key, *node, "a number");
+  double value = 0.0;
+  if (!parse_number(text, value)) fail(origin_, path(key), "expected a number, got '" + text + "'");
+  if (!bounds.contains(value)) fail(origin_, path(key), "expected " + expected + ", got " + text);
+  return value;
+}
+
+bool SectionReader::boolean(std::string_view key, std::optional<bool> fallback) {
+  const std::optional<YAML::Node> node = find(key);
+  if (!node) return required(key, fallback, "true or false");
+  const std::string text = unquoted_scalar(key, *node, "true or false");
+  if (text == "true") return true;
+  if (text == "false") return false;
+  fail(origin_, path(key), "expected true or false, got '" + text + "'");
+}
+
+std::string SectionReader::string(std::string_view key, std::optional<std::string> fallback,
+                                  bool allow_empty) {
+  const std::string expected = allow_empty ? "a string" : "a non-empty string";
+  const std::optional<YAML::Node> node = find(key);
+  if (!node) return required(key, std::move(fallback), expected);
+  if (node->IsNull() && allow_empty) return "";
+  if (!node->IsScalar()) fail(origin_, path(key), "expected " + expected + ", got " + show(*node));
+  if (node->Scalar().empty() && !allow_empty)
+    fail(origin_, path(key), "expected " + expected + ", got ''");
+  return node->Scalar();
+}
+
+void SectionReader::fail_value(std::string_view key, std::string_view expectation) const {
+  const auto it = entries_.find(key);
+  const std::string got = it == entries_.end()    ? "nothing"
+                          : it->second.IsScalar() ? it->second.Scalar()
+                                                  : show(it->second);
+  fail(origin_, path(key), "expected " + std::string(expectation) + ", got " + got);
+}
+
+void SectionReader::finish() const {
+  for (std::string_view key : keys_)
+    HAP_ASSERT(read_.contains(key), "config key ", path(key), " is declared but never read");
+}
+
+std::string SectionReader::path(std::string_view key) const {
+  return section_.empty() ? std::string(key) : section_ + "." + std::string(key);
+}
+
+bool SectionReader::has(std::string_view key) const { return entries_.find(key) != entries_.end(); }
+
+std::optional<YAML::Node> SectionReader::find(std::string_view key) {
+  HAP_ASSERT(std::find(keys_.begin(), keys_.end(), key) != keys_.end(), "config key ", path(key),
+             " is read but not declared");
+  read_.emplace(key);
+  const auto it = entries_.find(key);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second;
+}
+
+std::string SectionReader::unquoted_scalar(std::string_view key, const YAML::Node& node,
+                                           std::string_view noun) const {
+  if (!node.IsScalar())
+    fail(origin_, path(key), "expected " + std::string(noun) + ", got " + show(node));
+  if (node.Tag() == "!")
+    fail(origin_, path(key),
+         "expected " + std::string(noun) + ", got the quoted string " + show(node) +
+             " (remove the quotes)");
+  return node.Scalar();
+}
+
+std::string SectionReader::mapping_expectation() const {
+  return "a mapping with keys " + join(keys_);
+}
+
+YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(origin.file, ec))
+    fail(origin, "",
+         "cannot read the " + std::string(what) + ": it is a directory, expected a YAML file");
+  std::ifstream in(origin.file, std::ios::binary);
+  if (!in) fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad())
+    fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
+
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text.str());
+  } catch (const YAML::Exception& e) {
+    std::string where;
+    if (!e.mark.is_null())
+      where = " at line " + format_number(e.mark.line + 1) + ", column " +
+              format_number(e.mark.column + 1);
+    fail(origin, "", "YAML syntax error" + where + ": " + e.msg);
+  }
+  if (documents.size() > 1)
+    fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));
+  return documents.empty() ? YAML::Node() : documents.front();
+}
+
+}  // namespace hap::train::detail

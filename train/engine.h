@@ -1,0 +1,78 @@
+// What train::Trainer's one loop runs a step with (internal to train/): the model itself on this
+// process (make_local_engine), or the synthesized program through the SPMD executor on MPI ranks
+// (make_spmd_engine). The loop, the schedule, clipping, logging and checkpoints are the
+// Trainer's; an Engine only knows where the parameters live and how a step computes.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "models/model.h"
+#include "models/optim.h"
+#include "train/trainer.h"
+
+namespace hap::train {
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // The tensors the optimizer updates on this rank (all of each parameter, or its shard), with
+  // their full names, in the model's order.
+  virtual const std::vector<std::pair<std::string, Tensor>>& parameters() const = 0;
+
+  // The forward of training step `step` on batch `step` of the train split, drawing dropout
+  // from (seed, the step's streams); keeps what backward() needs and returns the global loss.
+  virtual double forward(uint64_t step, uint64_t random_seed) = 0;
+  // Gradients of the last forward on this rank's parameters (summed over ranks where they are
+  // replicated).
+  virtual void backward() = 0;
+  // The L2 norm of all gradients of the logical parameters.
+  virtual double grad_norm() const = 0;
+  virtual void scale_grads(double factor) = 0;
+  // One optimizer update of what this rank stores.
+  virtual void update(optim::Optimizer& optimizer) = 0;
+  // The global loss of validation batch `index`, without dropout or gradients.
+  virtual double eval_loss(uint64_t index) = 0;
+
+  // Checkpoints hold logical tensors: the full tensor of a local one laid out like parameter
+  // `name` (a collective on ranks: every rank calls it, in the same order), and this rank's part
+  // of a full one.
+  virtual Tensor logical(const std::string& name, const Tensor& local) const = 0;
+  virtual Tensor local_part(const std::string& name, const Tensor& full,
+                            const Shape& local_shape) const = 0;
+
+  // Rank 0 or the one process; the largest value over ranks (a step's time is its slowest
+  // rank's); wait for every rank.
+  virtual bool lead() const = 0;
+  virtual int world_size() const = 0;
+  virtual double max_over_ranks(double value) const = 0;
+  virtual void barrier() const = 0;
+  // Every rank's value or flag agrees (errors that one rank finds stop every rank alike).
+  virtual bool all_true(bool flag) const = 0;
+
+  // Starts timing kernels (and collectives); prints where `steps` profiled steps of `seconds`
+  // went (rank 0 prints).
+  virtual void start_profile() = 0;
+  virtual void print_profile(double seconds, int64_t steps) = 0;
+
+  // On ranks: the program and its cost model; null on one process.
+  virtual const synth::DistributedProgram* program() const { return nullptr; }
+  virtual const synth::CostModel* cost_model() const { return nullptr; }
+};
+
+std::unique_ptr<Engine> make_local_engine(std::shared_ptr<nn::Model> model,
+                                          std::shared_ptr<Dataset> data, const TrainConfig& config);
+std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
+                                         std::shared_ptr<Dataset> data, const TrainConfig& config,
+                                         parallel::Communicator comm,
+                                         DistributedOptions distributed);
+
+// Checks that `batch` holds exactly the declared inputs with `rows` rows (the shapes of
+// `inputs` with the batch dim replaced); throws naming the dataset's mistake.
+void check_batch(const nn::Batch& batch, const std::vector<nn::InputSpec>& inputs,
+                 int64_t row_begin, int64_t row_end);
+
+}  // namespace hap::train

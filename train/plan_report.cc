@@ -1,0 +1,213 @@
+#include "train/plan_report.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <iomanip>
+#include <map>
+#include <sstream>
+
+#include "synth/synthesizer.h"
+
+namespace hap::train {
+
+using synth::InstrKind;
+using synth::Instruction;
+using synth::Prop;
+
+namespace {
+
+// "%.1f"-style fixed text of any size.
+std::string fixed(double value, int decimals) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(decimals) << value;
+  return os.str();
+}
+
+std::string fmt_bytes(double b) {
+  constexpr std::array<const char*, 7> kUnits = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  std::size_t u = 0;
+  while (b >= 1024 && u + 1 < kUnits.size()) {
+    b /= 1024;
+    ++u;
+  }
+  return fixed(b, 1) + " " + kUnits[u];
+}
+
+std::string scientific(double value, int decimals) {
+  std::ostringstream os;
+  os << std::scientific << std::setprecision(decimals) << value;
+  return os.str();
+}
+
+// "1.250 s", "3.100 ms", "12.0 us", "0.4 ns"; outside [1e-10 s, 1e5 s), "2.00e+30 s": never
+// without its unit, never a bare 0 for a time that is not.
+std::string fmt_s(double s) {
+  if (s == 0) return "0 s";
+  if (!std::isfinite(s) || s >= 1e5 || s < 1e-10) return scientific(s, 2) + " s";
+  if (s >= 1) return fixed(s, 3) + " s";
+  if (s >= 1e-3) return fixed(s * 1e3, 3) + " ms";
+  if (s >= 1e-6) return fixed(s * 1e6, 1) + " us";
+  return fixed(s * 1e9, 1) + " ns";
+}
+
+// A ratio such as a speed-up, with enough decimals that one other than 1 never reads "1.00"
+// (0.996x, 1.0004x).
+std::string fmt_ratio(double x) {
+  int decimals = 2;
+  while (decimals < 6 && x != 1 && std::isfinite(x) && fixed(x, decimals) == fixed(1.0, decimals))
+    ++decimals;
+  return fixed(x, decimals);
+}
+
+// Shares below this print in scientific notation (1.0e-09): fixed decimals would show 0.
+constexpr double kTinyShare = 1e-6;
+
+// Decimals for a row of shares: at least three, three significant digits for the smallest share
+// that is not tiny, and enough that the rounding of all of them adds up to less than 0.0005, so
+// the printed shares visibly sum to 1.
+int share_decimals(const std::vector<double>& shares) {
+  int decimals = 3;
+  double smallest = 1;
+  for (double share : shares)
+    if (share >= kTinyShare) smallest = std::min(smallest, share);
+  decimals = std::max(decimals, 2 - static_cast<int>(std::floor(std::log10(smallest))));
+  const double n = static_cast<double>(std::max<std::size_t>(shares.size(), 1));
+  return std::max(decimals, static_cast<int>(std::ceil(std::log10(n * 1000))));
+}
+
+std::string fmt_share(double share, int decimals) {
+  return share > 0 && share < kTinyShare ? scientific(share, 1) : fixed(share, decimals);
+}
+
+// Left-aligned in `width` characters; longer text is kept whole and pushes the next column.
+std::string pad(const std::string& text, std::size_t width) {
+  return text.size() >= width ? text : text + std::string(width - text.size(), ' ');
+}
+std::string pad_left(const std::string& text, std::size_t width) {
+  return text.size() >= width ? text : std::string(width - text.size(), ' ') + text;
+}
+
+std::string signature_str(const synth::CostModel& cm, const Instruction& in) {
+  const synth::GraphNode& n = cm.graph().nodes[in.node];
+  std::string s;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (n.inputs[i] < 0) continue;
+    if (!s.empty()) s += ",";
+    s += cm.input_prop(in.node, in.signature, i).str();
+  }
+  s += "->";
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    s += (o ? "," : "") + cm.output_prop(in.node, in.signature, o).str();
+  return s;
+}
+
+}  // namespace
+
+std::string plan_report(const synth::CostModel& cm, const synth::DistributedProgram& p,
+                        const std::vector<synth::DistributedProgram>& baselines) {
+  const synth::Graph& g = cm.graph();
+  const synth::Cluster& c = cm.cluster();
+  std::ostringstream os;
+  os << "plan: strategy " << p.strategy << " on " << c.name << " (" << c.size() << " devices, "
+     << c.num_nodes() << " nodes); " << g.nodes.size() << " ops, " << g.parameter_count()
+     << " parameters\n";
+
+  os << "\nratios (share of each device, per segment):\n";
+  for (size_t s = 0; s < p.ratios.size(); ++s) {
+    os << "  segment " << s << ":";
+    const int decimals = share_decimals(p.ratios[s]);
+    for (double r : p.ratios[s]) os << " " << fmt_share(r, decimals);
+    os << "\n";
+  }
+
+  // Strategy per layer: the signature each compute takes, grouped by module and op, so that
+  // identical blocks collapse to one line each.
+  os << "\nstrategy per layer (module: op signature):\n";
+  std::map<std::string, std::vector<std::string>> rows;
+  std::vector<std::string> order;
+  for (const Instruction& in : p.instructions) {
+    if (in.kind != InstrKind::Compute) continue;
+    const synth::GraphNode& n = g.nodes[in.node];
+    if (cm.step_flops(in.node) == 0 && !cm.splits_work(in.node, in.signature)) continue;
+    std::string module = n.module.empty() ? "<top>" : n.module;
+    if (!rows.count(module)) order.push_back(module);
+    rows[module].push_back(std::string(ops::op_name(n.kind)) + " " + signature_str(cm, in));
+  }
+  std::map<std::string, std::vector<std::string>> seen;  // collapse identical layers
+  for (const std::string& m : order) {
+    std::string joined;
+    for (const std::string& r : rows[m]) joined += "  " + r;
+    std::string key = joined;
+    seen[key].push_back(m);
+  }
+  for (const std::string& m : order) {
+    std::string joined;
+    for (const std::string& r : rows[m]) joined += "  " + r;
+    auto& same = seen[joined];
+    if (same.empty() || same.front() != m) continue;
+    std::string names =
+        same.size() > 1 ? same.front() + " (+" + std::to_string(same.size() - 1) + " alike)" : m;
+    os << "  " << names << ":" << joined << "\n";
+  }
+
+  os << "\ncollectives per step:\n";
+  std::map<std::string, std::pair<int, double>> coll;  // kind/method -> (count, seconds)
+  double bytes_total = 0;
+  int listed = 0;
+  for (const Instruction& in : p.instructions) {
+    if (in.kind == InstrKind::Compute || in.kind == InstrKind::Update) continue;
+    if (c.size() == 1) continue;  // one device communicates with nobody: nothing moves
+    double bytes = static_cast<double>(g.tensors[in.tensor].bytes());
+    bytes_total += bytes;
+    std::string key = std::string(synth::instr_name(in.kind)) + " " + synth::method_name(in.method);
+    coll[key].first++;
+    coll[key].second += in.cost_s;
+    if (in.kind == InstrKind::Reshard && in.cost_s == 0) continue;  // equal ratios: nothing moves
+    if (listed++ < 40) {
+      const synth::GraphTensor& t = g.tensors[in.tensor];
+      std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
+      os << "  " << pad(synth::instr_name(in.kind), 16) << " "
+         << pad(synth::method_name(in.method), 8) << " " << pad("%" + std::to_string(in.tensor), 9)
+         << " " << pad(in.from.str(), 6) << "->" << pad(in.to.str(), 6) << " "
+         << pad_left(fmt_bytes(bytes), 10) << "  " << pad_left(fmt_s(in.cost_s), 10) << "  ("
+         << where << ")\n";
+    }
+  }
+  if (listed > 40) os << "  ... " << listed - 40 << " more\n";
+  for (auto& [k, v] : coll)
+    os << "  total " << k << ": " << v.first << " x, " << fmt_s(v.second) << "\n";
+  if (listed == 0) os << (c.size() == 1 ? "  none (one device)\n" : "  none\n");
+
+  os << "\npredicted step time: " << fmt_s(p.predicted_step_s) << " (compute " << fmt_s(p.compute_s)
+     << ", communication " << fmt_s(p.communication_s) << ")\n";
+  if (!p.note.empty()) os << "note: " << p.note << "\n";
+  os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())
+     << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";
+  os << "per device:\n";
+  std::size_t name_width = 16;
+  for (const synth::Device& device : c.devices)
+    name_width = std::max(name_width, device.name.size());
+  for (int d = 0; d < c.size(); ++d) {
+    const double capacity = static_cast<double>(c.devices[d].memory_bytes);
+    os << "  " << pad(std::to_string(d), 3) << " " << pad(c.devices[d].name, name_width)
+       << " compute " << pad_left(fmt_s(p.device_compute_s[d]), 10) << "  memory "
+       << pad_left(fmt_bytes(p.device_memory_bytes[d]), 10) << " of "
+       << pad_left(fmt_bytes(capacity), 10) << (p.device_memory_bytes[d] > capacity ? "  OVER" : "")
+       << "\n";
+  }
+  if (!baselines.empty()) {
+    os << "predicted speed-up of " << p.strategy << " over:";
+    for (const synth::DistributedProgram& b : baselines)
+      os << " " << b.strategy << " " << fmt_ratio(b.predicted_step_s / p.predicted_step_s) << "x ("
+         << fmt_s(b.predicted_step_s) << ");";
+    os << "\n";
+  }
+  os << "synthesis time: " << fixed(p.synthesis_s, 3) << " s (" << p.search_iterations
+     << " search rounds, " << p.states_expanded << " states)\n";
+  return os.str();
+}
+
+}  // namespace hap::train

@@ -1,0 +1,225 @@
+// The engine on MPI ranks: trace the model, synthesize (or load) the program, check that every
+// rank runs the same one, and run it with the SPMD executor.
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <tuple>
+
+#include "autograd/grad_mode.h"
+#include "models/init.h"
+#include "models/module.h"
+#include "ops/dispatch.h"
+#include "ops/threads.h"
+#include "parallel/collectives.h"
+#include "parallel/executor.h"
+#include "parallel/shard.h"
+#include "train/engine.h"
+#include "train/plan_io.h"
+#include "train/trace.h"
+
+namespace hap::train {
+
+namespace {
+
+class SpmdEngine : public Engine {
+ public:
+  SpmdEngine(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
+             const TrainConfig& config, parallel::Communicator comm, DistributedOptions dist)
+      : model_(std::move(model)),
+        data_(std::move(data)),
+        config_(config),
+        comm_(std::move(comm)),
+        cluster_(std::move(dist.cluster)),
+        inputs_(model_->inputs(config.batch_size)),
+        graph_(trace_model(*model_, config.batch_size)),
+        cost_(graph_, cluster_) {
+    plan_ = dist.plan_file.empty() ? synth::synthesize(graph_, cluster_, dist.synthesis)
+                                   : load_plan(dist.plan_file, cost_);
+    // Every rank planned from the same inputs; a difference (non-deterministic planning, another
+    // file on another node) would deadlock or corrupt the collectives: stop every rank instead.
+    const uint64_t hash = synth::program_hash(plan_);
+    std::vector<uint8_t> lead_hash(sizeof hash);
+    std::memcpy(lead_hash.data(), &hash, sizeof hash);
+    comm_.broadcast_bytes(lead_hash, 0);
+    uint64_t rank0 = 0;
+    std::memcpy(&rank0, lead_hash.data(), sizeof rank0);
+    HAP_CHECK(
+        comm_.allreduce(int64_t{rank0 != hash}) == 0,
+        "the ranks run different programs (program hash of rank 0 differs from another rank's: "
+        "non-deterministic planning, or different plan or cluster files on different nodes)");
+    executor_ = std::make_unique<parallel::Executor>(graph_, plan_, comm_);
+    materialize();
+  }
+
+  const std::vector<std::pair<std::string, Tensor>>& parameters() const override {
+    return executor_->parameters();
+  }
+
+  double forward(uint64_t step, uint64_t random_seed) override {
+    loss_ = executor_->forward(
+        source(Split::kTrain, step),
+        {.random_offset = step * nn::kRandomStreamsPerStep, .random_seed = random_seed});
+    return executor_->global_loss(loss_);
+  }
+
+  void backward() override {
+    executor_->backward(loss_);
+    loss_ = Tensor();
+  }
+
+  double grad_norm() const override { return executor_->global_grad_norm(); }
+  void scale_grads(double factor) override { executor_->scale_grads(factor); }
+  void update(optim::Optimizer& optimizer) override { optimizer.step(); }
+
+  double eval_loss(uint64_t index) override {
+    NoGradGuard no_grad;
+    return executor_->global_loss(
+        executor_->forward(source(Split::kVal, index), {.training = false}));
+  }
+
+  Tensor logical(const std::string& name, const Tensor& local) const override {
+    return executor_->gathered_like(name, local);
+  }
+
+  Tensor local_part(const std::string& name, const Tensor& full,
+                    const Shape& local_shape) const override {
+    return parallel::box_of(full, local_shape, executor_->slice_of(name));
+  }
+
+  bool lead() const override { return comm_.rank() == 0; }
+  int world_size() const override { return comm_.size(); }
+  double max_over_ranks(double value) const override {
+    return comm_.allreduce(value, parallel::ReduceOp::Max);
+  }
+  void barrier() const override { comm_.barrier(); }
+  bool all_true(bool flag) const override { return comm_.allreduce(int64_t{!flag}) == 0; }
+
+  void start_profile() override {
+    ops::reset_dispatch_stats();
+    ops::set_profiling(true);
+    parallel::reset_collective_stats();
+  }
+
+  // Rank 0 prints, per rank, the milliseconds per step spent in op kernels and in each collective.
+  void print_profile(double seconds, int64_t steps) override {
+    ops::set_profiling(false);
+    if (steps == 0) return;
+    const double per_step = static_cast<double>(steps);
+    double kernels = 0;
+    for (double s : ops::dispatch_stats().kernel_s) kernels += s;
+    const parallel::CollectiveStats& cs = parallel::collective_stats();
+    std::vector<std::vector<double>> cols = {comm_.allgather(kernels / per_step)};
+    std::vector<std::vector<double>> calls;
+    for (int k = 0; k < parallel::kNumCollectiveStats; ++k) {
+      cols.push_back(comm_.allgather(cs.seconds[k] / per_step));
+      calls.push_back(comm_.allgather(static_cast<double>(cs.calls[k]) / per_step));
+    }
+    if (!lead()) return;
+    std::printf(
+        "profile: ms per training step over %ld steps (slowest rank's step: %.1f ms); calls per "
+        "step\n",
+        static_cast<long>(steps), seconds / per_step * 1e3);
+    std::printf("  rank   kernels");
+    for (int k = 0; k < parallel::kNumCollectiveStats; ++k)
+      std::printf(" %22s",
+                  parallel::collective_stat_name(static_cast<parallel::CollectiveStat>(k)));
+    std::printf("      rest\n");
+    for (int r = 0; r < comm_.size(); ++r) {
+      double rest = seconds / per_step;
+      std::printf("  %4d %9.1f", r, cols[0][r] * 1e3);
+      rest -= cols[0][r];
+      for (int k = 0; k < parallel::kNumCollectiveStats; ++k) {
+        std::printf(" %12.1f (%6.1f x)", cols[k + 1][r] * 1e3, calls[k][r]);
+        rest -= cols[k + 1][r];
+      }
+      std::printf(" %9.1f\n", rest * 1e3);
+    }
+    std::fflush(stdout);
+  }
+
+  const synth::DistributedProgram* program() const override { return &plan_; }
+  const synth::CostModel* cost_model() const override { return &cost_; }
+
+ private:
+  // This rank's parameters: slices of the model's values where it has them, else drawn shard by
+  // shard from the init rules (exactly the slices of the one-process initialisation).
+  void materialize() {
+    std::map<std::string, Tensor> values;
+    for (const auto& [name, p] : model_->named_parameters()) values[name] = p;
+    const std::optional<uint64_t> seed = model_->init_seed();
+    executor_->materialize_parameters(
+        [&](const std::string& name, const Shape& local, const LogicalSlice& slice) {
+          const Tensor& full = values.at(name);
+          if (full.has_storage()) return parallel::box_of(full, local, slice).contiguous().clone();
+          const nn::ParamInit rule = model_->init_rule_of(name);
+          HAP_CHECK(seed.has_value() && rule.kind != nn::ParamInit::Kind::Keep, "parameter '", name,
+                    "' has no data and no init rule to draw it from (build the model with data, or "
+                    "give it an "
+                    "init_rule() and reset_parameters(seed))");
+          Tensor p = Tensor::empty(local, TensorOptions{}.with_dtype(full.dtype()));
+          nn::init_parameter(p, rule, *seed, name, slice);
+          return p;
+        });
+  }
+
+  // This rank's part of each input of batch `index`: only its rows are read; a split of another
+  // dimension is sliced from those rows.
+  parallel::TensorSource source(Split split, uint64_t index) {
+    cache_.clear();
+    return [this, split, index](const std::string& name, const Shape& local,
+                                const LogicalSlice& slice) {
+      const nn::InputSpec* spec = nullptr;
+      for (const nn::InputSpec& s : inputs_)
+        if (s.name == name) spec = &s;
+      HAP_ASSERT(spec != nullptr, "the graph reads an input '", name,
+                 "' the model does not declare");
+      const size_t bd = static_cast<size_t>(spec->batch_dim);
+      const int64_t row0 = slice.offset.empty() ? 0 : slice.offset[bd];
+      const int64_t row1 = row0 + local[bd];
+      auto key = std::make_tuple(row0, row1);
+      auto it = cache_.find(key);
+      if (it == cache_.end()) {
+        nn::Batch rows = data_->read(split, index, row0, row1);
+        check_batch(rows, inputs_, row0, row1);
+        it = cache_.emplace(key, std::move(rows)).first;
+      }
+      Tensor t = it->second.at(name);
+      if (t.shape() == local) return t;
+      LogicalSlice within = slice;  // the rows are already this rank's: slice the other dims
+      within.offset[bd] = 0;
+      return parallel::box_of(t, local, within).contiguous();
+    };
+  }
+
+  std::shared_ptr<nn::Model> model_;
+  std::shared_ptr<Dataset> data_;
+  TrainConfig config_;
+  parallel::Communicator comm_;
+  synth::Cluster cluster_;
+  std::vector<nn::InputSpec> inputs_;
+  synth::Graph graph_;
+  synth::CostModel cost_;
+  synth::DistributedProgram plan_;
+  std::unique_ptr<parallel::Executor> executor_;
+  std::map<std::tuple<int64_t, int64_t>, nn::Batch> cache_;  // the rows read for the current batch
+  Tensor loss_;
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
+                                         std::shared_ptr<Dataset> data, const TrainConfig& config,
+                                         parallel::Communicator comm,
+                                         DistributedOptions distributed) {
+  if (comm.size() != distributed.cluster.size())
+    throw ConfigError("the cluster '" + distributed.cluster.name + "' has " +
+                      std::to_string(distributed.cluster.size()) + " devices but " +
+                      std::to_string(comm.size()) + " ranks were launched (run mpirun -np " +
+                      std::to_string(distributed.cluster.size()) + ")");
+  // Ranks usually share a machine's cores: by default each computes on one thread.
+  set_num_threads(config.threads > 0 ? config.threads : 1);
+  return std::make_unique<SpmdEngine>(std::move(model), std::move(data), config, std::move(comm),
+                                      std::move(distributed));
+}
+
+}  // namespace hap::train

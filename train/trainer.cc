@@ -1,0 +1,267 @@
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "autograd/grad_mode.h"
+#include "models/lr_schedule.h"
+#include "models/serialize.h"
+#include "train/engine.h"
+#include "train/metrics_log.h"
+#include "train/plan_io.h"
+
+namespace hap::train {
+
+std::string summary_text(const TrainSummary& s) {
+  char buf[160];
+  std::string out = std::to_string(s.steps_run) + " steps";
+  if (s.steps_run > 0) {
+    std::snprintf(buf, sizeof buf, ", loss %.4f -> %.4f", s.first_loss, s.last_loss);
+    out += buf;
+  }
+  if (s.last_val_loss >= 0) {
+    std::snprintf(buf, sizeof buf, ", val loss %.4f", s.last_val_loss);
+    out += buf;
+  }
+  if (s.steps_run > 0) {
+    std::snprintf(buf, sizeof buf, ", median %.1f ms/step", s.median_step_ms);
+    out += buf;
+  }
+  return out;
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::nth_element(values.begin(), values.begin() + values.size() / 2, values.end());
+  return values[values.size() / 2];
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(
+    const TrainConfig& t, const std::vector<std::pair<std::string, Tensor>>& named) {
+  auto groups = optim::weight_decay_groups(named, t.weight_decay);
+  if (t.optimizer == Optimizer::kSgd)
+    return std::make_unique<optim::SGD>(groups,
+                                        optim::SGDOptions{t.lr, t.momentum, t.weight_decay, false});
+  return std::make_unique<optim::AdamW>(
+      groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
+}
+
+Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
+                 TrainConfig config)
+    : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
+  HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  engine_ = make_local_engine(model_, data_, config_);
+  optimizer_ = make_optimizer(config_, engine_->parameters());
+  random_seed_ = model_->random_seed();
+}
+
+Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
+                 TrainConfig config, parallel::Communicator comm, DistributedOptions distributed)
+    : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
+  HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  engine_ = make_spmd_engine(model_, data_, config_, std::move(comm), std::move(distributed));
+  optimizer_ = make_optimizer(config_, engine_->parameters());
+  random_seed_ = model_->random_seed();
+}
+
+Trainer::~Trainer() = default;
+
+bool Trainer::is_lead() const { return engine_->lead(); }
+int Trainer::world_size() const { return engine_->world_size(); }
+const synth::DistributedProgram* Trainer::program() const { return engine_->program(); }
+const synth::CostModel* Trainer::cost_model() const { return engine_->cost_model(); }
+
+std::vector<std::string> Trainer::parameter_names() const {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : engine_->parameters()) names.push_back(name);
+  return names;
+}
+
+Tensor Trainer::parameter(const std::string& name) const {
+  for (const auto& [n, p] : engine_->parameters())
+    if (n == name) return engine_->logical(name, p);
+  HAP_CHECK(false, "Trainer: the model has no parameter '", name, "'");
+  return Tensor();
+}
+
+double Trainer::evaluate() {
+  double sum = 0;
+  for (int64_t b = 0; b < config_.eval_batches; ++b)
+    sum += engine_->eval_loss(static_cast<uint64_t>(b));
+  return sum / static_cast<double>(config_.eval_batches);
+}
+
+// Checkpoints hold logical (unsharded) tensors, so a run on any plan, cluster, or one process can
+// resume them: "model.<name>", "optim.<slot>.<name>" and "optim.step.<name>" per parameter,
+// "meta.step", "meta.random_seed", "meta.random_step" (what models/serialize.h's
+// save_checkpoint writes for a model trained by hand).
+void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
+  NamedTensors out;
+  auto i64 = [](int64_t v) { return Tensor::from_vector(std::vector<int64_t>{v}, {}); };
+  for (const auto& [name, p] : engine_->parameters())
+    out.emplace_back("model." + name, engine_->logical(name, p));
+  for (const auto& [name, p] : engine_->parameters()) {
+    const optim::Optimizer::ParamState* st = optimizer_->state(p);
+    HAP_ASSERT(st != nullptr, "parameter ", name, " is not in the optimizer");
+    for (size_t s = 0; s < st->slots.size(); ++s)
+      out.emplace_back("optim." + optimizer_->state_slots()[s] + "." + name,
+                       engine_->logical(name, st->slots[s]));
+    out.emplace_back("optim.step." + name, i64(st->step));
+  }
+  out.emplace_back("meta.step", i64(step));
+  out.emplace_back("meta.random_seed", i64(static_cast<int64_t>(random_seed_)));
+  out.emplace_back("meta.random_step", i64(step));
+  if (engine_->lead()) save_tensors(path, out);
+  engine_->barrier();
+}
+
+int64_t Trainer::load_checkpoint(const std::string& path) {
+  std::map<std::string, Tensor> by_name;
+  for (auto& [name, value] : load_tensors(path)) by_name[name] = value;
+  auto take = [&](const std::string& n) {
+    auto it = by_name.find(n);
+    HAP_CHECK(it != by_name.end(), path, ": the checkpoint has no tensor '", n, "'");
+    return it->second;
+  };
+  NoGradGuard no_grad;
+  auto place = [&](const Tensor& local, const std::string& entry, const std::string& name) {
+    const Tensor full = take(entry);
+    HAP_CHECK(full.dim() == local.dim(), path, ": '", entry, "' has shape ",
+              shape_str(full.shape()), " but the model's has ", local.dim(), " dims");
+    Tensor part = engine_->local_part(name, full, local.shape());
+    HAP_CHECK(part.shape() == local.shape(), path, ": '", entry, "' has shape ",
+              shape_str(full.shape()), ", which does not fit the model's parameter");
+    local.copy_from(part);
+  };
+  for (const auto& [name, p] : engine_->parameters()) {
+    place(p, "model." + name, name);
+    optim::Optimizer::ParamState* st = optimizer_->state(p);
+    for (size_t s = 0; s < st->slots.size(); ++s)
+      place(st->slots[s], "optim." + optimizer_->state_slots()[s] + "." + name, name);
+    st->step = static_cast<int64_t>(take("optim.step." + name).item());
+  }
+  random_seed_ = static_cast<uint64_t>(take("meta.random_seed").item());
+  return static_cast<int64_t>(take("meta.step").item());
+}
+
+TrainSummary Trainer::fit(const FitOptions& options) {
+  using Clock = std::chrono::steady_clock;
+  const TrainConfig& t = config_;
+  const bool lead = engine_->lead();
+  const bool print = lead && !options.quiet;
+  int64_t start = 0;
+  if (!options.resume_path.empty()) start = load_checkpoint(options.resume_path);
+
+  JsonlLog log(lead ? t.log_file : "");
+  nlohmann::json config_record = {{"type", "config"},
+                                  {"ranks", engine_->world_size()},
+                                  {"start_step", start},
+                                  {"data", data_->describe()}};
+  int64_t num_parameters = 0;
+  for (const auto& [name, p] : model_->named_parameters()) num_parameters += p.numel();
+  config_record["parameters"] = num_parameters;
+  if (const synth::DistributedProgram* plan = engine_->program())
+    config_record["plan"] = plan_to_json(*engine_->cost_model(), *plan);
+  log.write(config_record);
+  if (print) {
+    std::printf("hap-train: %s with %ld parameters; %s\n", model_->type_name().c_str(),
+                static_cast<long>(num_parameters), data_->describe().c_str());
+    std::fflush(stdout);
+  }
+
+  optim::WarmupCosineSchedule schedule{t.lr, t.min_lr, t.warmup_steps, t.steps};
+  TrainSummary summary;
+  std::vector<double> step_ms;
+  double window_ms = 0, window_loss = 0;  // since the last progress line
+  int64_t window_steps = 0;
+  const double tokens_per_step = static_cast<double>(t.batch_size * model_->tokens_per_example());
+  const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
+  double profiled_s = 0;  // wall time of the profiled steps (the first is warm-up)
+  int64_t profiled_steps = 0;
+  for (int64_t step = start; step < end; ++step) {
+    if (options.profile && step == start + 1) engine_->start_profile();
+    const auto t0 = Clock::now();
+    const double lr = schedule.at(step);
+    optimizer_->set_lr(lr);
+    const double loss = engine_->forward(static_cast<uint64_t>(step), random_seed_);
+    HAP_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step,
+              " (lower train.lr, or enable train.grad_clip)");
+    optimizer_->zero_grad();
+    engine_->backward();
+    const double norm = engine_->grad_norm();
+    HAP_CHECK(std::isfinite(norm), "training diverged: the gradient norm is ", norm, " at step ",
+              step);
+    // torch.nn.utils.clip_grad_norm_'s rule.
+    if (t.grad_clip > 0 && t.grad_clip / (norm + 1e-6) < 1)
+      engine_->scale_grads(t.grad_clip / (norm + 1e-6));
+    engine_->update(*optimizer_);
+    // The slowest rank sets the pace: a step takes its time.
+    const double ms = engine_->max_over_ranks(
+        std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    step_ms.push_back(ms);
+    if (options.profile && step > start) {
+      profiled_s += ms / 1e3;
+      ++profiled_steps;
+    }
+    if (summary.steps_run == 0) summary.first_loss = loss;
+    summary.last_loss = loss;
+    ++summary.steps_run;
+    window_ms += ms;
+    window_loss += loss;
+    ++window_steps;
+
+    const bool last = step + 1 == end;
+    if ((step + 1) % t.log_every == 0 || last) {
+      // Time and loss averaged over the steps since the last line.
+      const double avg_ms = window_ms / static_cast<double>(window_steps);
+      const double examples_s = static_cast<double>(t.batch_size) / (avg_ms / 1000.0);
+      nlohmann::json record = {{"type", "train"},
+                               {"step", step + 1},
+                               {"loss", loss},
+                               {"avg_loss", window_loss / static_cast<double>(window_steps)},
+                               {"lr", lr},
+                               {"grad_norm", norm},
+                               {"ms_per_step", avg_ms},
+                               {"examples_per_s", examples_s}};
+      if (tokens_per_step > 0) record["tokens_per_s"] = tokens_per_step / (avg_ms / 1000.0);
+      log.write(record);
+      if (print) {
+        std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | ",
+                    static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm,
+                    avg_ms);
+        if (tokens_per_step > 0)
+          std::printf("%9.0f tok/s\n", tokens_per_step / (avg_ms / 1000.0));
+        else
+          std::printf("%9.1f ex/s\n", examples_s);
+        std::fflush(stdout);
+      }
+      window_ms = window_loss = 0;
+      window_steps = 0;
+    }
+    if ((step + 1) % t.eval_every == 0 || last) {
+      if (options.profile && last) engine_->print_profile(profiled_s, profiled_steps);
+      summary.last_val_loss = evaluate();
+      log.write({{"type", "eval"}, {"step", step + 1}, {"val_loss", summary.last_val_loss}});
+      if (print) {
+        std::printf("step %6ld/%ld | val loss %.4f\n", static_cast<long>(step + 1),
+                    static_cast<long>(t.steps), summary.last_val_loss);
+        std::fflush(stdout);
+      }
+    }
+  }
+  summary.median_step_ms = median_of(step_ms);
+  if (!options.checkpoint_path.empty()) save_checkpoint(options.checkpoint_path, end);
+  log.write({{"type", "done"},
+             {"steps", summary.steps_run},
+             {"first_loss", summary.first_loss},
+             {"last_loss", summary.last_loss},
+             {"last_val_loss", summary.last_val_loss},
+             {"median_ms_per_step", summary.median_step_ms}});
+  return summary;
+}
+
+}  // namespace hap::train
