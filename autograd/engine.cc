@@ -110,15 +110,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   std::vector<std::shared_ptr<Node>> starts;
   for (size_t r = 0; r < roots.size(); ++r) {
     const Tensor& root = roots[r];
-    HAP_CHECK(root.defined() && root.requires_grad(),
-              "backward: tensor ", root.defined() ? root.str() : "undefined",
+    HAP_CHECK(root.defined() && root.requires_grad(), "backward: tensor ",
+              root.defined() ? root.str() : "undefined",
               " does not require grad and has no grad_fn (did a parameter miss requires_grad, or "
               "was it computed under no_grad?)");
     Tensor g = grad_outputs[r];
     if (!g.defined()) {
       HAP_CHECK(root.numel() == 1, "backward: implicit gradient needs a scalar output, got ",
                 root.str(), "; pass a grad_output of the same shape");
-      g = Tensor::ones(root.shape(), TensorOptions{}.with_dtype(root.dtype()).with_device(root.device()));
+      g = Tensor::ones(root.shape(),
+                       TensorOptions{}.with_dtype(root.dtype()).with_device(root.device()));
     }
     HAP_CHECK(g.shape() == root.shape(), "backward: grad_output shape ", shape_str(g.shape()),
               " differs from output shape ", shape_str(root.shape()));
@@ -180,8 +181,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (!leaf_impl || grads.empty() || !grads[0].defined()) continue;
       Tensor g = grads[0];
       Tensor leaf(leaf_impl);
-      HAP_ASSERT(g.shape() == leaf.shape(), "gradient shape ", shape_str(g.shape()),
-                 " for leaf ", leaf.str());
+      HAP_ASSERT(g.shape() == leaf.shape(), "gradient shape ", shape_str(g.shape()), " for leaf ",
+                 leaf.str());
       if (capture) {
         auto it = capture->find(leaf_impl.get());
         if (it != capture->end()) it->second = add_grads(it->second, g);
@@ -201,8 +202,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (node->custom) {
         in_grads = node->custom(grads);
       } else {
-        ops::BackwardContext ctx{node->kind,  node->saved_inputs, node->saved_outputs,
-                                 grads,       node->attrs,        node->needs_input_grad};
+        ops::BackwardContext ctx{node->kind, node->saved_inputs, node->saved_outputs,
+                                 grads,      node->attrs,        node->needs_input_grad};
         in_grads = ops::op_def(node->kind).backward(ctx);
       }
       HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", name, " returned ",
@@ -216,7 +217,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         buf.resize(e.node->output_meta.size());
         const ops::TensorMeta& m = e.node->output_meta[e.output_nr];
         HAP_ASSERT(in_grads[i].shape() == m.shape, "backward of ", name, ": gradient ", i,
-                   " has shape ", shape_str(in_grads[i].shape()), ", expected ", shape_str(m.shape));
+                   " has shape ", shape_str(in_grads[i].shape()), ", expected ",
+                   shape_str(m.shape));
         buf[e.output_nr] = add_grads(buf[e.output_nr], in_grads[i]);
       }
       if (--deps[e.node.get()] == 0 && !queued[e.node.get()]) {

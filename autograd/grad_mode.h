@@ -16,7 +16,9 @@ namespace hap {
 // Disables recording for its scope, like torch::NoGradGuard.
 class NoGradGuard {
  public:
-  NoGradGuard() : prev_(autograd::GradMode::is_enabled()) { autograd::GradMode::set_enabled(false); }
+  NoGradGuard() : prev_(autograd::GradMode::is_enabled()) {
+    autograd::GradMode::set_enabled(false);
+  }
   ~NoGradGuard() { autograd::GradMode::set_enabled(prev_); }
   NoGradGuard(const NoGradGuard&) = delete;
   NoGradGuard& operator=(const NoGradGuard&) = delete;

@@ -9,10 +9,10 @@
 namespace hap::autograd {
 
 struct GradcheckOptions {
-  double eps = 1e-6;   // central-difference step
+  double eps = 1e-6;  // central-difference step
   double atol = 1e-6;
   double rtol = 1e-4;
-  uint64_t seed = 7;   // for the random output cotangent
+  uint64_t seed = 7;  // for the random output cotangent
 };
 
 struct GradcheckResult {

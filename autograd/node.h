@@ -22,10 +22,10 @@ struct Edge {
 using CustomBackward = std::function<std::vector<Tensor>(const std::vector<Tensor>& grad_outputs)>;
 
 struct Node {
-  bool is_accumulate = false;       // a leaf's AccumulateGrad
-  CustomBackward custom;            // set for custom functions (e.g. collectives)
+  bool is_accumulate = false;  // a leaf's AccumulateGrad
+  CustomBackward custom;       // set for custom functions (e.g. collectives)
   const char* custom_name = nullptr;
-  std::weak_ptr<TensorImpl> leaf;   // for AccumulateGrad
+  std::weak_ptr<TensorImpl> leaf;  // for AccumulateGrad
   ops::OpKind kind{};
   ops::Attrs attrs;
   std::vector<Tensor> saved_inputs;   // detached; undefined where not saved

@@ -10,10 +10,10 @@
 #include <string>
 #include <vector>
 
+#include "autograd/grad_mode.h"
 #include "core/rng.h"
 #include "ops/functional.h"
 #include "ops/threads.h"
-#include "autograd/grad_mode.h"
 
 namespace {
 
@@ -38,10 +38,9 @@ int main(int argc, char** argv) {
   hap::set_num_threads(threads);
   hap::NoGradGuard no_grad;
   // Shapes of a GPT step: (M, N, K) of the QKV, MLP and vocabulary-head products, and squares.
-  std::vector<std::array<int64_t, 3>> sizes = {{256, 256, 256},   {512, 512, 512},
-                                               {1024, 1024, 1024}, {2048, 768, 768},
-                                               {2048, 3072, 768},  {2048, 768, 3072},
-                                               {256, 50257, 768}};
+  std::vector<std::array<int64_t, 3>> sizes = {
+      {256, 256, 256},   {512, 512, 512},   {1024, 1024, 1024}, {2048, 768, 768},
+      {2048, 3072, 768}, {2048, 768, 3072}, {256, 50257, 768}};
   nlohmann::json results = nlohmann::json::array();
   std::printf("%-22s %12s %12s %8s\n", "M x N x K", "hap GF/s", "openblas GF/s", "ratio");
   for (auto [m, n, k] : sizes) {
@@ -59,11 +58,17 @@ int main(int argc, char** argv) {
     double g_hap = flops / t_hap / 1e9, g_blas = flops / t_blas / 1e9;
     std::printf("%6ld x %6ld x %6ld %12.1f %12.1f %8.3f\n", (long)m, (long)n, (long)k, g_hap,
                 g_blas, g_hap / g_blas);
-    results.push_back({{"m", m}, {"n", n}, {"k", k}, {"hap_gflops", g_hap},
-                       {"openblas_gflops", g_blas}, {"ratio", g_hap / g_blas},
-                       {"hap_median_s", t_hap}, {"openblas_median_s", t_blas}});
+    results.push_back({{"m", m},
+                       {"n", n},
+                       {"k", k},
+                       {"hap_gflops", g_hap},
+                       {"openblas_gflops", g_blas},
+                       {"ratio", g_hap / g_blas},
+                       {"hap_median_s", t_hap},
+                       {"openblas_median_s", t_blas}});
   }
-  nlohmann::json doc = {{"benchmark", "gemm"}, {"threads", hap::num_threads()}, {"results", results}};
+  nlohmann::json doc = {
+      {"benchmark", "gemm"}, {"threads", hap::num_threads()}, {"results", results}};
   std::ofstream(out) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;

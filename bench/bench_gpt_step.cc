@@ -65,7 +65,8 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
     loss.backward();
     opt.step();
     opt.zero_grad();
-    double t = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    double t =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= warmup) ms.push_back(t);
   }
   if (profile) {
@@ -74,12 +75,15 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
                 hap::ops::profile_report(25).c_str());
   }
   double med = median(ms);
-  return {{"framework", "hap"}, {"step_ms", ms}, {"median_ms", med},
+  return {{"framework", "hap"},
+          {"step_ms", ms},
+          {"median_ms", med},
           {"tokens_per_s", static_cast<double>(s.batch * s.seq) / (med / 1000.0)},
           {"n_params", model.num_parameters()}};
 }
 
-nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads, const std::string& tmp) {
+nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads,
+                          const std::string& tmp) {
   std::ostringstream cmd;
   cmd << "/usr/bin/python3 " << HAP_SOURCE_DIR << "/bench/torch_gpt_step.py --n-layer " << s.n_layer
       << " --n-head " << s.n_head << " --n-embd " << s.n_embd << " --vocab " << s.vocab
@@ -87,7 +91,8 @@ nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads, con
       << threads << " --warmup " << warmup << " --iters " << iters << " --json " << tmp;
   int rc = std::system(cmd.str().c_str());
   if (rc != 0) {
-    std::fprintf(stderr, "bench_gpt_step: the PyTorch step failed (exit %d): %s\n", rc, cmd.str().c_str());
+    std::fprintf(stderr, "bench_gpt_step: the PyTorch step failed (exit %d): %s\n", rc,
+                 cmd.str().c_str());
     return {{"framework", "pytorch"}, {"error", "exit code " + std::to_string(rc)}};
   }
   std::ifstream in(tmp);
@@ -98,7 +103,8 @@ nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads, con
 
 int main(int argc, char** argv) {
   CLI::App cli{"Time a GPT training step in HAP and in PyTorch"};
-  std::string sizes_arg = "gpt-mini,gpt2-124m", out = std::string(HAP_SOURCE_DIR) + "/bench/results/gpt_step.json";
+  std::string sizes_arg = "gpt-mini,gpt2-124m",
+              out = std::string(HAP_SOURCE_DIR) + "/bench/results/gpt_step.json";
   int iters = 10, warmup = 3, threads = 0;
   bool profile = false;
   cli.add_option("--sizes", sizes_arg, "comma-separated: gpt-mini, gpt2-124m");
@@ -115,26 +121,30 @@ int main(int argc, char** argv) {
   std::stringstream ss(sizes_arg);
   std::string name;
   while (std::getline(ss, name, ',')) {
-    auto it = std::find_if(kSizes.begin(), kSizes.end(), [&](const Size& s) { return s.name == name; });
+    auto it =
+        std::find_if(kSizes.begin(), kSizes.end(), [&](const Size& s) { return s.name == name; });
     if (it == kSizes.end()) {
-      std::fprintf(stderr, "bench_gpt_step: unknown size '%s' (expected gpt-mini or gpt2-124m)\n", name.c_str());
+      std::fprintf(stderr, "bench_gpt_step: unknown size '%s' (expected gpt-mini or gpt2-124m)\n",
+                   name.c_str());
       return 2;
     }
-    std::printf("== %s: %ld layers, d=%ld, %ld heads, T=%ld, B=%ld, vocab %ld, %d threads\n", it->name.c_str(),
-                (long)it->n_layer, (long)it->n_embd, (long)it->n_head, (long)it->seq, (long)it->batch,
-                (long)it->vocab, threads);
+    std::printf("== %s: %ld layers, d=%ld, %ld heads, T=%ld, B=%ld, vocab %ld, %d threads\n",
+                it->name.c_str(), (long)it->n_layer, (long)it->n_embd, (long)it->n_head,
+                (long)it->seq, (long)it->batch, (long)it->vocab, threads);
     std::fflush(stdout);
     nlohmann::json hap_r = time_hap(*it, warmup, iters, profile);
     nlohmann::json torch_r = time_torch(*it, warmup, iters, threads, out + ".torch.tmp");
     std::remove((out + ".torch.tmp").c_str());
-    nlohmann::json row = {{"size", it->name}, {"n_layer", it->n_layer}, {"n_embd", it->n_embd},
-                          {"n_head", it->n_head}, {"seq", it->seq}, {"batch", it->batch},
-                          {"vocab", it->vocab}, {"hap", hap_r}, {"pytorch", torch_r}};
+    nlohmann::json row = {{"size", it->name},     {"n_layer", it->n_layer}, {"n_embd", it->n_embd},
+                          {"n_head", it->n_head}, {"seq", it->seq},         {"batch", it->batch},
+                          {"vocab", it->vocab},   {"hap", hap_r},           {"pytorch", torch_r}};
     if (torch_r.contains("median_ms")) {
       double ratio = hap_r["median_ms"].get<double>() / torch_r["median_ms"].get<double>();
       row["ratio_hap_over_pytorch"] = ratio;
-      std::printf("   hap %.1f ms/step, pytorch %.1f ms/step, ratio %.3f (<= 1.0 means HAP is as fast or faster)\n",
-                  hap_r["median_ms"].get<double>(), torch_r["median_ms"].get<double>(), ratio);
+      std::printf(
+          "   hap %.1f ms/step, pytorch %.1f ms/step, ratio %.3f (<= 1.0 means HAP is as fast or "
+          "faster)\n",
+          hap_r["median_ms"].get<double>(), torch_r["median_ms"].get<double>(), ratio);
     }
     std::fflush(stdout);
     results.push_back(row);

@@ -1,8 +1,8 @@
 // Synthesis time and predicted step times. Part 1: GPT (d=768, 12 heads, vocab 50257, T=128,
 // global batch 8 x devices, so that 48 layers still fit in 16 GiB P100s under the memory model)
-// with 12, 24 and 48 layers on 4, 8, 16 and 64 mixed devices (V100 and P100 nodes, one core). Part 2: predicted step time of hap against
-// dp-ev, dp-cp and tp on the shipped clusters, with the ratio to the compute lower bound.
-// Writes bench/results/synthesis.json.
+// with 12, 24 and 48 layers on 4, 8, 16 and 64 mixed devices (V100 and P100 nodes, one core). Part
+// 2: predicted step time of hap against dp-ev, dp-cp and tp on the shipped clusters, with the ratio
+// to the compute lower bound. Writes bench/results/synthesis.json.
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "train/cluster_config.h"
-#include "train/config.h"
 #include "models/gpt.h"
-#include "train/from_config.h"
-#include "train/trace.h"
 #include "ops/threads.h"
 #include "synth/synthesizer.h"
+#include "train/cluster_config.h"
+#include "train/config.h"
+#include "train/from_config.h"
+#include "train/trace.h"
 
 namespace {
 
@@ -72,9 +72,10 @@ int main(int argc, char** argv) {
   hap::set_num_threads(1);
 
   nlohmann::json timing = nlohmann::json::array();
-  std::printf("synthesis time (hap strategy, one core), with and without dominance pruning\n"
-              "%8s %8s %10s %12s %10s %14s %14s\n", "layers", "devices", "synth s", "states", "step s",
-              "no-dom synth s", "no-dom states");
+  std::printf(
+      "synthesis time (hap strategy, one core), with and without dominance pruning\n"
+      "%8s %8s %10s %12s %10s %14s %14s\n",
+      "layers", "devices", "synth s", "states", "step s", "no-dom synth s", "no-dom states");
   for (int L : layer_counts)
     for (int N : device_counts) {
       const synth::Graph graph = gpt_graph(L, 8 * N);
@@ -94,11 +95,17 @@ int main(int argc, char** argv) {
                   static_cast<long long>(p.states_expanded), p.predicted_step_s, q.synthesis_s,
                   static_cast<long long>(q.states_expanded));
       std::fflush(stdout);
-      timing.push_back({{"layers", L}, {"devices", N}, {"synthesis_s", p.synthesis_s},
-                        {"states", p.states_expanded}, {"rounds", p.search_iterations},
-                        {"predicted_step_s", p.predicted_step_s}, {"graph_nodes", graph.nodes.size()},
-                        {"without_dominance", {{"synthesis_s", q.synthesis_s}, {"states", q.states_expanded},
-                                               {"predicted_step_s", q.predicted_step_s}}}});
+      timing.push_back({{"layers", L},
+                        {"devices", N},
+                        {"synthesis_s", p.synthesis_s},
+                        {"states", p.states_expanded},
+                        {"rounds", p.search_iterations},
+                        {"predicted_step_s", p.predicted_step_s},
+                        {"graph_nodes", graph.nodes.size()},
+                        {"without_dominance",
+                         {{"synthesis_s", q.synthesis_s},
+                          {"states", q.states_expanded},
+                          {"predicted_step_s", q.predicted_step_s}}}});
     }
 
   // Predicted step times on the shipped clusters: the default GPT on the emulated CPU clusters,
@@ -107,22 +114,30 @@ int main(int argc, char** argv) {
     std::string cluster;
     bool gpu;
   };
-  std::vector<Case> cases = {{"emu-mixed4", false}, {"emu-2node", false}, {"hap-paper", true}, {"modern-mix", true}};
+  std::vector<Case> cases = {
+      {"emu-mixed4", false}, {"emu-2node", false}, {"hap-paper", true}, {"modern-mix", true}};
   nlohmann::json predicted = nlohmann::json::array();
-  std::printf("\npredicted step time per strategy\n%-12s %10s %10s %10s %10s %10s %8s\n", "cluster", "hap", "dp-ev",
-              "dp-cp", "tp", "bound", "hap/bnd");
+  std::printf("\npredicted step time per strategy\n%-12s %10s %10s %10s %10s %10s %8s\n", "cluster",
+              "hap", "dp-ev", "dp-cp", "tp", "bound", "hap/bnd");
   for (const Case& k : cases) {
-    synth::Cluster c = train::load_cluster_config(std::string(HAP_SOURCE_DIR) + "/configs/clusters/" + k.cluster + ".yaml");
-    const train::RunConfig run = train::load_run_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml", {});
+    synth::Cluster c = train::load_cluster_config(std::string(HAP_SOURCE_DIR) +
+                                                  "/configs/clusters/" + k.cluster + ".yaml");
+    const train::RunConfig run =
+        train::load_run_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml", {});
     const int layers = k.gpu ? 12 : static_cast<int>(run.model.options.integer("n_layer"));
     const int64_t batch = k.gpu ? 32 * c.size() : run.train.batch_size;
-    const synth::Graph graph = k.gpu ? gpt_graph(layers, batch)
-                                     : train::trace_model(*train::build_model(run, /*shapes_only=*/true), batch);
+    const synth::Graph graph =
+        k.gpu ? gpt_graph(layers, batch)
+              : train::trace_model(*train::build_model(run, /*shapes_only=*/true), batch);
     synth::CostModel cm(graph, c);
-    nlohmann::json row = {{"cluster", k.cluster}, {"devices", c.size()}, {"layers", layers},
-                          {"global_batch", batch}, {"compute_lower_bound_s", cm.compute_lower_bound_s()}};
+    nlohmann::json row = {{"cluster", k.cluster},
+                          {"devices", c.size()},
+                          {"layers", layers},
+                          {"global_batch", batch},
+                          {"compute_lower_bound_s", cm.compute_lower_bound_s()}};
     std::printf("%-12s", k.cluster.c_str());
-    for (auto s : {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp}) {
+    for (auto s : {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp,
+                   synth::Strategy::Tp}) {
       synth::SynthesisOptions o;
       o.strategy = s;
       try {
@@ -142,7 +157,9 @@ int main(int argc, char** argv) {
     std::printf(" %10.4f %8.3f\n", cm.compute_lower_bound_s(), hap_s / cm.compute_lower_bound_s());
     predicted.push_back(row);
   }
-  nlohmann::json doc = {{"benchmark", "synthesis"}, {"threads", 1}, {"synthesis_time", timing},
+  nlohmann::json doc = {{"benchmark", "synthesis"},
+                        {"threads", 1},
+                        {"synthesis_time", timing},
                         {"predicted_step", predicted}};
   std::ofstream(out) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());

@@ -49,7 +49,8 @@ void* cpu_alloc(size_t nbytes) {
       c.free_blocks.erase(it);
       c.stats.cached_bytes -= n;
       c.stats.allocated_bytes += n;
-      c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+      c.stats.peak_allocated_bytes =
+          std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
       return p;
     }
   }

@@ -14,11 +14,16 @@ enum class DType : uint8_t { F32 = 0, BF16 = 1, F64 = 2, I64 = 3, U8 = 4 };
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F64: return 8;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::BF16:
+      return 2;
+    case DType::F64:
+      return 8;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   HAP_ASSERT(false, "unknown dtype");
   return 0;
@@ -26,11 +31,16 @@ inline size_t dtype_size(DType t) {
 
 inline const char* dtype_name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::BF16: return "bf16";
-    case DType::F64: return "f64";
-    case DType::I64: return "i64";
-    case DType::U8: return "u8";
+    case DType::F32:
+      return "f32";
+    case DType::BF16:
+      return "bf16";
+    case DType::F64:
+      return "f64";
+    case DType::I64:
+      return "i64";
+    case DType::U8:
+      return "u8";
   }
   return "?";
 }
@@ -61,10 +71,25 @@ struct bf16 {
 
 template <typename T>
 struct dtype_of;
-template <> struct dtype_of<float> { static constexpr DType value = DType::F32; };
-template <> struct dtype_of<double> { static constexpr DType value = DType::F64; };
-template <> struct dtype_of<bf16> { static constexpr DType value = DType::BF16; };
-template <> struct dtype_of<int64_t> { static constexpr DType value = DType::I64; };
-template <> struct dtype_of<uint8_t> { static constexpr DType value = DType::U8; };
+template <>
+struct dtype_of<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct dtype_of<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct dtype_of<bf16> {
+  static constexpr DType value = DType::BF16;
+};
+template <>
+struct dtype_of<int64_t> {
+  static constexpr DType value = DType::I64;
+};
+template <>
+struct dtype_of<uint8_t> {
+  static constexpr DType value = DType::U8;
+};
 
 }  // namespace hap

@@ -32,15 +32,14 @@ std::string concat(Args&&... args) {
 
 }  // namespace hap
 
-#define HAP_CHECK(cond, ...)                                     \
-  do {                                                           \
+#define HAP_CHECK(cond, ...)                                             \
+  do {                                                                   \
     if (!(cond)) throw ::hap::Error(::hap::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 #define HAP_ASSERT(cond, ...)                                                               \
   do {                                                                                      \
     if (!(cond))                                                                            \
-      throw ::hap::InternalError(::hap::detail::concat("internal error at ", __FILE__, ":", \
-                                                       __LINE__, ": ", #cond, " ",          \
-                                                       ##__VA_ARGS__));                     \
+      throw ::hap::InternalError(::hap::detail::concat(                                     \
+          "internal error at ", __FILE__, ":", __LINE__, ": ", #cond, " ", ##__VA_ARGS__)); \
   } while (0)

@@ -55,7 +55,8 @@ void fill_with(const Tensor& out, const LogicalSlice& slice, const char* what, G
   dispatch_all_types(out.dtype(), [&](auto tag) {
     using T = decltype(tag);
     T* p = out.data<T>();
-    for_each_logical(out, slice, [&](int64_t i, uint64_t logical) { p[i] = convert<T>(gen(logical)); });
+    for_each_logical(out, slice,
+                     [&](int64_t i, uint64_t logical) { p[i] = convert<T>(gen(logical)); });
   });
 }
 

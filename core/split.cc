@@ -37,7 +37,8 @@ void validate_ratios(const std::vector<double>& ratios) {
     all_valid = all_valid && std::isfinite(r) && r >= 0.0;
     sum += r;
   }
-  if (all_valid && std::abs(sum - 1.0) <= kRatioSumTolerance) return;  // (called per shard: no strings)
+  if (all_valid && std::abs(sum - 1.0) <= kRatioSumTolerance)
+    return;  // (called per shard: no strings)
   std::ostringstream bad;
   for (size_t i = 0; i < ratios.size(); ++i) {
     double r = ratios[i];

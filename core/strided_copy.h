@@ -42,11 +42,16 @@ inline To convert(From v) {
 template <typename F>
 decltype(auto) dispatch_all_types(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::F32: return f(float{});
-    case DType::F64: return f(double{});
-    case DType::BF16: return f(bf16{});
-    case DType::I64: return f(int64_t{});
-    case DType::U8: return f(uint8_t{});
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::BF16:
+      return f(bf16{});
+    case DType::I64:
+      return f(int64_t{});
+    case DType::U8:
+      return f(uint8_t{});
   }
   HAP_ASSERT(false, "unknown dtype");
   return f(float{});
@@ -56,9 +61,12 @@ decltype(auto) dispatch_all_types(DType dtype, F&& f) {
 template <typename F>
 decltype(auto) dispatch_float(DType dtype, const char* op, F&& f) {
   switch (dtype) {
-    case DType::F32: return f(float{});
-    case DType::F64: return f(double{});
-    default: break;
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    default:
+      break;
   }
   HAP_CHECK(false, op, ": expected a f32 or f64 tensor, got ", dtype_name(dtype));
   return f(float{});

@@ -72,9 +72,9 @@ Tensor Tensor::arange(int64_t n, TensorOptions opt) {
 
 template <typename V>
 static Tensor from_values(const std::vector<V>& values, const Shape& shape, TensorOptions opt) {
-  HAP_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape), "from_vector: ",
-            values.size(), " values given for shape ", shape_str(shape), " (expected ",
-            shape_numel(shape), ")");
+  HAP_CHECK(static_cast<int64_t>(values.size()) == shape_numel(shape),
+            "from_vector: ", values.size(), " values given for shape ", shape_str(shape),
+            " (expected ", shape_numel(shape), ")");
   bool rg = opt.requires_grad;
   opt.requires_grad = false;
   Tensor t = Tensor::empty(shape, opt);
@@ -209,13 +209,15 @@ void Tensor::fill_(double value) const {
 #pragma omp parallel for if (n > (1 << 16))
       for (int64_t i = 0; i < n; ++i) p[i] = v;
     } else {
-      for_each_offset(shape(), strides(), [&](int64_t off) { static_cast<T*>(raw_data())[off] = v; });
+      for_each_offset(shape(), strides(),
+                      [&](int64_t off) { static_cast<T*>(raw_data())[off] = v; });
     }
   });
 }
 
 Tensor& Tensor::set_requires_grad(bool r) {
-  if (r) HAP_CHECK(is_floating(dtype()), "only floating-point tensors can require grad, got ", str());
+  if (r)
+    HAP_CHECK(is_floating(dtype()), "only floating-point tensors can require grad, got ", str());
   if (!impl_->autograd) impl_->autograd = std::make_unique<AutogradMeta>();
   impl_->autograd->requires_grad = r;
   return *this;

@@ -53,9 +53,18 @@ struct TensorOptions {
   DType dtype = DType::F32;
   Device device = Device::cpu();
   bool requires_grad = false;
-  TensorOptions& with_dtype(DType d) { dtype = d; return *this; }
-  TensorOptions& with_device(Device d) { device = d; return *this; }
-  TensorOptions& with_requires_grad(bool r) { requires_grad = r; return *this; }
+  TensorOptions& with_dtype(DType d) {
+    dtype = d;
+    return *this;
+  }
+  TensorOptions& with_device(Device d) {
+    device = d;
+    return *this;
+  }
+  TensorOptions& with_requires_grad(bool r) {
+    requires_grad = r;
+    return *this;
+  }
 };
 
 // While a MetaGuard is alive on this thread, Tensor::empty (and the factories built on it) make
@@ -129,7 +138,7 @@ class Tensor {
   Tensor contiguous() const;  // this if already contiguous, else a packed copy
   Tensor clone() const;       // always a packed copy, no autograd history
   Tensor to(DType dtype) const;
-  Tensor detach() const;  // same storage, no autograd history
+  Tensor detach() const;                    // same storage, no autograd history
   void copy_from(const Tensor& src) const;  // same shape; converts dtype
   void fill_(double value) const;
   void zero_() const { fill_(0.0); }

@@ -11,8 +11,9 @@ namespace hap::nn {
 void GPTConfig::validate() const {
   HAP_CHECK(vocab_size >= 1, "GPTConfig: vocab_size must be >= 1, got ", vocab_size);
   HAP_CHECK(block_size >= 1, "GPTConfig: block_size must be >= 1, got ", block_size);
-  HAP_CHECK(seq_len >= 0 && seq_len <= block_size, "GPTConfig: seq_len must be in [0, block_size=",
-            block_size, "] (0 means block_size), got ", seq_len);
+  HAP_CHECK(seq_len >= 0 && seq_len <= block_size,
+            "GPTConfig: seq_len must be in [0, block_size=", block_size,
+            "] (0 means block_size), got ", seq_len);
   HAP_CHECK(n_layer >= 1, "GPTConfig: n_layer must be >= 1, got ", n_layer);
   HAP_CHECK(n_head >= 1, "GPTConfig: n_head must be >= 1, got ", n_head);
   HAP_CHECK(n_embd >= 1, "GPTConfig: n_embd must be >= 1, got ", n_embd);
@@ -117,13 +118,15 @@ std::vector<InputSpec> GPT::inputs(int64_t batch_size) const {
 }
 
 Tensor GPT::loss(const Batch& batch) {
-  return loss(input_of(batch, "idx", DType::I64, 2, "gpt"), input_of(batch, "targets", DType::I64, 2, "gpt"));
+  return loss(input_of(batch, "idx", DType::I64, 2, "gpt"),
+              input_of(batch, "targets", DType::I64, 2, "gpt"));
 }
 
 namespace {
 
 constexpr double kMaxDimension = 2147483647.0;  // 2^31 - 1: every dimension fits in 32 bits
-constexpr double kMaxTensorElements = 1099511627776.0;  // 2^40: 4 TiB of f32, far beyond any machine
+constexpr double kMaxTensorElements =
+    1099511627776.0;  // 2^40: 4 TiB of f32, far beyond any machine
 
 template <typename T>
 std::string number_text(T v) {
@@ -148,8 +151,8 @@ void check_elements(const char* key, const char* tensor, std::initializer_list<F
     names += (names.empty() ? "" : " x ") + std::string(f.key);
     values += (values.empty() ? "" : " x ") + number_text(f.value);
   }
-  throw OptionError(key, "an integer with " + names + " <= 2^40 (the elements of " + tensor + "; here " +
-                             values + " = " + number_text(product) + ")");
+  throw OptionError(key, "an integer with " + names + " <= 2^40 (the elements of " + tensor +
+                             "; here " + values + " = " + number_text(product) + ")");
 }
 
 GPTConfig gpt_config_of(const Options& o, uint64_t seed) {
@@ -192,10 +195,12 @@ ModelEntry gpt_model_entry() {
       throw OptionError("seq_len", "an integer in [0, model.block_size = " + number_text(block) +
                                        "] (positions past block_size have no embedding)");
     // Attention splits n_embd into n_head equal heads.
-    if (C % n_head != 0) throw OptionError("n_embd", "a multiple of model.n_head = " + number_text(n_head));
+    if (C % n_head != 0)
+      throw OptionError("n_embd", "a multiple of model.n_head = " + number_text(n_head));
     const int64_t T = o.integer("seq_len") > 0 ? o.integer("seq_len") : block;
     check_elements("n_embd", "the token embedding", {{"model.vocab_size", V}, {"model.n_embd", C}});
-    check_elements("n_embd", "the position embedding", {{"model.block_size", block}, {"model.n_embd", C}});
+    check_elements("n_embd", "the position embedding",
+                   {{"model.block_size", block}, {"model.n_embd", C}});
     check_elements("n_embd", "an MLP weight", {{"4", 4}, {"model.n_embd", C}, {"model.n_embd", C}});
     // The largest activations of one step (attention never materialises its [B, H, T, T]).
     check_elements("n_embd", "the MLP's hidden activation",

@@ -53,7 +53,9 @@ class GPT : public Model {
 
   std::vector<InputSpec> inputs(int64_t batch_size) const override;
   Tensor loss(const Batch& batch) override;
-  int64_t tokens_per_example() const override { return config_.seq_len > 0 ? config_.seq_len : config_.block_size; }
+  int64_t tokens_per_example() const override {
+    return config_.seq_len > 0 ? config_.seq_len : config_.block_size;
+  }
 
   std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
   const GPTConfig& config() const { return config_; }

@@ -162,7 +162,8 @@ ParamInit Module::init_rule_of(const std::string& full_name) const {
   {
     const Module* owner = this;
     std::string rel = full_name;
-    for (size_t dot; owner && (dot = rel.find('.')) != std::string::npos; rel = rel.substr(dot + 1)) {
+    for (size_t dot; owner && (dot = rel.find('.')) != std::string::npos;
+         rel = rel.substr(dot + 1)) {
       const Module* next = nullptr;
       for (const auto& [n, c] : owner->children_)
         if (n == rel.substr(0, dot)) next = c.get();

@@ -77,8 +77,9 @@ std::string profile_report(size_t top) {
   for (size_t j = 0; j < order.size() && j < top; ++j) {
     size_t i = order[j];
     std::snprintf(line, sizeof(line), "  %-22s %8llu calls %10.3f s %6.1f%%\n",
-                  op_name(static_cast<OpKind>(i)), static_cast<unsigned long long>(g_stats.calls[i]),
-                  g_stats.kernel_s[i], total > 0 ? 100.0 * g_stats.kernel_s[i] / total : 0.0);
+                  op_name(static_cast<OpKind>(i)),
+                  static_cast<unsigned long long>(g_stats.calls[i]), g_stats.kernel_s[i],
+                  total > 0 ? 100.0 * g_stats.kernel_s[i] / total : 0.0);
     out += line;
   }
   return out;
@@ -87,7 +88,8 @@ std::string profile_report(size_t top) {
 Tensor KernelContext::alloc(size_t i) const {
   HAP_ASSERT(i < out_meta.size());
   Device dev = inputs.empty() ? Device::cpu() : inputs[0].device();
-  return Tensor::empty(out_meta[i].shape, TensorOptions{}.with_dtype(out_meta[i].dtype).with_device(dev));
+  return Tensor::empty(out_meta[i].shape,
+                       TensorOptions{}.with_dtype(out_meta[i].dtype).with_device(dev));
 }
 
 std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
@@ -117,7 +119,8 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   // bf16 is a storage type: compute in f32 through differentiable casts, then cast back.
   if (needs_f32_compute(kind, inputs)) {
     for (Tensor& t : inputs)
-      if (t.defined() && t.dtype() == DType::BF16) t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
+      if (t.defined() && t.dtype() == DType::BF16)
+        t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
     std::vector<Tensor> outs = call(kind, std::move(inputs), attrs);
     for (Tensor& t : outs)
       if (t.dtype() == DType::F32) t = call1(OpKind::Cast, {t}, CastAttrs{DType::BF16});
@@ -127,7 +130,8 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   Metas in_meta;
   in_meta.reserve(inputs.size());
   for (const Tensor& t : inputs)
-    in_meta.push_back(t.defined() ? TensorMeta{t.shape(), t.dtype(), true} : TensorMeta{{}, DType::F32, false});
+    in_meta.push_back(t.defined() ? TensorMeta{t.shape(), t.dtype(), true}
+                                  : TensorMeta{{}, DType::F32, false});
   Metas out_meta;
   try {
     out_meta = def.infer(in_meta, attrs);
@@ -147,7 +151,8 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   KernelFn kernel = device.is_cpu() ? def.cpu : def.cuda;
   HAP_CHECK(kernel != nullptr, "op ", def.name, " has no kernel for device ", device.str());
   KernelContext ctx{kind, inputs, out_meta, attrs};
-  auto t0 = g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  auto t0 =
+      g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   std::vector<Tensor> outputs = kernel(ctx);
   if (g_profiling)
     g_stats.kernel_s[static_cast<size_t>(kind)] +=

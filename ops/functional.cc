@@ -13,7 +13,8 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // the left, a column [K, 1] on the right, and the added dim is dropped from the result.
   HAP_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: operands must have at least 1 dim, got ",
             shape_str(a.shape()), " and ", shape_str(b.shape()));
-  Tensor y = call1(OpKind::MatMul, {a.dim() == 1 ? unsqueeze(a, 0) : a, b.dim() == 1 ? unsqueeze(b, 1) : b});
+  Tensor y = call1(OpKind::MatMul,
+                   {a.dim() == 1 ? unsqueeze(a, 0) : a, b.dim() == 1 ? unsqueeze(b, 1) : b});
   Shape s(y.shape().begin(), y.shape().end() - 2);
   if (a.dim() > 1) s.push_back(y.shape()[y.dim() - 2]);
   if (b.dim() > 1) s.push_back(y.shape().back());
@@ -124,8 +125,8 @@ Tensor unsqueeze(const Tensor& x, int64_t dim) {
 Tensor squeeze(const Tensor& x, int64_t dim) {
   HAP_CHECK(x.dim() > 0, "squeeze: input must have at least 1 dim, got a scalar");
   dim = wrap_dim(dim, x.dim(), "squeeze dim");
-  HAP_CHECK(x.shape()[dim] == 1, "squeeze: dim ", dim, " of ", shape_str(x.shape()),
-            " has size ", x.shape()[dim], ", expected 1");
+  HAP_CHECK(x.shape()[dim] == 1, "squeeze: dim ", dim, " of ", shape_str(x.shape()), " has size ",
+            x.shape()[dim], ", expected 1");
   Shape s = x.shape();
   s.erase(s.begin() + dim);
   return reshape(x, s);
@@ -190,7 +191,8 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    double dropout_p, uint64_t seed, uint64_t stream, double scale) {
+                                    double dropout_p, uint64_t seed, uint64_t stream,
+                                    double scale) {
   HAP_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
             "scaled_dot_product_attention: dropout probability must be in [0, 1), got ", dropout_p);
   ops::AttentionAttrs a{causal, scale, ops::RandomAttrs{dropout_p, seed, stream, {}}};

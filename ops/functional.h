@@ -104,7 +104,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 double sum_of_squares(const Tensor& x);
 // q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    bool causal = true, double dropout_p = 0.0,
-                                    uint64_t seed = 0, uint64_t stream = 0, double scale = 0.0);
+                                    bool causal = true, double dropout_p = 0.0, uint64_t seed = 0,
+                                    uint64_t stream = 0, double scale = 0.0);
 
 }  // namespace hap

@@ -13,6 +13,7 @@
 namespace hap::ops {
 
 // Forward ops first, then the fused kernels that backward rules are written with.
+// clang-format off
 #define HAP_OP_LIST(X)                                                                        \
   X(MatMul) X(Linear) X(Add) X(Sub) X(Mul) X(Div) X(AddScalar) X(MulScalar) X(PowScalar)     \
   X(Neg) X(Exp) X(Log) X(Sqrt) X(Rsqrt) X(Tanh) X(Gelu) X(Relu) X(Sigmoid) X(Softmax)         \
@@ -22,6 +23,7 @@ namespace hap::ops {
   X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
   X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
   X(AttentionBackward) X(SliceBackward) X(IndexBackward)
+// clang-format on
 
 enum class OpKind : uint16_t {
 #define HAP_OP_ENUM(name) name,
@@ -68,14 +70,14 @@ struct OpDef {
   const char* name = nullptr;
   int num_inputs = 0;  // -1: variadic (at least one)
   InferFn infer = nullptr;
-  FlopsFn flops = nullptr;   // null: zero FLOPs (data movement only)
-  ShardFn shard = nullptr;   // null: only the all-Replicated signature
+  FlopsFn flops = nullptr;  // null: zero FLOPs (data movement only)
+  ShardFn shard = nullptr;  // null: only the all-Replicated signature
   KernelFn cpu = nullptr;
-  KernelFn cuda = nullptr;   // filled by the CUDA backend
+  KernelFn cuda = nullptr;        // filled by the CUDA backend
   BackwardFn backward = nullptr;  // null: not differentiable
-  uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
-  bool saves_inputs = true;   // backward reads the inputs
-  bool saves_outputs = false;  // backward reads the outputs
+  uint32_t optional_inputs = 0;   // bit i: input i may be an undefined Tensor
+  bool saves_inputs = true;       // backward reads the inputs
+  bool saves_outputs = false;     // backward reads the outputs
   // A matrix product (input 1, when a parameter, is its weight: tensor parallelism stores it
   // Sharded); its backward computes one forward-sized product per input that needs a gradient.
   bool product = false;

@@ -23,8 +23,8 @@ OpTable build_table() {
   register_loss_ops(t);
   register_attention_ops(t);
   for (size_t i = 0; i < kNumOps; ++i) {
-    HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr,
-               "op ", kOpNames[i], " has no complete registry entry");
+    HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr, "op ",
+               kOpNames[i], " has no complete registry entry");
   }
   return t;
 }
@@ -41,9 +41,12 @@ const OpDef& op_def(OpKind kind) { return op_table()[static_cast<size_t>(kind)];
 
 std::string Prop::str() const {
   switch (kind) {
-    case PropKind::Replicated: return "R";
-    case PropKind::Sharded: return "S(" + std::to_string(dim) + ")";
-    case PropKind::Partial: return "P";
+    case PropKind::Replicated:
+      return "R";
+    case PropKind::Sharded:
+      return "S(" + std::to_string(dim) + ")";
+    case PropKind::Partial:
+      return "P";
   }
   return "?";
 }
@@ -54,21 +57,33 @@ struct AttrPrinter {
   std::ostringstream& os;
   void operator()(const NoAttrs&) {}
   void operator()(const ScalarAttrs& a) { os << "value=" << a.value; }
-  void operator()(const GeluAttrs& a) { os << "approx=" << (a.approx == GeluApprox::Tanh ? "tanh" : "none"); }
+  void operator()(const GeluAttrs& a) {
+    os << "approx=" << (a.approx == GeluApprox::Tanh ? "tanh" : "none");
+  }
   void operator()(const DimAttrs& a) { os << "dim=" << a.dim << (a.keepdim ? " keepdim" : ""); }
-  void operator()(const ReduceAttrs& a) { os << "dims=" << vec_str(a.dims) << (a.keepdim ? " keepdim" : ""); }
+  void operator()(const ReduceAttrs& a) {
+    os << "dims=" << vec_str(a.dims) << (a.keepdim ? " keepdim" : "");
+  }
   void operator()(const NormAttrs& a) { os << "eps=" << a.eps; }
-  void operator()(const RandomAttrs& a) { os << "p=" << a.p << " seed=" << a.seed << " stream=" << a.stream; }
+  void operator()(const RandomAttrs& a) {
+    os << "p=" << a.p << " seed=" << a.seed << " stream=" << a.stream;
+  }
   void operator()(const ShapeAttrs& a) { os << "shape=" << vec_str(a.shape); }
   void operator()(const PermuteAttrs& a) { os << "perm=" << vec_str(a.perm); }
-  void operator()(const SliceAttrs& a) { os << "dim=" << a.dim << " start=" << a.start << " end=" << a.end; }
+  void operator()(const SliceAttrs& a) {
+    os << "dim=" << a.dim << " start=" << a.start << " end=" << a.end;
+  }
   void operator()(const SplitAttrs& a) { os << "dim=" << a.dim << " sizes=" << vec_str(a.sizes); }
   void operator()(const CrossEntropyAttrs& a) { os << "ignore_index=" << a.ignore_index; }
   void operator()(const AttentionAttrs& a) {
     os << "causal=" << a.causal << " scale=" << a.scale << " dropout=" << a.dropout.p;
   }
-  void operator()(const TopKAttrs& a) { os << "k=" << a.k << " dim=" << a.dim << (a.largest ? " largest" : " smallest"); }
-  void operator()(const ScatterAttrs& a) { os << "dim=" << a.dim << " start=" << a.start << " shape=" << vec_str(a.shape); }
+  void operator()(const TopKAttrs& a) {
+    os << "k=" << a.k << " dim=" << a.dim << (a.largest ? " largest" : " smallest");
+  }
+  void operator()(const ScatterAttrs& a) {
+    os << "dim=" << a.dim << " start=" << a.start << " shape=" << vec_str(a.shape);
+  }
   void operator()(const CastAttrs& a) { os << "dtype=" << dtype_name(a.dtype); }
 };
 }  // namespace

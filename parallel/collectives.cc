@@ -194,7 +194,8 @@ class Timed {
 };
 
 double tensor_bytes(const Tensor& x) {
-  return x.defined() ? static_cast<double>(x.numel()) * static_cast<double>(dtype_size(x.dtype())) : 0;
+  return x.defined() ? static_cast<double>(x.numel()) * static_cast<double>(dtype_size(x.dtype()))
+                     : 0;
 }
 
 // ---- the two exchange patterns ----
@@ -208,9 +209,9 @@ void exchange_allgather(const Communicator& comm, const Tensor& send, const Tens
     HAP_MPI_RUN(MPI_Iallgather(send.raw_data(), l.slot, type, recv.raw_data(), l.slot, type,
                                comm.handle(), &hap_mpi_req_));
   } else {
-    HAP_MPI_RUN(MPI_Iallgatherv(send.raw_data(), mpi_count(send.numel(), op), type,
-                                recv.raw_data(), l.counts.data(), l.displs.data(), type,
-                                comm.handle(), &hap_mpi_req_));
+    HAP_MPI_RUN(MPI_Iallgatherv(send.raw_data(), mpi_count(send.numel(), op), type, recv.raw_data(),
+                                l.counts.data(), l.displs.data(), type, comm.handle(),
+                                &hap_mpi_req_));
   }
 }
 
@@ -411,8 +412,8 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   int64_t header_len = static_cast<int64_t>(header.size());
   HAP_MPI_RUN(MPI_Ibcast(&header_len, 1, MPI_INT64_T, root, comm.handle(), &hap_mpi_req_));
   header.resize(static_cast<size_t>(header_len));
-  HAP_MPI_RUN(MPI_Ibcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root,
-                         comm.handle(), &hap_mpi_req_));
+  HAP_MPI_RUN(MPI_Ibcast(header.data(), mpi_count(header_len, op), MPI_INT64_T, root, comm.handle(),
+                         &hap_mpi_req_));
   HAP_CHECK(header[0] >= 0, is_root ? root_error
                                     : std::string(op) + ": the root rank " + std::to_string(root) +
                                           "'s tensor is unusable");
@@ -432,11 +433,16 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
 
 const char* collective_stat_name(CollectiveStat c) {
   switch (c) {
-    case CollectiveStat::AllGather: return "all_gather";
-    case CollectiveStat::ReduceScatter: return "reduce_scatter";
-    case CollectiveStat::AllReduce: return "all_reduce";
-    case CollectiveStat::AllToAll: return "all_to_all";
-    case CollectiveStat::Broadcast: return "broadcast";
+    case CollectiveStat::AllGather:
+      return "all_gather";
+    case CollectiveStat::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveStat::AllReduce:
+      return "all_reduce";
+    case CollectiveStat::AllToAll:
+      return "all_to_all";
+    case CollectiveStat::Broadcast:
+      return "broadcast";
   }
   return "?";
 }

@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstring>
-#include <thread>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <sstream>
+#include <thread>
 
 #include "core/error.h"
 
@@ -206,8 +206,8 @@ std::vector<double> Communicator::allgather(double value) const {
 
 std::vector<int64_t> Communicator::allgather(int64_t value) const {
   std::vector<int64_t> all(static_cast<size_t>(size()));
-  HAP_MPI_RUN(MPI_Iallgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, handle(),
-                             &hap_mpi_req_));
+  HAP_MPI_RUN(
+      MPI_Iallgather(&value, 1, MPI_INT64_T, all.data(), 1, MPI_INT64_T, handle(), &hap_mpi_req_));
   return all;
 }
 

@@ -34,11 +34,11 @@ namespace detail {
 
 // Starts a nonblocking MPI call whose last argument is `&hap_mpi_req_` and completes it under
 // the wait policy: HAP_MPI_RUN(MPI_Ibcast(buf, n, type, root, comm, &hap_mpi_req_)).
-#define HAP_MPI_RUN(call)                                \
-  do {                                                   \
-    MPI_Request hap_mpi_req_ = MPI_REQUEST_NULL;         \
-    HAP_MPI_CHECK(call);                                 \
-    ::hap::parallel::complete(hap_mpi_req_, #call);      \
+#define HAP_MPI_RUN(call)                           \
+  do {                                              \
+    MPI_Request hap_mpi_req_ = MPI_REQUEST_NULL;    \
+    HAP_MPI_CHECK(call);                            \
+    ::hap::parallel::complete(hap_mpi_req_, #call); \
   } while (0)
 
 #define HAP_MPI_CHECK(call)                                                             \

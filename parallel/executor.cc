@@ -18,7 +18,8 @@ using synth::Instruction;
 namespace {
 
 CollectiveMethod method_of(synth::CollectiveMethod m) {
-  return m == synth::CollectiveMethod::Padded ? CollectiveMethod::Padded : CollectiveMethod::Grouped;
+  return m == synth::CollectiveMethod::Padded ? CollectiveMethod::Padded
+                                              : CollectiveMethod::Grouped;
 }
 
 std::vector<ops::ShardSignature> signatures_of(const synth::Graph& g, const synth::GraphNode& n) {
@@ -38,16 +39,17 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
                    Communicator comm)
     : graph_(graph), program_(program), comm_(std::move(comm)) {
   HAP_CHECK(!program.ratios.empty(), "executor: the program has no ratios");
-  HAP_CHECK(static_cast<int>(program.ratios[0].size()) == comm_.size(), "executor: the plan is for ",
-            program.ratios[0].size(), " devices but the world has ", comm_.size(),
-            " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
+  HAP_CHECK(static_cast<int>(program.ratios[0].size()) == comm_.size(),
+            "executor: the plan is for ", program.ratios[0].size(), " devices but the world has ",
+            comm_.size(), " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
   for (const synth::GraphTensor& t : graph.tensors)
     if (t.role == synth::TensorRole::Parameter) param_tensor_[t.name] = t.id;
   compute_granules();
   for (const Instruction& in : program.instructions) {
     if (in.kind != InstrKind::Compute) continue;
     for (int t : graph.nodes[in.node].inputs)
-      if (t >= 0 && graph.tensors[t].role == synth::TensorRole::Parameter) param_segment_.try_emplace(t, in.segment);
+      if (t >= 0 && graph.tensors[t].role == synth::TensorRole::Parameter)
+        param_segment_.try_emplace(t, in.segment);
   }
 }
 
@@ -63,18 +65,20 @@ void Executor::compute_granules() {
     int tensor;
     int64_t dim;
   };
-  std::vector<std::vector<Dim>> groups;                  // operands that must split alike
-  std::vector<std::tuple<Dim, Dim, int64_t>> merges;     // out = in x factor (reshape)
+  std::vector<std::vector<Dim>> groups;               // operands that must split alike
+  std::vector<std::tuple<Dim, Dim, int64_t>> merges;  // out = in x factor (reshape)
   for (const Instruction& in : program_.instructions) {
     if (in.kind != InstrKind::Compute || in.signature < 0) continue;
     const synth::GraphNode& n = graph_.nodes[in.node];
     const ops::ShardSignature sig = signatures_of(graph_, n)[in.signature];
     std::vector<Dim> group;
     for (size_t k = 0; k < n.inputs.size(); ++k)
-      if (n.inputs[k] >= 0 && sig.inputs[k].kind == ops::PropKind::Sharded) group.push_back({n.inputs[k], sig.inputs[k].dim});
+      if (n.inputs[k] >= 0 && sig.inputs[k].kind == ops::PropKind::Sharded)
+        group.push_back({n.inputs[k], sig.inputs[k].dim});
     std::vector<Dim> outs;
     for (size_t o = 0; o < n.outputs.size(); ++o)
-      if (sig.outputs[o].kind == ops::PropKind::Sharded) outs.push_back({n.outputs[o], sig.outputs[o].dim});
+      if (sig.outputs[o].kind == ops::PropKind::Sharded)
+        outs.push_back({n.outputs[o], sig.outputs[o].dim});
     if (n.kind == ops::OpKind::Reshape && !group.empty() && !outs.empty()) {
       int64_t a = graph_.tensors[group[0].tensor].shape[group[0].dim];
       int64_t b = graph_.tensors[outs[0].tensor].shape[outs[0].dim];
@@ -135,7 +139,8 @@ void Executor::materialize_parameters(const TensorSource& source) {
     if (p.kind == ops::PropKind::Sharded) {
       int seg = param_segment_.count(t) ? param_segment_.at(t) : 0;
       ShardSpec spec(p.dim, lengths(t, p, seg));
-      local = source(gt.name, spec.local_shape(gt.shape, comm_.rank()), spec.logical_slice(gt.shape, comm_.rank()));
+      local = source(gt.name, spec.local_shape(gt.shape, comm_.rank()),
+                     spec.logical_slice(gt.shape, comm_.rank()));
     } else {
       local = source(gt.name, gt.shape, LogicalSlice{});
     }
@@ -163,7 +168,8 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
             ") is a constant made during tracing; the executor cannot recreate its data yet");
   if (p.kind == ops::PropKind::Sharded) {
     ShardSpec spec(p.dim, lengths(t, p, segment));
-    return (*inputs)(gt.name, spec.local_shape(gt.shape, comm_.rank()), spec.logical_slice(gt.shape, comm_.rank()));
+    return (*inputs)(gt.name, spec.local_shape(gt.shape, comm_.rank()),
+                     spec.logical_slice(gt.shape, comm_.rank()));
   }
   return (*inputs)(gt.name, gt.shape, LogicalSlice{});
 }
@@ -177,8 +183,12 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
     if (in.kind == InstrKind::Compute) {
       const synth::GraphNode& n = graph_.nodes[in.node];
       std::vector<ops::ShardSignature> sigs = signatures_of(graph_, n);
-      auto in_prop = [&](size_t k) { return in.signature < 0 ? Prop::replicated() : sigs[in.signature].inputs[k]; };
-      auto out_prop = [&](size_t o) { return in.signature < 0 ? Prop::replicated() : sigs[in.signature].outputs[o]; };
+      auto in_prop = [&](size_t k) {
+        return in.signature < 0 ? Prop::replicated() : sigs[in.signature].inputs[k];
+      };
+      auto out_prop = [&](size_t o) {
+        return in.signature < 0 ? Prop::replicated() : sigs[in.signature].outputs[o];
+      };
       std::vector<Tensor> args;
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         int t = n.inputs[k];
@@ -224,8 +234,11 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
           if (q.kind == ops::PropKind::Sharded) {
             auto dims = std::get<ops::ReduceAttrs>(n.attrs).dims;
             bool reduced = dims.empty();
-            for (int64_t d : dims) reduced = reduced || (d < 0 ? d + static_cast<int64_t>(s.size()) : d) == q.dim;
-            if (reduced) post_scale = static_cast<double>(lengths(n.inputs[0], q, in.segment)[rank]) / s[q.dim];
+            for (int64_t d : dims)
+              reduced = reduced || (d < 0 ? d + static_cast<int64_t>(s.size()) : d) == q.dim;
+            if (reduced)
+              post_scale =
+                  static_cast<double>(lengths(n.inputs[0], q, in.segment)[rank]) / s[q.dim];
           }
           break;
         }
@@ -234,7 +247,8 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
             ShardSpec spec(1, lengths(n.inputs[0], in_prop(0), in.segment));
             ops::ScopeGuard scope(n.module);
             values_[n.outputs[0]][out_prop(0).str()] = vocab_parallel_cross_entropy(
-                args[0], args[1], spec.offset(rank), std::get<ops::CrossEntropyAttrs>(n.attrs).ignore_index);
+                args[0], args[1], spec.offset(rank),
+                std::get<ops::CrossEntropyAttrs>(n.attrs).ignore_index);
             vocab_parallel = true;
             break;
           }
@@ -245,7 +259,8 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
             const int64_t* p = tg.data<int64_t>();
             for (int64_t i = 0; i < tg.numel(); ++i) local += p[i] != ignore;
             int64_t global = comm_.allreduce(local);
-            post_scale = global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
+            post_scale =
+                global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
           }
           break;
         }
@@ -294,9 +309,12 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
       if (vocab_parallel) continue;
       ops::ScopeGuard scope(n.module);
       std::vector<Tensor> outs;
-      if (n.kind == ops::OpKind::Dropout && std::get<ops::RandomAttrs>(attrs).p == 0) outs = {args[0]};
-      else outs = ops::call(n.kind, args, attrs);
-      if (post_scale != 1.0) outs[0] = ops::call1(ops::OpKind::MulScalar, {outs[0]}, ops::ScalarAttrs{post_scale});
+      if (n.kind == ops::OpKind::Dropout && std::get<ops::RandomAttrs>(attrs).p == 0)
+        outs = {args[0]};
+      else
+        outs = ops::call(n.kind, args, attrs);
+      if (post_scale != 1.0)
+        outs[0] = ops::call1(ops::OpKind::MulScalar, {outs[0]}, ops::ScalarAttrs{post_scale});
       for (size_t o = 0; o < outs.size(); ++o) values_[n.outputs[o]][out_prop(o).str()] = outs[o];
       continue;
     }
@@ -305,7 +323,8 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
     int t = in.tensor;
     auto it = values_[t].find(in.from.str());
     if (it == values_[t].end()) {
-      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", in.from.str(), " value");
+      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", in.from.str(),
+                 " value");
       it = values_[t].emplace(in.from.str(), leaf_value(t, in.from, in.segment, &inputs)).first;
     }
     Tensor x = it->second, y;
@@ -333,10 +352,12 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
       case InstrKind::Reshard: {
         // From one segment's shard lengths to another's: gather, then take the new slice
         // (differentiable both ways; a point-to-point exchange would move less).
-        std::vector<int64_t> from = lengths(t, in.from, in.from_segment), to = lengths(t, in.to, in.segment);
-        y = from == to ? x
-                       : functional::shard_slice(comm_, functional::all_gather(comm_, x, in.from.dim, from, m),
-                                                 in.to.dim, to);
+        std::vector<int64_t> from = lengths(t, in.from, in.from_segment),
+                             to = lengths(t, in.to, in.segment);
+        y = from == to
+                ? x
+                : functional::shard_slice(
+                      comm_, functional::all_gather(comm_, x, in.from.dim, from, m), in.to.dim, to);
         break;
       }
       default:
@@ -360,8 +381,10 @@ Tensor Executor::vocab_parallel_cross_entropy(const Tensor& logits, const Tensor
   // cross-entropy over the targets this rank holds) * local / count, which sums over ranks to the
   // loss because each counted target is held by exactly one rank.
   const int64_t N = logits.size(0), V_r = logits.size(1);
-  HAP_CHECK(V_r > 0, "executor: vocabulary-parallel cross_entropy on a rank with no vocabulary "
-            "columns (rank ", comm_.rank(), "); its ratio is too small for this vocabulary");
+  HAP_CHECK(V_r > 0,
+            "executor: vocabulary-parallel cross_entropy on a rank with no vocabulary "
+            "columns (rank ",
+            comm_.rank(), "); its ratio is too small for this vocabulary");
   Tensor t = targets.contiguous();
   const int64_t* pt = t.data<int64_t>();
   std::vector<int64_t> local_targets(static_cast<size_t>(N));
@@ -391,7 +414,8 @@ Tensor Executor::vocab_parallel_cross_entropy(const Tensor& logits, const Tensor
   Tensor valid_t = Tensor::from_vector(valid, {N}, f32);
   Tensor mine_t = Tensor::from_vector(mine, {N}, f32);
   const double c = static_cast<double>(count);
-  Tensor loss = functional::to_partial(comm_, hap::sum(lse * valid_t) / c) - hap::sum(lse_r * mine_t) / c;
+  Tensor loss =
+      functional::to_partial(comm_, hap::sum(lse * valid_t) / c) - hap::sum(lse_r * mine_t) / c;
   if (held > 0) {
     Tensor tl = Tensor::from_vector(local_targets, {N});
     loss = loss + hap::cross_entropy(logits, tl, ignore_index) * (static_cast<double>(held) / c);
@@ -426,7 +450,8 @@ void Executor::backward(const Tensor& local_loss) {
     Tensor g = p.grad();
     if (!g.defined()) continue;
     const int64_t bytes = g.numel() * static_cast<int64_t>(dtype_size(g.dtype()));
-    if (!pending.empty() && (pending.front().second.dtype() != g.dtype() || pending_bytes + bytes > kBucketBytes))
+    if (!pending.empty() &&
+        (pending.front().second.dtype() != g.dtype() || pending_bytes + bytes > kBucketBytes))
       flush();
     pending.push_back({p, g});
     pending_bytes += bytes;
@@ -434,7 +459,9 @@ void Executor::backward(const Tensor& local_loss) {
   flush();
 }
 
-double Executor::global_loss(const Tensor& local_loss) const { return comm_.allreduce(local_loss.item()); }
+double Executor::global_loss(const Tensor& local_loss) const {
+  return comm_.allreduce(local_loss.item());
+}
 
 double Executor::global_grad_norm() const {
   double replicated = 0, sharded = 0;
@@ -457,7 +484,8 @@ void Executor::scale_grads(double factor) const {
 
 Tensor Executor::gather(const Tensor& local, int t, const Prop& p, int segment) const {
   if (p.kind != ops::PropKind::Sharded) return local;
-  return all_gather(comm_, local.contiguous(), p.dim, lengths(t, p, segment), CollectiveMethod::Grouped);
+  return all_gather(comm_, local.contiguous(), p.dim, lengths(t, p, segment),
+                    CollectiveMethod::Grouped);
 }
 
 Tensor Executor::gathered_grad(const std::string& name) const {
@@ -469,7 +497,8 @@ Tensor Executor::gathered_grad(const std::string& name) const {
 
 Tensor Executor::gathered_like(const std::string& name, const Tensor& local) const {
   int t = param_tensor_.at(name);
-  return gather(local.detach(), t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
+  return gather(local.detach(), t, program_.storage[t],
+                param_segment_.count(t) ? param_segment_.at(t) : 0);
 }
 
 LogicalSlice Executor::slice_of(const std::string& name) const {
@@ -482,7 +511,8 @@ LogicalSlice Executor::slice_of(const std::string& name) const {
 
 Tensor Executor::gathered_value(const std::string& name) const {
   int t = param_tensor_.at(name);
-  return gather(param_local_.at(t).detach(), t, program_.storage[t], param_segment_.count(t) ? param_segment_.at(t) : 0);
+  return gather(param_local_.at(t).detach(), t, program_.storage[t],
+                param_segment_.count(t) ? param_segment_.at(t) : 0);
 }
 
 }  // namespace hap::parallel

@@ -25,8 +25,8 @@ using ops::Prop;
 
 // Produces the local part of a named logical tensor: `local_shape` elements at `slice` (an empty
 // slice means the whole tensor).
-using TensorSource =
-    std::function<Tensor(const std::string& name, const Shape& local_shape, const LogicalSlice& slice)>;
+using TensorSource = std::function<Tensor(const std::string& name, const Shape& local_shape,
+                                          const LogicalSlice& slice)>;
 
 // How forward() draws randomness and whether it trains.
 struct ForwardOptions {
@@ -95,8 +95,8 @@ class Executor {
   Communicator comm_;
   std::vector<std::pair<std::string, Tensor>> params_;
   std::map<std::string, int> param_tensor_;  // name -> graph tensor
-  std::map<int, Tensor> param_local_;         // graph tensor -> local leaf
-  std::map<int, int> param_segment_;          // graph tensor -> segment its shard lengths use
+  std::map<int, Tensor> param_local_;        // graph tensor -> local leaf
+  std::map<int, int> param_segment_;         // graph tensor -> segment its shard lengths use
   // Per tensor and dim, the granule its shards come in: a dim made by merging [B, T] into
   // [B * T] is split in whole rows of T, so that it lines up with the unmerged tensors.
   std::vector<std::vector<int64_t>> granule_;

@@ -55,8 +55,8 @@ GemmRate profile_gemm(int64_t n, int reps) {
   GemmRate g;
   g.n = n;
   g.median_s = median(times);
-  g.flops_per_s = 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) /
-                  g.median_s;
+  g.flops_per_s =
+      2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / g.median_s;
   return g;
 }
 
@@ -68,8 +68,8 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
   HAP_CHECK(static_cast<int>(ratios.size()) == P, "time_collective: ", ratios.size(),
             " ratios for a group of ", P, " ranks");
   HAP_CHECK(reps >= 1, "time_collective: expected reps >= 1, got ", reps);
-  const int64_t rows = std::max<int64_t>(
-      P, static_cast<int64_t>(std::llround(bytes / (4.0 * kRowFloats))));
+  const int64_t rows =
+      std::max<int64_t>(P, static_cast<int64_t>(std::llround(bytes / (4.0 * kRowFloats))));
   const std::vector<int64_t> lengths = shard_lengths(rows, ratios);
   const std::vector<int64_t> col_lengths = shard_lengths(kRowFloats, ratios);
   const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
@@ -80,22 +80,29 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
   s.group_size = P;
   s.bytes = 4.0 * static_cast<double>(rows * kRowFloats);
   s.max_share = static_cast<double>(max_len) / static_cast<double>(rows);
-  s.uneven = std::adjacent_find(lengths.begin(), lengths.end(), std::not_equal_to<>()) !=
-             lengths.end();
+  s.uneven =
+      std::adjacent_find(lengths.begin(), lengths.end(), std::not_equal_to<>()) != lengths.end();
 
   // The rank's input: x: [rows or its shard, 256] (all_to_all: its rows, all columns).
   Tensor full = Tensor::full({rows, kRowFloats}, 1.0);
   Tensor shard = Tensor::full({lengths[me], kRowFloats}, 1.0);
   auto run_once = [&]() {
     switch (kind) {
-      case synth::InstrKind::AllReduce: all_reduce(comm, full, method); break;
-      case synth::InstrKind::AllGather: all_gather(comm, shard, 0, lengths, method); break;
-      case synth::InstrKind::ReduceScatter: reduce_scatter(comm, full, 0, lengths, method); break;
+      case synth::InstrKind::AllReduce:
+        all_reduce(comm, full, method);
+        break;
+      case synth::InstrKind::AllGather:
+        all_gather(comm, shard, 0, lengths, method);
+        break;
+      case synth::InstrKind::ReduceScatter:
+        reduce_scatter(comm, full, 0, lengths, method);
+        break;
       case synth::InstrKind::AllToAll:
         // Sharded(rows) -> Sharded(columns).
         all_to_all(comm, shard, 1, 0, col_lengths, lengths, method);
         break;
-      default: HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
+      default:
+        HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
     }
   };
   run_once();  // warm-up: connections, buffers
@@ -121,8 +128,8 @@ LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
   std::vector<double> a, b;
   for (const CollectiveSample& s : samples) {
     HAP_CHECK(s.seconds > 0, "fit_link: a sample took ", s.seconds, " s; expected > 0");
-    const synth::CollectiveTerms t = synth::collective_terms(
-        s.kind, synth_method(s.kind, s.method), s.group_size, s.bytes, s.max_share);
+    const synth::CollectiveTerms t = synth::collective_terms(s.kind, synth_method(s.kind, s.method),
+                                                             s.group_size, s.bytes, s.max_share);
     a.push_back(t.latency_terms / s.seconds);
     b.push_back(t.byte_terms / s.seconds);
   }

@@ -24,13 +24,14 @@ GemmRate profile_gemm(int64_t n, int reps);
 
 // One timed collective on a group: every rank of the group calls it with its own shard.
 struct CollectiveSample {
-  synth::InstrKind kind = synth::InstrKind::AllReduce;  // AllReduce, AllGather, ReduceScatter, AllToAll
+  synth::InstrKind kind =
+      synth::InstrKind::AllReduce;  // AllReduce, AllGather, ReduceScatter, AllToAll
   CollectiveMethod method = CollectiveMethod::Grouped;
   int group_size = 0;
   double bytes = 0;      // the logical tensor
   double max_share = 0;  // the largest rank's share of it
   bool uneven = false;
-  double seconds = 0;    // median over repetitions of the slowest rank's time
+  double seconds = 0;  // median over repetitions of the slowest rank's time
 };
 
 // Times `kind` on `comm` for an f32 tensor of `bytes` (rounded to whole rows of 256 floats, at

@@ -70,12 +70,14 @@ Tensor ShardSpec::slice_of(const Tensor& logical, int rank) const {
 
 Tensor box_of(const Tensor& logical, const Shape& local_shape, const LogicalSlice& slice) {
   if (slice.offset.empty()) return logical;
-  HAP_CHECK(slice.offset.size() == local_shape.size() && local_shape.size() == logical.shape().size(),
-            "box_of: a box of rank ", local_shape.size(), " in a tensor ", logical.str());
+  HAP_CHECK(
+      slice.offset.size() == local_shape.size() && local_shape.size() == logical.shape().size(),
+      "box_of: a box of rank ", local_shape.size(), " in a tensor ", logical.str());
   int64_t off = logical.offset();
   for (size_t d = 0; d < local_shape.size(); ++d) {
     HAP_CHECK(slice.offset[d] + local_shape[d] <= logical.shape()[d], "box_of: box ",
-              shape_str(local_shape), " at dim ", d, " offset ", slice.offset[d], " exceeds ", logical.str());
+              shape_str(local_shape), " at dim ", d, " offset ", slice.offset[d], " exceeds ",
+              logical.str());
     off += slice.offset[d] * logical.strides()[d];
   }
   return logical.as_strided(local_shape, logical.strides(), off);

@@ -111,8 +111,8 @@ void Cluster::validate() const {
               ": flops_per_s: expected a finite number > 0, got ", number_text(d.flops_per_s));
     HAP_CHECK(d.memory_bytes > 0, device, ": memory_bytes: expected an integer > 0, got ",
               d.memory_bytes);
-    HAP_CHECK(std::isfinite(d.memory_bandwidth_bytes_per_s) && d.memory_bandwidth_bytes_per_s >= 0, device,
-              ": memory_bandwidth_bytes_per_s: expected a finite number >= 0, got ",
+    HAP_CHECK(std::isfinite(d.memory_bandwidth_bytes_per_s) && d.memory_bandwidth_bytes_per_s >= 0,
+              device, ": memory_bandwidth_bytes_per_s: expected a finite number >= 0, got ",
               number_text(d.memory_bandwidth_bytes_per_s));
     HAP_CHECK(std::isfinite(d.update_s_per_param) && d.update_s_per_param >= 0, device,
               ": update_s_per_param: expected a finite number >= 0, got ",
@@ -122,7 +122,8 @@ void Cluster::validate() const {
   auto check_link = [](const std::string& owner, const Link& link) {
     for (int c = 0; c < kNumCollectives; ++c) {
       const LinkTerms& t = link.collective[c];
-      const std::string what = owner + ": collectives." + collective_name(static_cast<Collective>(c));
+      const std::string what =
+          owner + ": collectives." + collective_name(static_cast<Collective>(c));
       HAP_CHECK(t.bandwidth_bytes_per_s == 0 || positive_finite(t.bandwidth_bytes_per_s), what,
                 ".bandwidth_bytes_per_s: expected a finite number > 0, got ",
                 number_text(t.bandwidth_bytes_per_s));
@@ -150,8 +151,8 @@ void Cluster::validate() const {
     for (int r : node.devices) {
       HAP_CHECK(r >= 0 && r < size(), label, ": lists rank ", r, "; expected a rank in [0, ",
                 size(), ")");
-      HAP_CHECK(owner[r] == -1 || owner[r] == n, label, ": lists device ", r, " '",
-                devices[r].name, "', which node ", owner[r], " '", nodes[owner[r]].name,
+      HAP_CHECK(owner[r] == -1 || owner[r] == n, label, ": lists device ", r, " '", devices[r].name,
+                "', which node ", owner[r], " '", nodes[owner[r]].name,
                 "' lists too; expected each device on one node");
       HAP_CHECK(owner[r] == -1, label, ": lists device ", r, " '", devices[r].name,
                 "' twice; expected each device once");
@@ -173,8 +174,7 @@ int Cluster::node_of(int rank) const {
             " is out of range; expected a rank in [0, ", size(), ")");
   const int node = devices[rank].node;
   HAP_CHECK(node >= 0 && node < num_nodes(), "cluster '", name, "': device ", rank, " '",
-            devices[rank].name, "' has node ", node, "; expected a node in [0, ", num_nodes(),
-            ")");
+            devices[rank].name, "' has node ", node, "; expected a node in [0, ", num_nodes(), ")");
   return node;
 }
 
@@ -206,10 +206,14 @@ std::vector<int> members_per_node(const Cluster& cluster, const std::vector<int>
 
 const char* collective_name(Collective c) {
   switch (c) {
-    case Collective::AllReduce: return "all_reduce";
-    case Collective::AllGather: return "all_gather";
-    case Collective::ReduceScatter: return "reduce_scatter";
-    case Collective::AllToAll: return "all_to_all";
+    case Collective::AllReduce:
+      return "all_reduce";
+    case Collective::AllGather:
+      return "all_gather";
+    case Collective::ReduceScatter:
+      return "reduce_scatter";
+    case Collective::AllToAll:
+      return "all_to_all";
   }
   return "?";
 }
@@ -260,8 +264,8 @@ double Cluster::total_flops_per_s() const {
 
 std::vector<double> Cluster::flops_ratios() const {
   const double total = total_flops_per_s();
-  HAP_CHECK(total > 0 && std::isfinite(total), "cluster '", name,
-            "': total FLOP/s is ", number_text(total), "; expected a finite number > 0");
+  HAP_CHECK(total > 0 && std::isfinite(total), "cluster '", name, "': total FLOP/s is ",
+            number_text(total), "; expected a finite number > 0");
   std::vector<double> ratios;
   ratios.reserve(devices.size());
   for (const Device& d : devices) ratios.push_back(d.flops_per_s / total);
@@ -285,15 +289,14 @@ std::string Cluster::summary() const {
 
   std::ostringstream os;
   os << "cluster " << name << ": " << size() << (size() == 1 ? " device" : " devices") << " on "
-     << num_nodes() << (num_nodes() == 1 ? " node" : " nodes") << ", " << flops_text(total)
-     << ", " << bytes_text(memory) << " memory";
+     << num_nodes() << (num_nodes() == 1 ? " node" : " nodes") << ", " << flops_text(total) << ", "
+     << bytes_text(memory) << " memory";
   if (num_nodes() > 1) os << "; between nodes " << link_text(inter_node);
   os << "\n";
 
   // One row per run of consecutive identical devices (same node, type, FLOP/s and memory).
   using Row = std::array<std::string, 7>;
-  std::vector<Row> rows = {
-      {"node", "link", "ranks", "devices", "FLOP/s", "memory", "share"}};
+  std::vector<Row> rows = {{"node", "link", "ranks", "devices", "FLOP/s", "memory", "share"}};
   for (int n = 0; n < num_nodes(); ++n) {
     const Node& node = nodes[n];
     bool first = true;
@@ -303,21 +306,19 @@ std::string Cluster::summary() const {
       std::size_t j = i + 1;
       while (j < node.devices.size() && node.devices[j] == node.devices[j - 1] + 1) {
         const Device& e = devices[node.devices[j]];
-        if (e.type != d.type || e.flops_per_s != d.flops_per_s ||
-            e.memory_bytes != d.memory_bytes)
+        if (e.type != d.type || e.flops_per_s != d.flops_per_s || e.memory_bytes != d.memory_bytes)
           break;
         ++j;
       }
       const std::size_t count = j - i;
       const int last = node.devices[j - 1];
       const std::string share = total > 0 ? three_digits(100 * d.flops_per_s / total) + "%" : "-";
-      rows.push_back({first ? node.name : "", first ? link_text(node.link) : "",
-                      count == 1 ? number_text(rank)
-                                 : number_text(rank) + "-" + number_text(last),
-                      count == 1 ? d.name + " (" + d.type + ")"
-                                 : number_text(count) + " x " + d.type,
-                      flops_text(d.flops_per_s), bytes_text(d.memory_bytes),
-                      count == 1 ? share : share + " each"});
+      rows.push_back(
+          {first ? node.name : "", first ? link_text(node.link) : "",
+           count == 1 ? number_text(rank) : number_text(rank) + "-" + number_text(last),
+           count == 1 ? d.name + " (" + d.type + ")" : number_text(count) + " x " + d.type,
+           flops_text(d.flops_per_s), bytes_text(d.memory_bytes),
+           count == 1 ? share : share + " each"});
       first = false;
       i = j;
     }

@@ -44,11 +44,11 @@ struct Link {
 };
 
 struct Device {
-  std::string name;  // unique in the cluster
-  std::string type;  // e.g. "v100-32gb"; descriptive only
-  double flops_per_s = 0;        // effective (profiled), not peak
+  std::string name;               // unique in the cluster
+  std::string type;               // e.g. "v100-32gb"; descriptive only
+  double flops_per_s = 0;         // effective (profiled), not peak
   std::int64_t memory_bytes = 0;  // usable by training
-  int node = -1;                 // index into Cluster::nodes
+  int node = -1;                  // index into Cluster::nodes
   // Emulated clusters only (scripts/hap-emulate): the share of one CPU core this rank is capped
   // to. 0 for a real device. The planner never reads it; flops_per_s is what it plans with.
   double cpu_quota = 0;

@@ -10,25 +10,38 @@ namespace hap::synth {
 
 const char* method_name(CollectiveMethod m) {
   switch (m) {
-    case CollectiveMethod::None: return "-";
-    case CollectiveMethod::Padded: return "padded";
-    case CollectiveMethod::Grouped: return "grouped";
+    case CollectiveMethod::None:
+      return "-";
+    case CollectiveMethod::Padded:
+      return "padded";
+    case CollectiveMethod::Grouped:
+      return "grouped";
   }
   return "?";
 }
 
 const char* instr_name(InstrKind k) {
   switch (k) {
-    case InstrKind::Compute: return "compute";
-    case InstrKind::AllGather: return "all_gather";
-    case InstrKind::ReduceScatter: return "reduce_scatter";
-    case InstrKind::AllReduce: return "all_reduce";
-    case InstrKind::AllToAll: return "all_to_all";
-    case InstrKind::Slice: return "slice";
-    case InstrKind::Reshard: return "reshard";
-    case InstrKind::GradAllReduce: return "grad_all_reduce";
-    case InstrKind::ToPartial: return "to_partial";
-    case InstrKind::Update: return "update";
+    case InstrKind::Compute:
+      return "compute";
+    case InstrKind::AllGather:
+      return "all_gather";
+    case InstrKind::ReduceScatter:
+      return "reduce_scatter";
+    case InstrKind::AllReduce:
+      return "all_reduce";
+    case InstrKind::AllToAll:
+      return "all_to_all";
+    case InstrKind::Slice:
+      return "slice";
+    case InstrKind::Reshard:
+      return "reshard";
+    case InstrKind::GradAllReduce:
+      return "grad_all_reduce";
+    case InstrKind::ToPartial:
+      return "to_partial";
+    case InstrKind::Update:
+      return "update";
   }
   return "?";
 }
@@ -108,7 +121,8 @@ LinearCost CostModel::compute(int node, int sig) const {
   return c;
 }
 
-std::vector<double> CostModel::compute_shares(int node, int sig, const std::vector<double>& r) const {
+std::vector<double> CostModel::compute_shares(int node, int sig,
+                                              const std::vector<double>& r) const {
   if (!splits_work(node, sig)) return r;
   // The split dimension: the first Sharded output's, else the first Sharded input's (a
   // row-parallel product's contraction). Each device computes on whole rows of it.
@@ -116,14 +130,16 @@ std::vector<double> CostModel::compute_shares(int node, int sig, const std::vect
   int64_t extent = -1;
   const ops::ShardSignature& s = sigs_[node][sig];
   for (size_t o = 0; o < s.outputs.size() && extent < 0; ++o)
-    if (s.outputs[o].kind == PropKind::Sharded) extent = graph_.tensors[n.outputs[o]].shape[s.outputs[o].dim];
+    if (s.outputs[o].kind == PropKind::Sharded)
+      extent = graph_.tensors[n.outputs[o]].shape[s.outputs[o].dim];
   for (size_t i = 0; i < s.inputs.size() && extent < 0; ++i)
     if (s.inputs[i].kind == PropKind::Sharded && n.inputs[i] >= 0)
       extent = graph_.tensors[n.inputs[i]].shape[s.inputs[i].dim];
   if (extent <= 0) return r;
   const std::vector<int64_t> lengths = shard_lengths(extent, r);
   std::vector<double> shares(r.size());
-  for (size_t d = 0; d < r.size(); ++d) shares[d] = static_cast<double>(lengths[d]) / static_cast<double>(extent);
+  for (size_t d = 0; d < r.size(); ++d)
+    shares[d] = static_cast<double>(lengths[d]) / static_cast<double>(extent);
   return shares;
 }
 
@@ -252,8 +268,8 @@ LinearCost CostModel::update(int tensor, const Prop& stored) const {
 
 CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::vector<double>& r,
                                         double* cost_s) const {
-  bool uneven = kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter ||
-                kind == InstrKind::Slice;
+  bool uneven =
+      kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter || kind == InstrKind::Slice;
   if (!uneven) {
     *cost_s = communication(kind, tensor, CollectiveMethod::None).eval(r);
     return CollectiveMethod::None;
@@ -281,8 +297,8 @@ bool CostModel::reshard_moves(int tensor, int dim, const std::vector<double>& a,
   return shard_lengths(n, a) != shard_lengths(n, b);
 }
 
-double CostModel::reshard_s(int tensor, int dim, const std::vector<double>& a, const std::vector<double>& b,
-                            CollectiveMethod* method) const {
+double CostModel::reshard_s(int tensor, int dim, const std::vector<double>& a,
+                            const std::vector<double>& b, CollectiveMethod* method) const {
   if (method) *method = CollectiveMethod::None;
   if (!reshard_moves(tensor, dim, a, b)) return 0;
   double cost = 0;

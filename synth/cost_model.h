@@ -82,8 +82,8 @@ class CostModel {
                      const std::vector<double>& to_r) const;
   // The reshard's time: zero when nothing moves, otherwise what the executor does, an
   // all-gather under from_r (its better method goes to *method) and a free slice.
-  double reshard_s(int tensor, int dim, const std::vector<double>& from_r, const std::vector<double>& to_r,
-                   CollectiveMethod* method = nullptr) const;
+  double reshard_s(int tensor, int dim, const std::vector<double>& from_r,
+                   const std::vector<double>& to_r, CollectiveMethod* method = nullptr) const;
   // A linear stand-in for the ratio LP: bytes / bandwidth per unit of ratio change (the LP
   // cannot express the step from zero to a whole all-gather).
   double reshard_coef(int tensor) const;

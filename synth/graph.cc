@@ -11,11 +11,16 @@ namespace hap::synth {
 
 const char* role_name(TensorRole r) {
   switch (r) {
-    case TensorRole::Input: return "input";
-    case TensorRole::Parameter: return "param";
-    case TensorRole::Constant: return "const";
-    case TensorRole::Activation: return "act";
-    case TensorRole::Loss: return "loss";
+    case TensorRole::Input:
+      return "input";
+    case TensorRole::Parameter:
+      return "param";
+    case TensorRole::Constant:
+      return "const";
+    case TensorRole::Activation:
+      return "act";
+    case TensorRole::Loss:
+      return "loss";
   }
   return "?";
 }
@@ -49,8 +54,9 @@ std::string Graph::str() const {
     if (t.role == TensorRole::Input || t.role == TensorRole::Parameter)
       os << "  " << role_name(t.role) << " " << tensor_str(t.id) << "\n";
   for (const GraphNode& n : nodes) {
-    os << "  [" << n.id << "] " << std::left << std::setw(20) << (n.module.empty() ? "<top>" : n.module)
-       << " " << std::setw(18) << ops::op_name(n.kind) << " ";
+    os << "  [" << n.id << "] " << std::left << std::setw(20)
+       << (n.module.empty() ? "<top>" : n.module) << " " << std::setw(18) << ops::op_name(n.kind)
+       << " ";
     for (size_t i = 0; i < n.outputs.size(); ++i) os << (i ? ", " : "") << tensor_str(n.outputs[i]);
     os << " <- ";
     for (size_t i = 0; i < n.inputs.size(); ++i) os << (i ? ", " : "") << tensor_str(n.inputs[i]);

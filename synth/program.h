@@ -32,26 +32,26 @@ const char* instr_name(InstrKind k);
 
 struct Instruction {
   InstrKind kind = InstrKind::Compute;
-  int node = -1;        // Compute: graph node id
-  int signature = -1;   // Compute: index into the op's signatures; -1 = all Replicated
-  int tensor = -1;      // communication: graph tensor id
-  Prop from, to;        // communication: properties before and after
-  int segment = 0;      // whose ratios size the shards
+  int node = -1;         // Compute: graph node id
+  int signature = -1;    // Compute: index into the op's signatures; -1 = all Replicated
+  int tensor = -1;       // communication: graph tensor id
+  Prop from, to;         // communication: properties before and after
+  int segment = 0;       // whose ratios size the shards
   int from_segment = 0;  // Reshard: the producer's segment
   CollectiveMethod method = CollectiveMethod::None;
-  double cost_s = 0;    // forward + backward time predicted for this instruction
+  double cost_s = 0;  // forward + backward time predicted for this instruction
 };
 
 struct DistributedProgram {
-  std::string strategy;                    // hap, dp-ev, dp-cp, tp
-  std::vector<Instruction> instructions;   // in execution order
-  std::vector<std::vector<double>> ratios; // [segment][device], each row sums to 1
-  std::vector<int> node_segment;           // graph node id -> segment
-  std::vector<Prop> storage;               // graph tensor id -> how parameters/inputs are held
-  double predicted_step_s = 0;             // sum of instruction costs
+  std::string strategy;                     // hap, dp-ev, dp-cp, tp
+  std::vector<Instruction> instructions;    // in execution order
+  std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
+  std::vector<int> node_segment;            // graph node id -> segment
+  std::vector<Prop> storage;                // graph tensor id -> how parameters/inputs are held
+  double predicted_step_s = 0;              // sum of instruction costs
   double compute_s = 0, communication_s = 0;
-  std::vector<double> device_compute_s;    // per device: its own compute time
-  std::vector<double> device_memory_bytes; // per device: predicted peak
+  std::vector<double> device_compute_s;     // per device: its own compute time
+  std::vector<double> device_memory_bytes;  // per device: predicted peak
   double synthesis_s = 0;
   int search_iterations = 0;
   int64_t states_expanded = 0;

@@ -19,9 +19,12 @@ constexpr double kParamStateFactor = 4.0;
 
 uint32_t bit(const Prop& p) {
   switch (p.kind) {
-    case PropKind::Replicated: return 1u;
-    case PropKind::Partial: return 2u;
-    case PropKind::Sharded: return 4u << p.dim;
+    case PropKind::Replicated:
+      return 1u;
+    case PropKind::Partial:
+      return 2u;
+    case PropKind::Sharded:
+      return 4u << p.dim;
   }
   return 0;
 }
@@ -136,7 +139,8 @@ class Expander {
           in.from = Prop::partial();
           in.to = Prop::replicated();
           in.segment = seg;
-          in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
+          in.cost_s =
+              cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
           child.g += in.cost_s;
           child.instrs.push_back(in);
         }
@@ -162,8 +166,7 @@ class Expander {
           L = &single;
         }
         if (!(want == q) && !convert(*L, want, seg, child)) return false;
-      } else if (!(L->mask & bit(q)) ||
-                 (q.kind == PropKind::Sharded && L->segment != seg)) {
+      } else if (!(L->mask & bit(q)) || (q.kind == PropKind::Sharded && L->segment != seg)) {
         if (!convert(*L, q, seg, child)) return false;
       }
     }
@@ -181,8 +184,10 @@ class Expander {
       int t = n.outputs[o];
       Prop p = cm_.output_prop(n.id, sig, o);
       if (cm_.requires_grad(t))
-        for (size_t c = 0; c < child.mem.size(); ++c) child.mem[c] += cm_.held_bytes(t, p, r[rep_[c]]);
-      if (!g_.tensors[t].consumers.empty()) insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
+        for (size_t c = 0; c < child.mem.size(); ++c)
+          child.mem[c] += cm_.held_bytes(t, p, r[rep_[c]]);
+      if (!g_.tensors[t].consumers.empty())
+        insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
     }
     for (int t : n.inputs)
       if (t >= 0 && last_use_[t] == n.id) erase(child.live, t);
@@ -263,7 +268,8 @@ class Expander {
     a = mix(a, static_cast<uint64_t>(s.next), 1099511628211ull);
     b = mix(b, static_cast<uint64_t>(s.next), 0xff51afd7ed558ccdull);
     for (const Live& l : s.live) {
-      uint64_t w = (static_cast<uint64_t>(l.tensor) << 32) | (static_cast<uint64_t>(l.mask & 0xFFFFF) << 12) |
+      uint64_t w = (static_cast<uint64_t>(l.tensor) << 32) |
+                   (static_cast<uint64_t>(l.mask & 0xFFFFF) << 12) |
                    static_cast<uint64_t>(l.segment & 0xFFF);
       a = mix(a, w, 1099511628211ull);
       b = mix(b, w, 0xff51afd7ed558ccdull);
@@ -275,7 +281,8 @@ class Expander {
   bool leaf_allows(const GraphTensor& t, const Prop& q) const {
     if (q.kind == PropKind::Partial) return false;
     if (t.role == TensorRole::Parameter) {
-      if (space_.linear_weights_must_shard && linear_weight_[t.id]) return q.kind == PropKind::Sharded;
+      if (space_.linear_weights_must_shard && linear_weight_[t.id])
+        return q.kind == PropKind::Sharded;
       return q.kind == PropKind::Replicated || space_.shard_parameters;
     }
     if (t.role == TensorRole::Input) {
@@ -331,7 +338,8 @@ class Expander {
           consider(InstrKind::ReduceScatter, p, L.segment);
         if (p.kind == PropKind::Sharded && p.dim != q.dim && space_.allow_all_to_all)
           consider(InstrKind::AllToAll, p, L.segment);
-        if (p.kind == PropKind::Replicated && space_.allow_slice) consider(InstrKind::Slice, p, L.segment);
+        if (p.kind == PropKind::Replicated && space_.allow_slice)
+          consider(InstrKind::Slice, p, L.segment);
       }
     }
     if (best_cost == kInf) return false;
@@ -344,21 +352,27 @@ class Expander {
     L.mask |= bit(q);
     const bool moves = best.kind != InstrKind::Reshard || best.cost_s > 0;  // else the same shard
     if (moves && cm_.requires_grad(t))
-      for (size_t c = 0; c < child.mem.size(); ++c) child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
+      for (size_t c = 0; c < child.mem.size(); ++c)
+        child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
     return true;
   }
 
   static Live* find(std::vector<Live>& v, int t) {
-    auto it = std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
+    auto it =
+        std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
     return it != v.end() && it->tensor == t ? &*it : nullptr;
   }
   static void insert(std::vector<Live>& v, const Live& l) {
-    auto it = std::lower_bound(v.begin(), v.end(), l.tensor, [](const Live& a, int x) { return a.tensor < x; });
-    if (it != v.end() && it->tensor == l.tensor) *it = l;
-    else v.insert(it, l);
+    auto it = std::lower_bound(v.begin(), v.end(), l.tensor,
+                               [](const Live& a, int x) { return a.tensor < x; });
+    if (it != v.end() && it->tensor == l.tensor)
+      *it = l;
+    else
+      v.insert(it, l);
   }
   static void erase(std::vector<Live>& v, int t) {
-    auto it = std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
+    auto it =
+        std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
     if (it != v.end() && it->tensor == t) v.erase(it);
   }
 
@@ -383,8 +397,9 @@ class Expander {
 
   // A reshard's cost and method for (tensor, dim, from segment, to segment), computed once.
   double reshard(int t, int dim, int from_seg, int to_seg, CollectiveMethod* method) const {
-    const uint64_t k = (static_cast<uint64_t>(t) << 40) | (static_cast<uint64_t>(dim & 0xFF) << 32) |
-                       (static_cast<uint64_t>(from_seg & 0xFFFF) << 16) | static_cast<uint64_t>(to_seg & 0xFFFF);
+    const uint64_t k =
+        (static_cast<uint64_t>(t) << 40) | (static_cast<uint64_t>(dim & 0xFF) << 32) |
+        (static_cast<uint64_t>(from_seg & 0xFFFF) << 16) | static_cast<uint64_t>(to_seg & 0xFFFF);
     auto it = reshard_cache_.find(k);
     if (it == reshard_cache_.end()) {
       CollectiveMethod m = CollectiveMethod::None;
@@ -436,7 +451,9 @@ bool dominates(const State& a, const State& b) {
 }
 
 struct KeyHash {
-  size_t operator()(const std::pair<uint64_t, uint64_t>& k) const { return static_cast<size_t>(k.first ^ (k.second >> 1)); }
+  size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
+    return static_cast<size_t>(k.first ^ (k.second >> 1));
+  }
 };
 
 // Rebuilds the program of the path to `goal` by replaying its signature choices.
@@ -455,7 +472,8 @@ SearchResult finish(const CostModel& cm, const Expander& ex, const std::vector<S
     for (const auto& [t, p] : next.stored) res.storage[t] = p;
     std::swap(cur, next);
   }
-  HAP_ASSERT(std::abs(cur.g - arena[goal].g) <= 1e-9 * std::max(1.0, cur.g), "replayed cost differs");
+  HAP_ASSERT(std::abs(cur.g - arena[goal].g) <= 1e-9 * std::max(1.0, cur.g),
+             "replayed cost differs");
   res.cost_s = arena[goal].g;
   res.device_memory_bytes = program_memory(cm, res.instructions, res.storage, ratios);
   return res;
@@ -494,7 +512,8 @@ void check_ratios(const CostModel& cm, const std::vector<std::vector<double>>& r
 
 std::vector<double> program_memory(const CostModel& cm, const std::vector<Instruction>& instrs,
                                    const std::vector<Prop>& storage,
-                                   const std::vector<std::vector<double>>& ratios, bool every_reshard_moves) {
+                                   const std::vector<std::vector<double>>& ratios,
+                                   bool every_reshard_moves) {
   const Graph& g = cm.graph();
   int D = cm.num_devices();
   std::vector<double> mem(D, 0.0);
@@ -508,10 +527,12 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       for (int t : n.inputs) {
         if (t < 0 || seen[t] || g.tensors[t].producer >= 0) continue;
         seen[t] = true;
-        add(t, storage[t], in.segment, g.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0);
+        add(t, storage[t], in.segment,
+            g.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0);
       }
       for (size_t o = 0; o < n.outputs.size(); ++o)
-        if (cm.requires_grad(n.outputs[o])) add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
+        if (cm.requires_grad(n.outputs[o]))
+          add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
                !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves) &&
                cm.requires_grad(in.tensor)) {
@@ -528,8 +549,9 @@ namespace {
 // states that use less memory on some device (see Expander::covers), so that a path that stays
 // within memory is not dropped for a cheaper one that later runs out. Returns false when no
 // program reaches the loss (the expander then knows the closest shortfall).
-bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std::vector<double>>& ratios,
-                 const SearchSpace& space, size_t memo_labels, double bound, SearchResult* out) {
+bool search_pass(const CostModel& cm, const Expander& ex,
+                 const std::vector<std::vector<double>>& ratios, const SearchSpace& space,
+                 size_t memo_labels, double bound, SearchResult* out) {
   std::vector<State> arena;
   arena.push_back(ex.initial());
   // Per key: in the fast pass the cheapest state (g inline: no visit to the arena); in the
@@ -544,11 +566,12 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
   memo.reserve(static_cast<size_t>(std::min<int64_t>(space.max_states, 1 << 20)));
   memo[Expander::key(arena[0])] = {0.0, 0, memo_labels == 1 ? -1 : 0};
   if (memo_labels > 1) leaner_lists.push_back({0});
-  std::vector<char> dropped(1, 0);  // covered by a later state: not expanded
+  std::vector<char> dropped(1, 0);                        // covered by a later state: not expanded
   std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
   int64_t dominated = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
-  std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>> open;
+  std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>>
+      open;
   int64_t seq = 0;
   open.push({{ex.heuristic(0), seq++}, 0});
   int64_t expanded = 0;
@@ -590,7 +613,8 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
           leaner_lists.emplace_back();
         }
         std::vector<int>& kept = leaner_lists[e.leaner];  // every state kept for this key
-        if (std::any_of(kept.begin(), kept.end(), [&](int other) { return ex.covers(arena[other], child); }))
+        if (std::any_of(kept.begin(), kept.end(),
+                        [&](int other) { return ex.covers(arena[other], child); }))
           continue;
         kept.erase(std::remove_if(kept.begin(), kept.end(),
                                   [&](int other) {
@@ -616,8 +640,10 @@ bool search_pass(const CostModel& cm, const Expander& ex, const std::vector<std:
       child.stored.clear();
       arena.push_back(child);
       dropped.push_back(0);
-      if (group && group->size() < kDominanceWindow) group->push_back(index);
-      else if (group) (*group)[static_cast<size_t>(index) % kDominanceWindow] = index;
+      if (group && group->size() < kDominanceWindow)
+        group->push_back(index);
+      else if (group)
+        (*group)[static_cast<size_t>(index) % kDominanceWindow] = index;
       open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }
@@ -649,7 +675,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   // of the two passes is returned (a memory-aware pass over budget leaves the fast one).
   bool found_lean = false;
   try {
-    found_lean = search_pass(cm, ex, ratios, space, kMemoryMemoLabels, found ? fast.cost_s : kInf, &lean);
+    found_lean =
+        search_pass(cm, ex, ratios, space, kMemoryMemoLabels, found ? fast.cost_s : kInf, &lean);
   } catch (const Error&) {
     if (!found) throw;
   }
@@ -662,8 +689,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
 }
 
 bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
-                           const std::vector<int>& node_segment, const SearchSpace& space, double bound,
-                           SearchResult* out) {
+                           const std::vector<int>& node_segment, const SearchSpace& space,
+                           double bound, SearchResult* out) {
   check_ratios(cm, ratios, node_segment);
   Expander ex(cm, ratios, node_segment, space);
   ex.prepare_heuristic();

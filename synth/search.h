@@ -18,18 +18,18 @@ namespace hap::synth {
 // Which programs a strategy may use. HAP uses everything; the baselines are restrictions of the
 // same search space.
 struct SearchSpace {
-  bool shard_inputs = true;         // inputs may be read as shards (batch/sequence parallel)
+  bool shard_inputs = true;             // inputs may be read as shards (batch/sequence parallel)
   bool inputs_must_shard_dim0 = false;  // data parallel: inputs are read split on dim 0
-  bool shard_parameters = true;     // parameters may be stored Sharded (tensor parallel, ZeRO)
-  bool allow_slice = true;          // Replicated -> Sharded by a local slice
+  bool shard_parameters = true;         // parameters may be stored Sharded (tensor parallel, ZeRO)
+  bool allow_slice = true;              // Replicated -> Sharded by a local slice
   // Megatron tensor parallelism (the tp baseline) uses neither of these two.
   bool allow_reduce_scatter = true;  // Partial -> Sharded(d)
   bool allow_all_to_all = true;      // Sharded(a) -> Sharded(b)
   // Tensor parallelism proper (the tp baseline): the weight of every Linear/MatMul is stored
   // Sharded (column- or row-parallel), never Replicated.
   bool linear_weights_must_shard = false;
-  int64_t max_states = 2'000'000;   // expansion budget; exceeding it is an error
-  bool dominance_pruning = true;    // drop children a recent state of their group dominates
+  int64_t max_states = 2'000'000;  // expansion budget; exceeding it is an error
+  bool dominance_pruning = true;   // drop children a recent state of their group dominates
   // Where memory binds, also run the memory-aware pass after a fast pass that found a program
   // (off: only when it found none; the synthesizer's intermediate rounds).
   bool memory_exact = true;
@@ -62,8 +62,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
 // The memory-aware pass alone, looking for a program cheaper than `bound` under these ratios;
 // false if it finds none (or reaches space.max_states first).
 bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
-                           const std::vector<int>& node_segment, const SearchSpace& space, double bound,
-                           SearchResult* out);
+                           const std::vector<int>& node_segment, const SearchSpace& space,
+                           double bound, SearchResult* out);
 
 // The obviously-correct reference: every combination of signatures, depth first, no memo and no
 // heuristic. Exponential; for tests on small graphs only.

@@ -2,9 +2,9 @@
 
 #include <ClpSimplex.hpp>
 #include <CoinPackedMatrix.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <map>
 #include <tuple>
 
@@ -17,10 +17,14 @@ constexpr double kMemoryHeadroom = 1e-3;
 
 const char* strategy_name(Strategy s) {
   switch (s) {
-    case Strategy::Hap: return "hap";
-    case Strategy::DpEv: return "dp-ev";
-    case Strategy::DpCp: return "dp-cp";
-    case Strategy::Tp: return "tp";
+    case Strategy::Hap:
+      return "hap";
+    case Strategy::DpEv:
+      return "dp-ev";
+    case Strategy::DpCp:
+      return "dp-cp";
+    case Strategy::Tp:
+      return "tp";
   }
   return "?";
 }
@@ -46,7 +50,8 @@ std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_
         size_t dot = n.module.find('.', start);
         if (dot == std::string::npos) break;
         size_t end = n.module.find('.', dot + 1);
-        std::string num = n.module.substr(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1);
+        std::string num =
+            n.module.substr(dot + 1, end == std::string::npos ? std::string::npos : end - dot - 1);
         if (!num.empty() && std::all_of(num.begin(), num.end(), ::isdigit)) {
           key = n.module.substr(0, end);
           break;
@@ -58,7 +63,8 @@ std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_
         // the latest block among their producers (a residual add after block k is block k's).
         if (n.module.empty())
           for (int t : n.inputs)
-            if (t >= 0 && graph.tensors[t].producer >= 0) seg[n.id] = std::max(seg[n.id], seg[graph.tensors[t].producer]);
+            if (t >= 0 && graph.tensors[t].producer >= 0)
+              seg[n.id] = std::max(seg[n.id], seg[graph.tensors[t].producer]);
         continue;
       }
       auto [it, inserted] = ids.try_emplace(key, next);
@@ -76,12 +82,18 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
   for (Instruction& in : instrs) {
     const std::vector<double>& r = ratios[in.segment];
     switch (in.kind) {
-      case InstrKind::Compute: in.cost_s = cm.compute_s(in.node, in.signature, r); break;
+      case InstrKind::Compute:
+        in.cost_s = cm.compute_s(in.node, in.signature, r);
+        break;
       case InstrKind::Reshard:
         in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method);
         break;
-      case InstrKind::Update: in.cost_s = cm.update(in.tensor, in.to).eval(r); break;
-      default: in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r); break;
+      case InstrKind::Update:
+        in.cost_s = cm.update(in.tensor, in.to).eval(r);
+        break;
+      default:
+        in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r);
+        break;
     }
     total += in.cost_s;
   }
@@ -101,9 +113,10 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     // Devices alike in everything the cost model reads share one LP variable per segment.
     std::map<std::tuple<double, int64_t, double, double>, int> ids;
     for (int d = 0; d < D; ++d) {
-      auto [it, inserted] = ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes,
-                                             devs[d].memory_bandwidth_bytes_per_s, devs[d].update_s_per_param},
-                                            static_cast<int>(rep.size()));
+      auto [it, inserted] =
+          ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes,
+                           devs[d].memory_bandwidth_bytes_per_s, devs[d].update_s_per_param},
+                          static_cast<int>(rep.size()));
       if (inserted) {
         rep.push_back(d);
         count.push_back(0);
@@ -150,14 +163,17 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
       if (k == 0) continue;
       int t = new_var(1.0);
       for (int c = 0; c < C; ++c) {
-        add_row({{t, 1.0}, {rvar(in.from_segment, c), -k}, {rvar(in.segment, c), k}}, 0.0, COIN_DBL_MAX);
-        add_row({{t, 1.0}, {rvar(in.from_segment, c), k}, {rvar(in.segment, c), -k}}, 0.0, COIN_DBL_MAX);
+        add_row({{t, 1.0}, {rvar(in.from_segment, c), -k}, {rvar(in.segment, c), k}}, 0.0,
+                COIN_DBL_MAX);
+        add_row({{t, 1.0}, {rvar(in.from_segment, c), k}, {rvar(in.segment, c), -k}}, 0.0,
+                COIN_DBL_MAX);
       }
       continue;
     }
-    LinearCost lc = in.kind == InstrKind::Compute  ? cm.compute(in.node, in.signature)
-                    : in.kind == InstrKind::Update ? cm.update(in.tensor, in.to)
-                                                   : cm.communication(in.kind, in.tensor, in.method);
+    LinearCost lc = in.kind == InstrKind::Compute ? cm.compute(in.node, in.signature)
+                    : in.kind == InstrKind::Update
+                        ? cm.update(in.tensor, in.to)
+                        : cm.communication(in.kind, in.tensor, in.method);
     if (lc.coef.empty()) continue;
     double scale = *std::max_element(lc.coef.begin(), lc.coef.end());
     if (scale <= 0) continue;
@@ -192,11 +208,14 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     // A little headroom (0.1%): the LP would fill a device to the byte, and the estimate of the
     // rounded program (whole rows, sums in another order) could then land just past the limit.
     double limit = static_cast<double>(devs[d].memory_bytes) * (1.0 - kMemoryHeadroom) - fixed[d];
-    if (!e.empty()) add_row(e, -COIN_DBL_MAX, limit);
-    else if (limit < 0) return false;
+    if (!e.empty())
+      add_row(e, -COIN_DBL_MAX, limit);
+    else if (limit < 0)
+      return false;
   }
 
-  CoinPackedMatrix m(false, rows_i.data(), cols_i.data(), vals.data(), static_cast<int>(vals.size()));
+  CoinPackedMatrix m(false, rows_i.data(), cols_i.data(), vals.data(),
+                     static_cast<int>(vals.size()));
   m.setDimensions(nrows, ncols);
   ClpSimplex lp;
   lp.setLogLevel(0);
@@ -220,7 +239,8 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
   sp.max_states = max_states;
   sp.dominance_pruning = dominance_pruning;
   switch (s) {
-    case Strategy::Hap: break;
+    case Strategy::Hap:
+      break;
     case Strategy::DpEv:
     case Strategy::DpCp:
       sp.inputs_must_shard_dim0 = true;
@@ -254,8 +274,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   if (space.inputs_must_shard_dim0 && D > 1)
     for (const GraphTensor& t : graph.tensors)
       HAP_CHECK(t.role != TensorRole::Input || (!t.shape.empty() && t.shape[0] >= 2), "strategy ",
-                strategy_name(options.strategy), " splits every input along its first dimension (the batch), ",
-                "but input '", t.name, "' has shape ", shape_str(t.shape),
+                strategy_name(options.strategy),
+                " splits every input along its first dimension (the batch), ", "but input '",
+                t.name, "' has shape ", shape_str(t.shape),
                 ": use a batch of at least 2, or the hap or tp strategy");
 
   std::vector<double> even(D, 1.0 / D);
@@ -286,8 +307,10 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       std::vector<double> by_memory(D);
       double total = 0;
       for (const Device& d : cluster.devices) total += static_cast<double>(d.memory_bytes);
-      for (int d = 0; d < D; ++d) by_memory[d] = static_cast<double>(cluster.devices[d].memory_bytes) / total;
-      if (std::find(starts.begin(), starts.end(), std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
+      for (int d = 0; d < D; ++d)
+        by_memory[d] = static_cast<double>(cluster.devices[d].memory_bytes) / total;
+      if (std::find(starts.begin(), starts.end(),
+                    std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
         break;
       starts.push_back(std::vector<std::vector<double>>(nseg, by_memory));
     }
@@ -309,7 +332,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       states += res.states_expanded;
       largest_round = std::max(largest_round, res.states_expanded);
       memory_may_matter = memory_may_matter || res.memory_may_matter;
-      auto consider = [&](std::vector<Instruction> instrs, const std::vector<std::vector<double>>& ratios) {
+      auto consider = [&](std::vector<Instruction> instrs,
+                          const std::vector<std::vector<double>>& ratios) {
         double cost = recost(cm, instrs, ratios);
         // (The LP keeps memory within the limits by its linear model; checked here on the
         // program as it will be estimated.)
@@ -331,7 +355,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       if (start_index > 0 && cost > best.predicted_step_s) break;
       prev = cost;
       std::vector<std::vector<double>> next;
-      if (D == 1 || !optimize_ratios(cm, res.instructions, res.storage, nseg, min_share, &next)) break;
+      if (D == 1 || !optimize_ratios(cm, res.instructions, res.storage, nseg, min_share, &next))
+        break;
       double lp_cost = consider(res.instructions, next);
       // New ratios that barely change the cost would lead the search to the same program.
       if (!(lp_cost < cost * (1 - 1e-4))) break;
@@ -382,7 +407,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                   " states; this is the best baseline program (" + base.strategy +
                   "). Raise parallel.search_budget to search further.";
       base.strategy = strategy_name(Strategy::Hap);
-      base.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      base.synthesis_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return base;
     }
     if (base.predicted_step_s < best.predicted_step_s * (1 - 1e-12)) {
@@ -393,7 +419,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     }
   }
   if (!std::isfinite(best.predicted_step_s) && over_budget) throw SearchBudgetError(budget_error);
-  HAP_CHECK(std::isfinite(best.predicted_step_s), last_error.empty() ? "synthesis found no program" : last_error);
+  HAP_CHECK(std::isfinite(best.predicted_step_s),
+            last_error.empty() ? "synthesis found no program" : last_error);
 
   best.strategy = strategy_name(options.strategy);
   best.node_segment = seg;
@@ -404,14 +431,17 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     if (in.kind == InstrKind::Compute) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.compute(in.node, in.signature);
-      const std::vector<double> share = cm.compute_shares(in.node, in.signature, best.ratios[in.segment]);
+      const std::vector<double> share =
+          cm.compute_shares(in.node, in.signature, best.ratios[in.segment]);
       for (int d = 0; d < D; ++d)
-        best.device_compute_s[d] += lc.coef.empty() ? cm.device_compute_s(in.node, d) : lc.coef[d] * share[d];
+        best.device_compute_s[d] +=
+            lc.coef.empty() ? cm.device_compute_s(in.node, d) : lc.coef[d] * share[d];
     } else if (in.kind == InstrKind::Update) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.update(in.tensor, in.to);
       for (int d = 0; d < D; ++d)
-        best.device_compute_s[d] += lc.coef.empty() ? in.cost_s : lc.coef[d] * best.ratios[in.segment][d];
+        best.device_compute_s[d] +=
+            lc.coef.empty() ? in.cost_s : lc.coef[d] * best.ratios[in.segment][d];
     } else {
       best.communication_s += in.cost_s;
     }

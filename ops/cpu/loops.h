@@ -99,9 +99,12 @@ struct DimSplit {
 inline DimSplit split_at(const Shape& shape, int64_t dim) {
   DimSplit s;
   for (int64_t d = 0; d < static_cast<int64_t>(shape.size()); ++d) {
-    if (d < dim) s.outer *= shape[d];
-    else if (d == dim) s.n = shape[d];
-    else s.inner *= shape[d];
+    if (d < dim)
+      s.outer *= shape[d];
+    else if (d == dim)
+      s.n = shape[d];
+    else
+      s.inner *= shape[d];
   }
   return s;
 }

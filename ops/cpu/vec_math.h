@@ -41,7 +41,11 @@ inline float tanh_fast(float x) {
   float ax = std::abs(x);
   float s = x * x;
   float small = ((((-5.70498872745e-3f * s + 2.06390887954e-2f) * s - 5.37397155531e-2f) * s +
-                  1.33314422036e-1f) * s - 3.33332819422e-1f) * s * x + x;
+                  1.33314422036e-1f) *
+                     s -
+                 3.33332819422e-1f) *
+                    s * x +
+                x;
   float big = 1.0f - 2.0f / (exp_fast(2.0f * ax) + 1.0f);
   big = x < 0 ? -big : big;
   return ax < 0.625f ? small : big;

@@ -100,9 +100,12 @@ void def_unary(OpTable& t, OpKind k, const char* name, KernelFn cpu, BackwardFn 
   d.saves_inputs = saves_inputs;
   d.saves_outputs = saves_outputs;
   // Stateless lambdas cannot capture the per-element count; the common cases are listed.
-  if (flops_per_element <= 1) d.flops = flops1;
-  else if (flops_per_element <= 4) d.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 4); };
-  else d.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 12); };
+  if (flops_per_element <= 1)
+    d.flops = flops1;
+  else if (flops_per_element <= 4)
+    d.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 4); };
+  else
+    d.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 12); };
 }
 
 constexpr double kSqrt2OverPi = 0.7978845608028654;
@@ -151,9 +154,8 @@ void register_elementwise_ops(OpTable& t) {
       [](const BackwardContext& c) {
         const Tensor& g = c.grad_outputs[0];
         return grads2(c.needs_input_grad[0] ? sum_to(g, c.inputs[0].shape()) : Tensor(),
-                      c.needs_input_grad[1]
-                          ? sum_to(call1(OpKind::Neg, {g}), c.inputs[1].shape())
-                          : Tensor());
+                      c.needs_input_grad[1] ? sum_to(call1(OpKind::Neg, {g}), c.inputs[1].shape())
+                                            : Tensor());
       });
   def_binary(
       t, OpKind::Mul, "mul",
@@ -224,9 +226,9 @@ void register_elementwise_ops(OpTable& t) {
       },
       [](const BackwardContext& c) {
         double e = attr<ScalarAttrs>(c.attrs).value;
-        Tensor d = call1(OpKind::MulScalar,
-                         {call1(OpKind::PowScalar, {c.inputs[0]}, ScalarAttrs{e - 1})},
-                         ScalarAttrs{e});
+        Tensor d =
+            call1(OpKind::MulScalar, {call1(OpKind::PowScalar, {c.inputs[0]}, ScalarAttrs{e - 1})},
+                  ScalarAttrs{e});
         return std::vector<Tensor>{call1(OpKind::Mul, {c.grad_outputs[0], d})};
       },
       4, false, true, false);
@@ -279,8 +281,8 @@ void register_elementwise_ops(OpTable& t) {
       [](const KernelContext& c) { return run_unary(c, [](auto x) { return std::tanh(x); }); },
       [](const BackwardContext& c) {
         const Tensor& y = c.outputs[0];
-        Tensor d = call1(OpKind::AddScalar,
-                         {call1(OpKind::Neg, {call1(OpKind::Mul, {y, y})})}, ScalarAttrs{1.0});
+        Tensor d = call1(OpKind::AddScalar, {call1(OpKind::Neg, {call1(OpKind::Mul, {y, y})})},
+                         ScalarAttrs{1.0});
         return std::vector<Tensor>{call1(OpKind::Mul, {c.grad_outputs[0], d})};
       },
       12, false, false, true);
@@ -362,7 +364,8 @@ void register_elementwise_ops(OpTable& t) {
     Tensor out = c.alloc(0);
     const Tensor& x = c.inputs[0];
     const Tensor& m = c.inputs[1];
-    Tensor mask = m.as_strided(x.shape(), cpu::broadcast_strides(m, x.shape()), m.offset()).contiguous();
+    Tensor mask =
+        m.as_strided(x.shape(), cpu::broadcast_strides(m, x.shape()), m.offset()).contiguous();
     Tensor xc = x.contiguous();
     double value = attr<ScalarAttrs>(c.attrs).value;
     dispatch_float(out.dtype(), "masked_fill", [&](auto tag) {

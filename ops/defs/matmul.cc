@@ -82,8 +82,10 @@ void matmul_kernel(const Tensor& out, const Tensor& a_in, const Tensor& b_in) {
   Shape batch = batch_of(out.shape());
   int64_t nb = shape_numel(batch);
   Shape bshape = batch;
-  Strides sa = cpu::broadcast_strides(a.as_strided(batch_of(a.shape()), batch_of(a.strides()), a.offset()), bshape);
-  Strides sb = cpu::broadcast_strides(b.as_strided(batch_of(b.shape()), batch_of(b.strides()), b.offset()), bshape);
+  Strides sa = cpu::broadcast_strides(
+      a.as_strided(batch_of(a.shape()), batch_of(a.strides()), a.offset()), bshape);
+  Strides sb = cpu::broadcast_strides(
+      b.as_strided(batch_of(b.shape()), batch_of(b.strides()), b.offset()), bshape);
   const T* pa = a.data<T>();
   const T* pb = b.data<T>();
   for (int64_t i = 0; i < nb; ++i) {
@@ -106,7 +108,9 @@ Tensor mT(const Tensor& t) {
   return call1(OpKind::Permute, {t}, PermuteAttrs{perm});
 }
 
-Tensor reshape_to(const Tensor& t, Shape s) { return call1(OpKind::Reshape, {t}, ShapeAttrs{std::move(s)}); }
+Tensor reshape_to(const Tensor& t, Shape s) {
+  return call1(OpKind::Reshape, {t}, ShapeAttrs{std::move(s)});
+}
 
 // t: [..., c] as a matrix [rows, c]. The row count is spelled out (not -1), so that a shard with
 // no columns (c = 0, a rank holding none of a column-parallel Linear's outputs) reshapes too.
@@ -134,7 +138,8 @@ std::vector<Tensor> matmul_backward(const BackwardContext& c) {
 
 std::vector<ShardSignature> shard_matmul(const Metas& in, const Metas& out, const Attrs&) {
   std::vector<ShardSignature> sigs;
-  int64_t na = static_cast<int64_t>(in[0].shape.size()), nb = static_cast<int64_t>(in[1].shape.size());
+  int64_t na = static_cast<int64_t>(in[0].shape.size()),
+          nb = static_cast<int64_t>(in[1].shape.size());
   int64_t no = static_cast<int64_t>(out[0].shape.size());
   // Batch dims: split both operands where they are not broadcast.
   for (int64_t d = 0; d < no - 2; ++d) {
@@ -214,16 +219,20 @@ std::vector<ShardSignature> shard_linear(const Metas& in, const Metas& out, cons
   int64_t nx = static_cast<int64_t>(in[0].shape.size());
   bool has_bias = in[2].defined;
   for (int64_t d = 0; d < nx - 1; ++d)  // data parallel over any leading dim
-    sigs.push_back({{Prop::sharded(d), Prop::replicated(), Prop::replicated()}, {Prop::sharded(d)}});
+    sigs.push_back(
+        {{Prop::sharded(d), Prop::replicated(), Prop::replicated()}, {Prop::sharded(d)}});
   // Column parallel: weight rows (output features) split, bias split alike.
-  sigs.push_back({{Prop::replicated(), Prop::sharded(0), has_bias ? Prop::sharded(0) : Prop::replicated()},
-                  {Prop::sharded(nx - 1)}});
+  sigs.push_back(
+      {{Prop::replicated(), Prop::sharded(0), has_bias ? Prop::sharded(0) : Prop::replicated()},
+       {Prop::sharded(nx - 1)}});
   // Row parallel: input features split; the product is a Partial sum. A bias must then be a
   // Partial too (held by one rank), or it would be added once per rank.
-  sigs.push_back({{Prop::sharded(nx - 1), Prop::sharded(1), has_bias ? Prop::partial() : Prop::replicated()},
-                  {Prop::partial()}});
-  sigs.push_back({{Prop::partial(), Prop::replicated(), has_bias ? Prop::partial() : Prop::replicated()},
-                  {Prop::partial()}});
+  sigs.push_back(
+      {{Prop::sharded(nx - 1), Prop::sharded(1), has_bias ? Prop::partial() : Prop::replicated()},
+       {Prop::partial()}});
+  sigs.push_back(
+      {{Prop::partial(), Prop::replicated(), has_bias ? Prop::partial() : Prop::replicated()},
+       {Prop::partial()}});
   return sigs;
 }
 
@@ -239,9 +248,8 @@ void register_matmul_ops(OpTable& t) {
   mm.shard = shard_matmul;
   mm.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
-    dispatch_float(out.dtype(), "matmul", [&](auto tag) {
-      matmul_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1]);
-    });
+    dispatch_float(out.dtype(), "matmul",
+                   [&](auto tag) { matmul_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1]); });
     return std::vector<Tensor>{out};
   };
   mm.backward = matmul_backward;
@@ -253,7 +261,8 @@ void register_matmul_ops(OpTable& t) {
   li.optional_inputs = 1u << 2;
   li.infer = infer_linear;
   li.flops = [](const Metas& in, const Metas& out, const Attrs&) {
-    return 2.0 * static_cast<double>(shape_numel(out[0].shape)) * static_cast<double>(in[0].shape.back());
+    return 2.0 * static_cast<double>(shape_numel(out[0].shape)) *
+           static_cast<double>(in[0].shape.back());
   };
   li.shard = shard_linear;
   li.cpu = [](const KernelContext& c) {

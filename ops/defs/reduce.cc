@@ -33,8 +33,10 @@ Shape reduced_shape(const Shape& s, const std::vector<int64_t>& dims, bool keepd
   Shape out;
   for (int64_t d = 0; d < static_cast<int64_t>(s.size()); ++d) {
     bool r = std::binary_search(dims.begin(), dims.end(), d);
-    if (!r) out.push_back(s[d]);
-    else if (keepdim) out.push_back(1);
+    if (!r)
+      out.push_back(s[d]);
+    else if (keepdim)
+      out.push_back(1);
   }
   return out;
 }
@@ -48,7 +50,8 @@ Metas infer_reduce(const Metas& in, const Attrs& a) {
 
 // out[o, i] = sum_r x[o, r, i] after moving the reduced dims next to each other.
 template <typename T>
-void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t>& dims, double scale) {
+void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t>& dims,
+                double scale) {
   int64_t nd = x_in.dim();
   bool block = dims.empty() || dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
   Tensor x;
@@ -56,9 +59,12 @@ void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t
   if (block && !dims.empty()) {
     x = x_in.contiguous();
     for (int64_t d = 0; d < nd; ++d) {
-      if (d < dims.front()) outer *= x.shape()[d];
-      else if (d > dims.back()) inner *= x.shape()[d];
-      else red *= x.shape()[d];
+      if (d < dims.front())
+        outer *= x.shape()[d];
+      else if (d > dims.back())
+        inner *= x.shape()[d];
+      else
+        red *= x.shape()[d];
     }
   } else {
     // Permute reduced dims last, then reduce rows.
@@ -119,7 +125,8 @@ std::vector<Tensor> run_sum(const KernelContext& c, bool mean) {
   Tensor out = c.alloc(0);
   double scale = mean ? 1.0 / static_cast<double>(count) : 1.0;
   HAP_CHECK(!mean || count > 0, "mean over ", shape_str(x.shape()), " reduces an empty dim");
-  dispatch_float(out.dtype(), "sum", [&](auto tag) { sum_kernel<decltype(tag)>(out, x, dims, scale); });
+  dispatch_float(out.dtype(), "sum",
+                 [&](auto tag) { sum_kernel<decltype(tag)>(out, x, dims, scale); });
   return {out};
 }
 
@@ -138,8 +145,10 @@ std::vector<ShardSignature> shard_reduce(const Metas& in, const Metas& out, cons
   for (int64_t d = 0; d < static_cast<int64_t>(in[0].shape.size()); ++d) {
     bool red = std::binary_search(dims.begin(), dims.end(), d);
     // Splitting a reduced dim leaves each rank a partial sum (a mean is rescaled by global counts).
-    if (red) sigs.push_back({{Prop::sharded(d)}, {Prop::partial()}});
-    else sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(od)}});
+    if (red)
+      sigs.push_back({{Prop::sharded(d)}, {Prop::partial()}});
+    else
+      sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(od)}});
     if (!red || r.keepdim) ++od;
   }
   sigs.push_back({{Prop::partial()}, {Prop::partial()}});
@@ -178,7 +187,8 @@ void argmax_rows(const Tensor& x_in, int64_t dim, F emit) {
     }
 }
 
-std::vector<Tensor> index_backward_grads(const BackwardContext& c, const Tensor& g, const Tensor& idx, int64_t dim) {
+std::vector<Tensor> index_backward_grads(const BackwardContext& c, const Tensor& g,
+                                         const Tensor& idx, int64_t dim) {
   Tensor r = call1(OpKind::IndexBackward, {g, idx}, ScatterAttrs{dim, 0, c.inputs[0].shape()});
   return {r};
 }
@@ -213,8 +223,12 @@ void register_reduce_ops(OpTable& t) {
   OpDef& mx = def_of(t, OpKind::Max);
   mx.name = "max";
   mx.num_inputs = 1;
-  mx.infer = [](const Metas& in, const Attrs& a) { return infer_dim_reduce(in, a, in[0].dtype, "max"); };
-  mx.flops = [](const Metas& in, const Metas&, const Attrs&) { return static_cast<double>(shape_numel(in[0].shape)); };
+  mx.infer = [](const Metas& in, const Attrs& a) {
+    return infer_dim_reduce(in, a, in[0].dtype, "max");
+  };
+  mx.flops = [](const Metas& in, const Metas&, const Attrs&) {
+    return static_cast<double>(shape_numel(in[0].shape));
+  };
   mx.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
     int64_t dim = wrap_dim(attr<DimAttrs>(c.attrs).dim, c.inputs[0].dim(), "max");
@@ -255,7 +269,9 @@ void register_reduce_ops(OpTable& t) {
   OpDef& am = def_of(t, OpKind::Argmax);
   am.name = "argmax";
   am.num_inputs = 1;
-  am.infer = [](const Metas& in, const Attrs& a) { return infer_dim_reduce(in, a, DType::I64, "argmax"); };
+  am.infer = [](const Metas& in, const Attrs& a) {
+    return infer_dim_reduce(in, a, DType::I64, "argmax");
+  };
   am.shard = mx.shard;
   am.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);

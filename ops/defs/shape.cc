@@ -106,8 +106,8 @@ void check_slice(const Shape& s, SliceAttrs& a) {
   int64_t n = s[a.dim];
   if (a.start < 0) a.start += n;
   if (a.end < 0) a.end += n;
-  HAP_CHECK(a.start >= 0 && a.start <= a.end && a.end <= n, "slice: range [", a.start, ", ",
-            a.end, ") is out of bounds for dim ", a.dim, " of size ", n, " in ", shape_str(s));
+  HAP_CHECK(a.start >= 0 && a.start <= a.end && a.end <= n, "slice: range [", a.start, ", ", a.end,
+            ") is out of bounds for dim ", a.dim, " of size ", n, " in ", shape_str(s));
 }
 
 Tensor copy_into_slice(const Tensor& dst, const Tensor& src, int64_t dim, int64_t start) {
@@ -132,12 +132,14 @@ void register_shape_ops(OpTable& t) {
     const Tensor& x = c.inputs[0];
     const Shape& s = c.out_meta[0].shape;
     Strides st;
-    if (x.has_storage() && view_strides(x, s, st)) return std::vector<Tensor>{x.as_strided(s, st, x.offset())};
+    if (x.has_storage() && view_strides(x, s, st))
+      return std::vector<Tensor>{x.as_strided(s, st, x.offset())};
     Tensor xc = x.contiguous();
     return std::vector<Tensor>{xc.as_strided(s, contiguous_strides(s), xc.offset())};
   };
   rs.backward = [](const BackwardContext& c) {
-    return std::vector<Tensor>{call1(OpKind::Reshape, {c.grad_outputs[0]}, ShapeAttrs{c.inputs[0].shape()})};
+    return std::vector<Tensor>{
+        call1(OpKind::Reshape, {c.grad_outputs[0]}, ShapeAttrs{c.inputs[0].shape()})};
   };
 
   OpDef& pm = def_of(t, OpKind::Permute);
@@ -217,7 +219,9 @@ void register_shape_ops(OpTable& t) {
   sb.moves_data = true;
   sb.name = "slice_backward";
   sb.num_inputs = 1;
-  sb.infer = [](const Metas& in, const Attrs& a) { return Metas{{attr<ScatterAttrs>(a).shape, in[0].dtype}}; };
+  sb.infer = [](const Metas& in, const Attrs& a) {
+    return Metas{{attr<ScatterAttrs>(a).shape, in[0].dtype}};
+  };
   sb.cpu = [](const KernelContext& c) {
     const ScatterAttrs& a = attr<ScatterAttrs>(c.attrs);
     Tensor out = c.alloc(0);
@@ -227,8 +231,9 @@ void register_shape_ops(OpTable& t) {
   };
   sb.backward = [](const BackwardContext& c) {
     const ScatterAttrs& a = attr<ScatterAttrs>(c.attrs);
-    return std::vector<Tensor>{call1(OpKind::Slice, {c.grad_outputs[0]},
-                                     SliceAttrs{a.dim, a.start, a.start + c.inputs[0].shape()[a.dim]})};
+    return std::vector<Tensor>{
+        call1(OpKind::Slice, {c.grad_outputs[0]},
+              SliceAttrs{a.dim, a.start, a.start + c.inputs[0].shape()[a.dim]})};
   };
 
   OpDef& ex = def_of(t, OpKind::Expand);
@@ -294,7 +299,8 @@ void register_shape_ops(OpTable& t) {
                 " and input 0 ", shape_str(s0), " differ in rank");
       for (size_t d = 0; d < s0.size(); ++d)
         HAP_CHECK(static_cast<int64_t>(d) == dim || in[i].shape[d] == s0[d], "concat: input ", i,
-                  " ", shape_str(in[i].shape), " and input 0 ", shape_str(s0), " differ in dim ", d);
+                  " ", shape_str(in[i].shape), " and input 0 ", shape_str(s0), " differ in dim ",
+                  d);
       out[dim] += in[i].shape[dim];
     }
     return Metas{{out, in[0].dtype}};
@@ -304,7 +310,8 @@ void register_shape_ops(OpTable& t) {
     int64_t dim = wrap_dim(attr<DimAttrs>(a).dim, nd, "concat dim");
     std::vector<ShardSignature> sigs;
     for (int64_t d = 0; d < nd; ++d)
-      if (d != dim) sigs.push_back({std::vector<Prop>(in.size(), Prop::sharded(d)), {Prop::sharded(d)}});
+      if (d != dim)
+        sigs.push_back({std::vector<Prop>(in.size(), Prop::sharded(d)), {Prop::sharded(d)}});
     sigs.push_back({std::vector<Prop>(in.size(), Prop::partial()), {Prop::partial()}});
     return sigs;
   };
@@ -325,9 +332,9 @@ void register_shape_ops(OpTable& t) {
     int64_t start = 0;
     for (size_t i = 0; i < c.inputs.size(); ++i) {
       int64_t n = c.inputs[i].shape()[dim];
-      grads.push_back(c.needs_input_grad[i]
-                          ? call1(OpKind::Slice, {c.grad_outputs[0]}, SliceAttrs{dim, start, start + n})
-                          : Tensor());
+      grads.push_back(c.needs_input_grad[i] ? call1(OpKind::Slice, {c.grad_outputs[0]},
+                                                    SliceAttrs{dim, start, start + n})
+                                            : Tensor());
       start += n;
     }
     return grads;
@@ -359,7 +366,8 @@ void register_shape_ops(OpTable& t) {
     int64_t dim = wrap_dim(attr<SplitAttrs>(a).dim, nd, "split dim");
     std::vector<ShardSignature> sigs;
     for (int64_t d = 0; d < nd; ++d)
-      if (d != dim) sigs.push_back({{Prop::sharded(d)}, std::vector<Prop>(out.size(), Prop::sharded(d))});
+      if (d != dim)
+        sigs.push_back({{Prop::sharded(d)}, std::vector<Prop>(out.size(), Prop::sharded(d))});
     sigs.push_back({{Prop::partial()}, std::vector<Prop>(out.size(), Prop::partial())});
     return sigs;
   };

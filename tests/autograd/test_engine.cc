@@ -7,13 +7,13 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
+#include "tests/test_util.h"
 
 namespace hap {
 namespace {

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/shape.h"
 #include "core/strided_copy.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace hap {
 namespace {

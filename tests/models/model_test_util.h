@@ -2,14 +2,13 @@
 #pragma once
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
-
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
+#include "tests/test_util.h"
 
 namespace hap::testing {
 

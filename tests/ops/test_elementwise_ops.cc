@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "autograd/grad_mode.h"
 #include "autograd/gradcheck.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
+#include "tests/test_util.h"
 
 namespace hap {
 namespace {

@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "core/error.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "ops/op.h"
+#include "tests/test_util.h"
 
 namespace hap::ops {
 namespace {

@@ -8,11 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "tests/test_util.h"
 #include "autograd/gradcheck.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "ops/functional.h"
+#include "tests/test_util.h"
 
 namespace hap {
 namespace {

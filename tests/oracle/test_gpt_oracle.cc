@@ -68,14 +68,26 @@ class GptOracle : public ::testing::Test {
     save_tensors(dir_ + "/in.hapt", in);
     Hyper h;
     nn::GPTConfig c = tiny_config();
-    nlohmann::json cfg = {{"n_layer", c.n_layer}, {"n_head", c.n_head}, {"n_embd", c.n_embd},
-                          {"vocab_size", c.vocab_size}, {"block_size", c.block_size},
-                          {"layer_norm_eps", c.layer_norm_eps}, {"steps", kSteps}, {"lr", h.lr},
-                          {"min_lr", h.min_lr}, {"warmup_steps", h.warmup}, {"total_steps", h.total},
-                          {"weight_decay", h.weight_decay}, {"beta1", h.beta1}, {"beta2", h.beta2},
-                          {"eps", h.eps}, {"grad_clip", h.grad_clip}, {"dtype", "float64"}};
+    nlohmann::json cfg = {{"n_layer", c.n_layer},
+                          {"n_head", c.n_head},
+                          {"n_embd", c.n_embd},
+                          {"vocab_size", c.vocab_size},
+                          {"block_size", c.block_size},
+                          {"layer_norm_eps", c.layer_norm_eps},
+                          {"steps", kSteps},
+                          {"lr", h.lr},
+                          {"min_lr", h.min_lr},
+                          {"warmup_steps", h.warmup},
+                          {"total_steps", h.total},
+                          {"weight_decay", h.weight_decay},
+                          {"beta1", h.beta1},
+                          {"beta2", h.beta2},
+                          {"eps", h.eps},
+                          {"grad_clip", h.grad_clip},
+                          {"dtype", "float64"}};
     std::ofstream(dir_ + "/config.json") << cfg.dump(2);
-    rc_ = oracle::run_script("gpt_oracle.py", {dir_ + "/in.hapt", dir_ + "/config.json", dir_ + "/out.hapt"});
+    rc_ = oracle::run_script("gpt_oracle.py",
+                             {dir_ + "/in.hapt", dir_ + "/config.json", dir_ + "/out.hapt"});
     if (rc_ == 0) ref_ = oracle::load_map(dir_ + "/out.hapt");
   }
   static void TearDownTestSuite() { std::filesystem::remove_all(dir_); }
@@ -120,7 +132,8 @@ TEST_F(GptOracle, FiveAdamWStepsWithClippingMatchTorch) {
     nn::clip_grad_norm_(model.parameters(), h.grad_clip);
     opt.set_lr(sched.at(s));
     opt.step();
-    EXPECT_LE(std::abs(loss.item() - ref_losses[s]) / std::abs(ref_losses[s]), 1e-4) << "step " << s;
+    EXPECT_LE(std::abs(loss.item() - ref_losses[s]) / std::abs(ref_losses[s]), 1e-4)
+        << "step " << s;
   }
   // The key third of each qkv bias has a gradient that is exactly zero in exact arithmetic
   // (softmax is invariant to a per-row shift); Adam turns f32 rounding noise there into updates
@@ -132,7 +145,8 @@ TEST_F(GptOracle, FiveAdamWStepsWithClippingMatchTorch) {
     if (name.find("attn.qkv.bias") != std::string::npos) {
       std::vector<double> a = p.to_vector(), e = r.to_vector();
       for (int64_t i = 0; i < 3 * C; ++i)
-        EXPECT_NEAR(a[i], e[i], (i >= C && i < 2 * C) ? 5 * h.lr * kSteps : 1e-4) << "element " << i;
+        EXPECT_NEAR(a[i], e[i], (i >= C && i < 2 * C) ? 5 * h.lr * kSteps : 1e-4)
+            << "element " << i;
       continue;
     }
     EXPECT_LE(rel_norm_error(p, r), 1e-4);

@@ -33,13 +33,15 @@ void check_against_torch(const OpCase& c) {
 
   auto dir = oracle::temp_dir(c.name);
   std::vector<std::pair<std::string, Tensor>> files;
-  for (size_t i = 0; i < ins.size(); ++i) files.push_back({"in." + std::to_string(i), ins[i].detach()});
+  for (size_t i = 0; i < ins.size(); ++i)
+    files.push_back({"in." + std::to_string(i), ins[i].detach()});
   files.push_back({"gout", gout});
   save_tensors((dir / "in.hapt").string(), files);
   std::ofstream((dir / "spec.json")) << c.spec_json;
-  ASSERT_EQ(oracle::run_script("op_oracle.py", {(dir / "in.hapt").string(), (dir / "spec.json").string(),
-                                                (dir / "out.hapt").string()}),
-            0);
+  ASSERT_EQ(
+      oracle::run_script("op_oracle.py", {(dir / "in.hapt").string(), (dir / "spec.json").string(),
+                                          (dir / "out.hapt").string()}),
+      0);
   auto ref = oracle::load_map((dir / "out.hapt").string());
   EXPECT_LE(rel_norm_error(out, ref.at("out")), 1e-5);
   for (size_t i = 0; i < ins.size(); ++i) {
@@ -59,35 +61,50 @@ Tensor ids(const Shape& s, int64_t v, uint64_t seed) {
 }
 
 TEST(OpOracle, SoftmaxMatchesTorchOnLastAndInnerDims) {
-  check_against_torch({"softmax_last", R"({"op":"softmax","attrs":{"dim":-1}})", {randn({3, 5, 37}, 1) * 3.0},
+  check_against_torch({"softmax_last",
+                       R"({"op":"softmax","attrs":{"dim":-1}})",
+                       {randn({3, 5, 37}, 1) * 3.0},
                        [](const std::vector<Tensor>& x) { return softmax(x[0], -1); }});
-  check_against_torch({"softmax_mid", R"({"op":"softmax","attrs":{"dim":1}})", {randn({3, 5, 7}, 2)},
+  check_against_torch({"softmax_mid",
+                       R"({"op":"softmax","attrs":{"dim":1}})",
+                       {randn({3, 5, 7}, 2)},
                        [](const std::vector<Tensor>& x) { return softmax(x[0], 1); }});
 }
 
 TEST(OpOracle, LogSoftmaxMatchesTorch) {
-  check_against_torch({"log_softmax", R"({"op":"log_softmax","attrs":{"dim":-1}})", {randn({4, 41}, 3) * 4.0},
+  check_against_torch({"log_softmax",
+                       R"({"op":"log_softmax","attrs":{"dim":-1}})",
+                       {randn({4, 41}, 3) * 4.0},
                        [](const std::vector<Tensor>& x) { return log_softmax(x[0], -1); }});
-  check_against_torch({"log_softmax0", R"({"op":"log_softmax","attrs":{"dim":0}})", {randn({6, 5}, 4)},
+  check_against_torch({"log_softmax0",
+                       R"({"op":"log_softmax","attrs":{"dim":0}})",
+                       {randn({6, 5}, 4)},
                        [](const std::vector<Tensor>& x) { return log_softmax(x[0], 0); }});
 }
 
 TEST(OpOracle, LayerNormMatchesTorch) {
-  check_against_torch({"layer_norm", R"({"op":"layer_norm","attrs":{"eps":1e-5}})",
-                       {randn({2, 7, 33}, 5) * 2.0 + 1.0, randn({33}, 6), randn({33}, 7)},
-                       [](const std::vector<Tensor>& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
+  check_against_torch(
+      {"layer_norm",
+       R"({"op":"layer_norm","attrs":{"eps":1e-5}})",
+       {randn({2, 7, 33}, 5) * 2.0 + 1.0, randn({33}, 6), randn({33}, 7)},
+       [](const std::vector<Tensor>& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
 }
 
 TEST(OpOracle, RmsNormMatchesTorch) {
-  check_against_torch({"rms_norm", R"({"op":"rms_norm","attrs":{"eps":1e-6}})",
+  check_against_torch({"rms_norm",
+                       R"({"op":"rms_norm","attrs":{"eps":1e-6}})",
                        {randn({3, 4, 19}, 8) * 2.0, randn({19}, 9)},
                        [](const std::vector<Tensor>& x) { return rms_norm(x[0], x[1], 1e-6); }});
 }
 
 TEST(OpOracle, GeluBothApproximationsMatchTorch) {
-  check_against_torch({"gelu_tanh", R"({"op":"gelu","attrs":{"approximate":"tanh"}})", {randn({5, 77}, 10) * 3.0},
+  check_against_torch({"gelu_tanh",
+                       R"({"op":"gelu","attrs":{"approximate":"tanh"}})",
+                       {randn({5, 77}, 10) * 3.0},
                        [](const std::vector<Tensor>& x) { return gelu(x[0], GeluApprox::Tanh); }});
-  check_against_torch({"gelu_erf", R"({"op":"gelu","attrs":{"approximate":"none"}})", {randn({5, 77}, 11) * 3.0},
+  check_against_torch({"gelu_erf",
+                       R"({"op":"gelu","attrs":{"approximate":"none"}})",
+                       {randn({5, 77}, 11) * 3.0},
                        [](const std::vector<Tensor>& x) { return gelu(x[0], GeluApprox::None); }});
 }
 
@@ -96,27 +113,34 @@ TEST(OpOracle, CrossEntropyWithIgnoreIndexMatchesTorch) {
   int64_t* p = t.data<int64_t>();
   p[3] = -100;
   p[17] = -100;
-  check_against_torch({"cross_entropy", R"({"op":"cross_entropy","attrs":{"ignore_index":-100}})",
-                       {randn({29, 53}, 13) * 2.0, t},
-                       [](const std::vector<Tensor>& x) { return cross_entropy(x[0], x[1], -100); }});
+  check_against_torch(
+      {"cross_entropy",
+       R"({"op":"cross_entropy","attrs":{"ignore_index":-100}})",
+       {randn({29, 53}, 13) * 2.0, t},
+       [](const std::vector<Tensor>& x) { return cross_entropy(x[0], x[1], -100); }});
 }
 
 TEST(OpOracle, AttentionCausalAndFullMatchTorch) {
-  std::vector<Tensor> qkv = {randn({2, 3, 9, 5}, 14), randn({2, 3, 9, 5}, 15), randn({2, 3, 9, 5}, 16)};
-  check_against_torch({"attention_causal", R"({"op":"attention","attrs":{"causal":true,"scale":null}})", qkv,
+  std::vector<Tensor> qkv = {randn({2, 3, 9, 5}, 14), randn({2, 3, 9, 5}, 15),
+                             randn({2, 3, 9, 5}, 16)};
+  check_against_torch({"attention_causal",
+                       R"({"op":"attention","attrs":{"causal":true,"scale":null}})", qkv,
                        [](const std::vector<Tensor>& x) {
                          return scaled_dot_product_attention(x[0], x[1], x[2], true);
                        }});
-  check_against_torch({"attention_full", R"({"op":"attention","attrs":{"causal":false,"scale":0.3}})", qkv,
-                       [](const std::vector<Tensor>& x) {
-                         return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.0, 0, 0, 0.3);
-                       }});
+  check_against_torch(
+      {"attention_full", R"({"op":"attention","attrs":{"causal":false,"scale":0.3}})", qkv,
+       [](const std::vector<Tensor>& x) {
+         return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.0, 0, 0, 0.3);
+       }});
 }
 
 TEST(OpOracle, EmbeddingMatchesTorchWithRepeatedIds) {
   Tensor i = ids({4, 6}, 11, 17);
   i.data<int64_t>()[0] = i.data<int64_t>()[1];  // a repeated id accumulates in the backward
-  check_against_torch({"embedding", R"({"op":"embedding","attrs":{}})", {randn({11, 8}, 18), i},
+  check_against_torch({"embedding",
+                       R"({"op":"embedding","attrs":{}})",
+                       {randn({11, 8}, 18), i},
                        [](const std::vector<Tensor>& x) { return embedding(x[0], x[1]); }});
 }
 

@@ -3,8 +3,6 @@
 #pragma once
 #include <gtest/gtest.h>
 
-#include "tests/test_util.h"
-
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -16,6 +14,7 @@
 #include "parallel/collectives.h"
 #include "parallel/communicator.h"
 #include "parallel/shard.h"
+#include "tests/test_util.h"
 
 namespace hap::parallel::testing {
 

@@ -50,7 +50,8 @@ synth::Cluster cluster_for(int n) {
   synth::Cluster c;
   c.name = "test";
   std::vector<synth::Device> devs;
-  for (int i = 0; i < n; ++i) devs.push_back({"d" + std::to_string(i), "cpu", flops[i] * 1e6, int64_t{1} << 32, -1});
+  for (int i = 0; i < n; ++i)
+    devs.push_back({"d" + std::to_string(i), "cpu", flops[i] * 1e6, int64_t{1} << 32, -1});
   c.add_node("n0", {1e9, 1e-5}, devs);
   return c;
 }
@@ -72,14 +73,15 @@ double rel_err(const Tensor& a, const Tensor& b) {
 
 // The plan must really distribute: tp shards some parameter, dp an input, hap either or slices
 // a tensor to work on shards.
-void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& plan, synth::Strategy strategy) {
+void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& plan,
+                        synth::Strategy strategy) {
   if (world().size() < 2) return;
   bool sharded = false;
   for (const synth::GraphTensor& t : g.tensors) {
     bool param = t.role == synth::TensorRole::Parameter, input = t.role == synth::TensorRole::Input;
-    bool wanted = strategy == synth::Strategy::Tp     ? param
+    bool wanted = strategy == synth::Strategy::Tp    ? param
                   : strategy == synth::Strategy::Hap ? param || input
-                                                      : input;
+                                                     : input;
     if (wanted) sharded = sharded || plan.storage[t.id].kind == ops::PropKind::Sharded;
   }
   // hap may also read an input whole and slice it for free (Replicated -> Sharded).
@@ -92,11 +94,11 @@ void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& 
 // Plans `g` with `strategy` on this world and trains it for `steps` AdamW steps beside `ref` on one
 // device (global-norm clipping at `clip` when > 0), checking the loss at every step, every
 // gradient at the first, and every parameter at the end (tolerance final_tol(name)).
-void compare_with_one_device(const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments,
-                             nn::Module& ref, const std::function<Tensor()>& ref_loss,
-                             const std::map<std::string, Tensor>& data, int steps, double lr, double clip,
-                             const std::function<double(const std::string&)>& final_tol,
-                             const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
+void compare_with_one_device(
+    const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments, nn::Module& ref,
+    const std::function<Tensor()>& ref_loss, const std::map<std::string, Tensor>& data, int steps,
+    double lr, double clip, const std::function<double(const std::string&)>& final_tol,
+    const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
   opt.segments = segments;
@@ -106,28 +108,33 @@ void compare_with_one_device(const synth::Graph& g, synth::Strategy strategy, sy
 
   Executor ex(g, plan, world());
   auto named = ref.named_parameters();
-  ex.materialize_parameters([&](const std::string& name, const Shape& local, const LogicalSlice& s) {
-    for (auto& [n, p] : named)
-      if (n == name) return box(p, local, s);
-    ADD_FAILURE() << "unknown parameter " << name;
-    return Tensor();
-  });
+  ex.materialize_parameters(
+      [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
+        for (auto& [n, p] : named)
+          if (n == name) return box(p, local, s);
+        ADD_FAILURE() << "unknown parameter " << name;
+        return Tensor();
+      });
   auto inputs = [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
     return box(data.at(name), local, s);
   };
-  optim::AdamW dist_opt(optim::weight_decay_groups(ex.parameters(), 0.1), {lr, {0.9, 0.95}, 1e-8, 0.1});
+  optim::AdamW dist_opt(optim::weight_decay_groups(ex.parameters(), 0.1),
+                        {lr, {0.9, 0.95}, 1e-8, 0.1});
   optim::AdamW ref_opt(optim::weight_decay_groups(named, 0.1), {lr, {0.9, 0.95}, 1e-8, 0.1});
   for (int step = 0; step < steps; ++step) {
-    Tensor local = ex.forward(inputs, {.random_offset = static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep});
+    Tensor local = ex.forward(
+        inputs, {.random_offset = static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep});
     double loss = ex.global_loss(local);
     dist_opt.zero_grad();
     ex.backward(local);
     ref_opt.zero_grad();
     Tensor expected = ref_loss();
     expected.backward();
-    EXPECT_LE(std::abs(loss - expected.item()) / std::abs(expected.item()), 1e-5) << "step " << step;
+    EXPECT_LE(std::abs(loss - expected.item()) / std::abs(expected.item()), 1e-5)
+        << "step " << step;
     if (step == 0)
-      for (auto& [name, p] : named) EXPECT_LE(rel_err(ex.gathered_grad(name), p.grad()), 1e-4) << name;
+      for (auto& [name, p] : named)
+        EXPECT_LE(rel_err(ex.gathered_grad(name), p.grad()), 1e-4) << name;
     if (clip > 0) {
       double norm = ex.global_grad_norm();
       double ref_norm = nn::clip_grad_norm_(ref.parameters(), clip);
@@ -138,7 +145,8 @@ void compare_with_one_device(const synth::Graph& g, synth::Strategy strategy, sy
     ref_opt.step();
   }
   for (auto& [name, p] : named)
-    EXPECT_LE(rel_err(ex.gathered_value(name), p), final_tol(name)) << name << " after " << steps << " steps";
+    EXPECT_LE(rel_err(ex.gathered_value(name), p), final_tol(name))
+        << name << " after " << steps << " steps";
 }
 
 void check_mlp(synth::Strategy strategy, double dropout, int steps) {
@@ -151,18 +159,24 @@ void check_mlp(synth::Strategy strategy, double dropout, int steps) {
   Tensor y = Tensor::from_vector(labels, {B});
 
   Tensor xm = Tensor::meta({B, D}, DType::F32), ym = Tensor::meta({B}, DType::I64);
-  synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); }, shape_model.named_parameters(),
-                                {{"x", xm}, {"y", ym}});
-  compare_with_one_device(g, strategy, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
-                          {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; });
+  synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); },
+                                shape_model.named_parameters(), {{"x", xm}, {"y", ym}});
+  compare_with_one_device(
+      g, strategy, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
+      {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; });
 }
 
-TEST(Executor, MlpMatchesOneDeviceUnderDataParallelEven) { check_mlp(synth::Strategy::DpEv, 0.0, 1); }
-TEST(Executor, MlpMatchesOneDeviceUnderDataParallelProportional) { check_mlp(synth::Strategy::DpCp, 0.0, 1); }
+TEST(Executor, MlpMatchesOneDeviceUnderDataParallelEven) {
+  check_mlp(synth::Strategy::DpEv, 0.0, 1);
+}
+TEST(Executor, MlpMatchesOneDeviceUnderDataParallelProportional) {
+  check_mlp(synth::Strategy::DpCp, 0.0, 1);
+}
 TEST(Executor, MlpMatchesOneDeviceUnderTensorParallel) { check_mlp(synth::Strategy::Tp, 0.0, 1); }
 TEST(Executor, MlpMatchesOneDeviceUnderHap) { check_mlp(synth::Strategy::Hap, 0.0, 1); }
 TEST(Executor, MlpParametersMatchAfterTenAdamWStepsWithDropout) {
-  for (auto s : {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
+  for (auto s :
+       {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
     check_mlp(s, 0.2, 10);
 }
 
@@ -178,22 +192,25 @@ TEST(Executor, VocabularyParallelCrossEntropyMatchesOneDevice) {
     for (int64_t i = 0; i < B; ++i) labels.push_back(i == 4 ? -100 : (i * 11 + 5) % K);
     Tensor y = Tensor::from_vector(labels, {B});
     Tensor xm = Tensor::meta({B, D}, DType::F32), ym = Tensor::meta({B}, DType::I64);
-    synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); }, shape_model.named_parameters(),
-                                  {{"x", xm}, {"y", ym}});
+    synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); },
+                                  shape_model.named_parameters(), {{"x", xm}, {"y", ym}});
     auto uses_vocab_parallel_ce = [&](const synth::DistributedProgram& plan) {
       if (world().size() < 2) return;
       const synth::Cluster cluster = cluster_for(world().size());
       const synth::CostModel cm(g, cluster);
       bool found = false;
       for (const synth::Instruction& in : plan.instructions) {
-        if (in.kind != synth::InstrKind::Compute || g.nodes[in.node].kind != ops::OpKind::CrossEntropy) continue;
+        if (in.kind != synth::InstrKind::Compute ||
+            g.nodes[in.node].kind != ops::OpKind::CrossEntropy)
+          continue;
         found = in.signature >= 0 && cm.input_prop(in.node, in.signature, 0) == Prop::sharded(1);
       }
       EXPECT_TRUE(found) << "the tp plan does not split cross_entropy over the vocabulary";
     };
-    compare_with_one_device(g, synth::Strategy::Tp, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
-                            {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; },
-                            uses_vocab_parallel_ce);
+    compare_with_one_device(
+        g, synth::Strategy::Tp, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
+        {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; },
+        uses_vocab_parallel_ce);
   }
 }
 
@@ -228,18 +245,24 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
     shape_model = std::make_shared<nn::GPT>(cfg);
   }
   Tensor im = Tensor::meta({B, T}, DType::I64), tm = Tensor::meta({B, T}, DType::I64);
-  synth::Graph g = synth::trace([&] { return shape_model->loss(im, tm); }, shape_model->named_parameters(),
-                                {{"idx", im}, {"targets", tm}});
+  synth::Graph g = synth::trace([&] { return shape_model->loss(im, tm); },
+                                shape_model->named_parameters(), {{"idx", im}, {"targets", tm}});
   // The key third of qkv.bias has an exactly-zero gradient; Adam amplifies rounding there (see
   // tests/oracle/test_gpt_oracle.cc), so it gets a looser bound.
-  compare_with_one_device(g, strategy, segments, ref, [&] { return ref.loss(idx, targets); },
-                          {{"idx", idx}, {"targets", targets}}, steps, 3e-3, 0.0, [](const std::string& name) {
-                            return name.find("attn.qkv.bias") != std::string::npos ? 5e-2 : 1e-4;
-                          });
+  compare_with_one_device(
+      g, strategy, segments, ref, [&] { return ref.loss(idx, targets); },
+      {{"idx", idx}, {"targets", targets}}, steps, 3e-3, 0.0,
+      [](const std::string& name) {
+        return name.find("attn.qkv.bias") != std::string::npos ? 5e-2 : 1e-4;
+      });
 }
 
-TEST(Executor, GptMatchesOneDeviceUnderDataParallelEven) { check_gpt(synth::Strategy::DpEv, 0.0, 1); }
-TEST(Executor, GptMatchesOneDeviceUnderDataParallelProportional) { check_gpt(synth::Strategy::DpCp, 0.0, 1); }
+TEST(Executor, GptMatchesOneDeviceUnderDataParallelEven) {
+  check_gpt(synth::Strategy::DpEv, 0.0, 1);
+}
+TEST(Executor, GptMatchesOneDeviceUnderDataParallelProportional) {
+  check_gpt(synth::Strategy::DpCp, 0.0, 1);
+}
 TEST(Executor, GptMatchesOneDeviceUnderTensorParallel) { check_gpt(synth::Strategy::Tp, 0.0, 1); }
 TEST(Executor, GptMatchesOneDeviceUnderHap) { check_gpt(synth::Strategy::Hap, 0.0, 1); }
 
@@ -248,7 +271,8 @@ TEST(Executor, GptMatchesOneDeviceWithOneRatioVectorPerBlock) {
 }
 
 TEST(Executor, GptParametersMatchAfterTenAdamWStepsWithDropout) {
-  for (auto s : {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
+  for (auto s :
+       {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
     check_gpt(s, 0.1, 10);
 }
 

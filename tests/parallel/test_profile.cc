@@ -77,14 +77,16 @@ TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
   }
   for (synth::InstrKind k : {synth::InstrKind::AllReduce, synth::InstrKind::AllGather,
                              synth::InstrKind::ReduceScatter, synth::InstrKind::AllToAll}) {
-    const CollectiveSample s = time_collective(world(), k, CollectiveMethod::Padded, 65536, ratios, 2, 0.001);
+    const CollectiveSample s =
+        time_collective(world(), k, CollectiveMethod::Padded, 65536, ratios, 2, 0.001);
     EXPECT_EQ(s.group_size, n);
     EXPECT_EQ(s.bytes, 65536.0);  // 64 rows of 256 floats
     EXPECT_GT(s.seconds, 0.0);
     EXPECT_NEAR(s.max_share, n > 1 ? 0.5 : 1.0, 1e-12);
     EXPECT_EQ(s.uneven, n > 2);
     // Every rank reports the same slowest-rank time.
-    EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max), world().allreduce(s.seconds, ReduceOp::Min));
+    EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max),
+              world().allreduce(s.seconds, ReduceOp::Min));
   }
   EXPECT_GT(profile_gemm(64, 2).flops_per_s, 0.0);
   EXPECT_GT(usable_memory_bytes(n), 0);

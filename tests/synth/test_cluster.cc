@@ -160,9 +160,10 @@ TEST(Cluster, LinkTransferTime) {
 
 TEST(Cluster, SummaryIsACompactTable) {
   Cluster c = two_nodes();
-  c.add_node("gpus", {2e10, 1e-5},
-             {device("g0", 3.86e12, std::int64_t{32} << 30), device("g1", 3.86e12, std::int64_t{32} << 30),
-              device("g2", 3.86e12, std::int64_t{32} << 30)});
+  c.add_node(
+      "gpus", {2e10, 1e-5},
+      {device("g0", 3.86e12, std::int64_t{32} << 30), device("g1", 3.86e12, std::int64_t{32} << 30),
+       device("g2", 3.86e12, std::int64_t{32} << 30)});
   const std::string text = c.summary();
   expect_contains(text, {"cluster two-nodes", "6 devices on 3 nodes", "between nodes 1 GB/s, 10 us",
                          "d0 (test)", "ranks", "3-5", "3 x test", "3.86 TFLOP/s", "32 GiB", "each",

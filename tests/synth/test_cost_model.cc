@@ -67,26 +67,36 @@ TEST(CostModel, CollectivesArePricedByCollectiveTerms) {
     EXPECT_GT(t.latency_terms, 0);
     EXPECT_GT(t.byte_terms, 0);
     EXPECT_NEAR(cm.communication(k.kind, x, k.method).eval(r),
-                t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s, 1e-15);
+                t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s,
+                1e-15);
   }
   // Padded moves every shard at the largest one's size; grouped moves the tensor once.
-  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.5).byte_terms, 100);
-  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Grouped, 3, 100, 0.5).byte_terms, 100);
-  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.8).byte_terms, 160);
-  EXPECT_DOUBLE_EQ(collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 1, 100, 1).byte_terms, 0);
+  EXPECT_DOUBLE_EQ(
+      collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.5).byte_terms,
+      100);
+  EXPECT_DOUBLE_EQ(
+      collective_terms(InstrKind::AllGather, CollectiveMethod::Grouped, 3, 100, 0.5).byte_terms,
+      100);
+  EXPECT_DOUBLE_EQ(
+      collective_terms(InstrKind::AllGather, CollectiveMethod::Padded, 3, 100, 0.8).byte_terms,
+      160);
+  EXPECT_DOUBLE_EQ(
+      collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 1, 100, 1).byte_terms, 0);
 }
 
 TEST(CostModel, PerCollectiveLinkFiguresReplaceTheLinksOwnForThatCollectiveOnly) {
   Link plain{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
   Link profiled = plain;
-  profiled.collective[static_cast<int>(Collective::AllReduce)] = {.bandwidth_bytes_per_s = 2e8, .latency_s = 3e-4};
+  profiled.collective[static_cast<int>(Collective::AllReduce)] = {.bandwidth_bytes_per_s = 2e8,
+                                                                  .latency_s = 3e-4};
   Graph g = small_graph();
   Cluster a = cluster3(plain), b = cluster3(profiled);
   CostModel ca(g, a), cb(g, b);
   const int x = tensor_named(g, "x");
   const std::vector<double> r = {0.5, 0.3, 0.2};
   const double bytes = static_cast<double>(g.tensors[x].bytes());
-  const CollectiveTerms t = collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 3, bytes, 0.5);
+  const CollectiveTerms t =
+      collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 3, bytes, 0.5);
   EXPECT_NEAR(cb.communication(InstrKind::AllReduce, x, CollectiveMethod::None).eval(r),
               t.latency_terms * 3e-4 + t.byte_terms / 2e8, 1e-15);
   EXPECT_EQ(ca.communication(InstrKind::AllGather, x, CollectiveMethod::Padded).eval(r),
@@ -105,7 +115,8 @@ TEST(CostModel, BottleneckTakesTheSlowestFiguresPerCollective) {
     return d;
   };
   Link fast{.bandwidth_bytes_per_s = 1e10, .latency_s = 1e-6};
-  fast.collective[static_cast<int>(Collective::AllToAll)] = {.bandwidth_bytes_per_s = 1e8, .latency_s = 1e-3};
+  fast.collective[static_cast<int>(Collective::AllToAll)] = {.bandwidth_bytes_per_s = 1e8,
+                                                             .latency_s = 1e-3};
   c.add_node("a", fast, {dev("a0"), dev("a1")});
   c.add_node("b", {.bandwidth_bytes_per_s = 5e9, .latency_s = 2e-6}, {dev("b0"), dev("b1")});
   c.inter_node = {.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-5};
@@ -115,7 +126,8 @@ TEST(CostModel, BottleneckTakesTheSlowestFiguresPerCollective) {
   EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllToAll).bandwidth_bytes_per_s, 1e8);
   EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllToAll).latency_s, 1e-3);
   EXPECT_DOUBLE_EQ(all.for_collective(Collective::AllGather).bandwidth_bytes_per_s, 1e9);
-  EXPECT_DOUBLE_EQ(c.bottleneck({2, 3}).for_collective(Collective::AllToAll).bandwidth_bytes_per_s, 5e9);
+  EXPECT_DOUBLE_EQ(c.bottleneck({2, 3}).for_collective(Collective::AllToAll).bandwidth_bytes_per_s,
+                   5e9);
 }
 
 TEST(CostModel, UpdateCostsEachDevicesStoredElements) {
@@ -129,8 +141,8 @@ TEST(CostModel, UpdateCostsEachDevicesStoredElements) {
   c.devices[2].update_s_per_param = 4e-9;
   CostModel cm(g, c);
   EXPECT_NEAR(cm.update(w, Prop::replicated()).eval(r), 60 * 4e-9, 1e-20);  // the slowest, whole
-  EXPECT_NEAR(cm.update(w, Prop::sharded(0)).eval(r), std::max({0.5 * 60 * 1e-9, 0.3 * 60 * 2e-9, 0.2 * 60 * 4e-9}),
-              1e-20);
+  EXPECT_NEAR(cm.update(w, Prop::sharded(0)).eval(r),
+              std::max({0.5 * 60 * 1e-9, 0.3 * 60 * 2e-9, 0.2 * 60 * 4e-9}), 1e-20);
   // Every parameter the search stores gets an update instruction at that price.
   int nseg = 1;
   std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
@@ -198,7 +210,8 @@ TEST(CostModel, ComputeIsPricedOnWholeRowShards) {
   Cluster c;
   c.name = "four";
   std::vector<Device> devs;
-  for (int i = 0; i < 4; ++i) devs.push_back({"d" + std::to_string(i), "cpu", 1e9, int64_t{1} << 30, -1});
+  for (int i = 0; i < 4; ++i)
+    devs.push_back({"d" + std::to_string(i), "cpu", 1e9, int64_t{1} << 30, -1});
   c.add_node("n", {1e9, 1e-6}, devs);
   c.validate();
   CostModel cm(g, c);

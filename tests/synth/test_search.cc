@@ -20,7 +20,8 @@ Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12) {
   c.name = "random" + std::to_string(seed);
   std::vector<Device> devs;
   for (int i = 0; i < devices; ++i) {
-    devs.push_back({"d" + std::to_string(i), "cpu", flops(rng), static_cast<int64_t>(memory_bytes), -1});
+    devs.push_back(
+        {"d" + std::to_string(i), "cpu", flops(rng), static_cast<int64_t>(memory_bytes), -1});
     // Half the clusters also price optimizer updates and memory traffic (profiled figures).
     if (seed % 2) {
       devs.back().update_s_per_param = update(rng);
@@ -66,11 +67,23 @@ Graph random_graph(uint64_t seed, int layers) {
         size_t w = 0;
         for (int l = 0; l < layers; ++l) {
           switch (kinds[l]) {
-            case 0: h = linear(h, ws[w], ws[w + 1]); w += 2; break;
-            case 1: h = gelu(h); break;
-            case 2: h = h + relu(h); break;
-            case 3: h = layer_norm(h, ws[w], ws[w + 1]); w += 2; break;
-            case 4: h = softmax(h, -1); break;
+            case 0:
+              h = linear(h, ws[w], ws[w + 1]);
+              w += 2;
+              break;
+            case 1:
+              h = gelu(h);
+              break;
+            case 2:
+              h = h + relu(h);
+              break;
+            case 3:
+              h = layer_norm(h, ws[w], ws[w + 1]);
+              w += 2;
+              break;
+            case 4:
+              h = softmax(h, -1);
+              break;
           }
         }
         return mean(h);
@@ -91,7 +104,8 @@ TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
     for (const SearchSpace& space : {SearchSpace{}, SearchSpace{.shard_parameters = false}}) {
       SearchResult a = search_program(cm, r, seg, space);
       SearchResult b = exhaustive_search(cm, r, seg, space);
-      EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s)) << "seed " << seed << "\n" << g.str();
+      EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s)) << "seed " << seed << "\n"
+                                                                       << g.str();
       EXPECT_LE(a.states_expanded, b.states_expanded);
       ++checked;
     }
@@ -128,7 +142,8 @@ TEST(Search, UnderTightMemoryBestFirstFindsTheExhaustiveOptimum) {
       }
       SearchResult a = search_program(cm, r, seg, SearchSpace{});
       EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
-          << "seed " << seed << " memory " << fraction << " of the unconstrained optimum's\n" << g.str();
+          << "seed " << seed << " memory " << fraction << " of the unconstrained optimum's\n"
+          << g.str();
       for (size_t d = 0; d < a.device_memory_bytes.size(); ++d)
         EXPECT_LE(a.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes));
       ++checked;
@@ -229,7 +244,8 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesAndCarriesItsRatios) {
     for (Strategy s : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
       o.strategy = s;
       DistributedProgram b = synthesize(g, c, o);
-      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9)) << strategy_name(s) << " seed " << seed;
+      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9))
+          << strategy_name(s) << " seed " << seed;
     }
   }
 }
@@ -244,11 +260,13 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesUnderTightMemory) {
       SynthesisOptions o;
       o.strategy = base;
       DistributedProgram roomy = synthesize(g, make_cluster(3, seed + 5), o);
-      const double peak = *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
+      const double peak =
+          *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
       Cluster tight = make_cluster(3, seed + 5, std::ceil(peak));
       DistributedProgram b = synthesize(g, tight, o);
       DistributedProgram hap = synthesize(g, tight, SynthesisOptions{});
-      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9)) << strategy_name(base) << " seed " << seed;
+      EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9))
+          << strategy_name(base) << " seed " << seed;
       for (size_t d = 0; d < hap.device_memory_bytes.size(); ++d)
         EXPECT_LE(hap.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes));
       ++compared;

@@ -2,8 +2,6 @@
 // names, memory sizes take units, and every kind of bad input gives one message naming the file,
 // the key path, the value and the expectation.
 #include <gtest/gtest.h>
-
-#include "yaml_file_test.h"
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +15,7 @@
 #include <vector>
 
 #include "train/cluster_config.h"
+#include "yaml_file_test.h"
 
 namespace hap::train {
 namespace {
@@ -99,8 +98,8 @@ TEST(ShippedCluster, EveryFileLoadsAndValidates) {
     EXPECT_FALSE(c.summary().empty());
     names.insert(entry.path().filename().string());
   }
-  for (const char* expected :
-       {"emu-mixed4.yaml", "emu-2node.yaml", "hap-paper.yaml", "modern-mix.yaml", "two-devices.yaml"})
+  for (const char* expected : {"emu-mixed4.yaml", "emu-2node.yaml", "hap-paper.yaml",
+                               "modern-mix.yaml", "two-devices.yaml"})
     EXPECT_TRUE(names.contains(expected)) << "configs/clusters/" << expected << " is missing";
 }
 
@@ -286,9 +285,8 @@ TEST_F(ClusterFileTest, MemoryTakesPlainNumbersAndUnits) {
 }
 
 TEST_F(ClusterFileTest, BadMemoryNamesTheValueAndTheAcceptedForms) {
-  for (const std::string text :
-       {"0", "-1", "-4GB", "0GB", "1.5", "32gib", "32 GiBs", "32PB", "GiB", "abc", "1e20", "9PiB",
-        "0.4B", "\"\"", "nan", "1e9 B B"}) {
+  for (const std::string text : {"0", "-1", "-4GB", "0GB", "1.5", "32gib", "32 GiBs", "32PB", "GiB",
+                                 "abc", "1e20", "9PiB", "0.4B", "\"\"", "nan", "1e9 B B"}) {
     SCOPED_TRACE(text);
     const std::string path = with_memory(text);
     expect_contains(load_error(path),
@@ -296,9 +294,8 @@ TEST_F(ClusterFileTest, BadMemoryNamesTheValueAndTheAcceptedForms) {
                      "GiB", "got '"});
   }
   const std::string path = with_memory("[1, 2]");
-  expect_contains(load_error(path),
-                  {path, "nodes[1].devices[0].memory_bytes", "expected a whole number of bytes",
-                   "got a sequence"});
+  expect_contains(load_error(path), {path, "nodes[1].devices[0].memory_bytes",
+                                     "expected a whole number of bytes", "got a sequence"});
   const std::string missing = write(edited(", memory_bytes: 8.0e9", ""));
   expect_contains(load_error(missing), {missing, "nodes[1].devices[0].memory_bytes",
                                         "missing required key", "whole number of bytes"});
@@ -365,7 +362,8 @@ TEST_F(ClusterFileTest, WrongTypes) {
       {"inter_node: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5}", "inter_node: 10",
        "inter_node", "expected a mapping with keys bandwidth_bytes_per_s, latency_s", "got '10'"},
       {"      - {type: gpu-c, flops_per_s: 1.0e12, memory_bytes: 8.0e9}", "      - gpu-c",
-       "nodes[1].devices[0]", "expected a mapping with keys name, type, flops_per_s", "got 'gpu-c'"},
+       "nodes[1].devices[0]", "expected a mapping with keys name, type, flops_per_s",
+       "got 'gpu-c'"},
       {"name: test", "name: [test]", "name", "expected a non-empty string", "got a sequence"},
   };
   for (const Case& test : cases) {
@@ -426,9 +424,8 @@ TEST_F(ClusterFileTest, MissingKeys) {
   - name: n0
     link: {bandwidth_bytes_per_s: 1e9, latency_s: 0}
 )");
-  expect_contains(load_error(no_devices),
-                  {no_devices + ": nodes[0].devices: missing required key",
-                   "expected a non-empty sequence of devices"});
+  expect_contains(load_error(no_devices), {no_devices + ": nodes[0].devices: missing required key",
+                                           "expected a non-empty sequence of devices"});
   const std::string no_nodes = write("name: nothing\n");
   expect_contains(load_error(no_nodes), {no_nodes + ": nodes: missing required key",
                                          "expected a non-empty sequence of nodes"});
@@ -438,18 +435,18 @@ TEST_F(ClusterFileTest, MissingKeys) {
 
 TEST_F(ClusterFileTest, AClusterWithoutDevicesIsAnError) {
   const std::string empty_nodes = write("nodes: []\n");
-  expect_contains(load_error(empty_nodes),
-                  {empty_nodes + ": nodes: expected a non-empty sequence of nodes",
-                   "got an empty sequence"});
+  expect_contains(
+      load_error(empty_nodes),
+      {empty_nodes + ": nodes: expected a non-empty sequence of nodes", "got an empty sequence"});
   const std::string null_nodes = write("nodes:\n");
   expect_contains(load_error(null_nodes),
                   {null_nodes + ": nodes: expected a non-empty sequence", "got an empty value"});
   const std::string map_nodes = write("nodes: {a: 1}\n");
   expect_contains(load_error(map_nodes),
                   {map_nodes + ": nodes: expected a non-empty sequence", "got a mapping"});
-  const std::string empty_devices = write(edited(
-      "    devices:\n      - {type: gpu-c, flops_per_s: 1.0e12, memory_bytes: 8.0e9}\n",
-      "    devices: []\n"));
+  const std::string empty_devices = write(
+      edited("    devices:\n      - {type: gpu-c, flops_per_s: 1.0e12, memory_bytes: 8.0e9}\n",
+             "    devices: []\n"));
   expect_contains(load_error(empty_devices),
                   {empty_devices + ": nodes[1].devices: expected a non-empty sequence of devices",
                    "got an empty sequence"});
@@ -473,9 +470,9 @@ TEST_F(ClusterFileTest, NamesMustBeUnique) {
                                      "already the name at nodes[0].devices[0].name"});
   // Node names, explicit and default.
   path = write(edited("name: n1", "name: n0"));
-  expect_contains(load_error(path), {path + ": nodes[1].name: ",
-                                     "expected a unique node name, got 'n0'",
-                                     "already the name at nodes[0].name"});
+  expect_contains(load_error(path),
+                  {path + ": nodes[1].name: ", "expected a unique node name, got 'n0'",
+                   "already the name at nodes[0].name"});
   path = write(R"(nodes:
   - name: node1
     link: {bandwidth_bytes_per_s: 1e9, latency_s: 0}
@@ -513,10 +510,11 @@ TEST_F(ClusterFileTest, DuplicateKey) {
 
 TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
   const std::string text = replace_first(
-      edited("link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6}",
-             "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6, collectives: {all_reduce: "
-             "{bandwidth_bytes_per_s: 4.0e9, latency_s: 9.0e-6}, all_to_all: {bandwidth_bytes_per_s: "
-             "2.0e9, latency_s: 1.0e-5}}}"),
+      edited(
+          "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6}",
+          "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6, collectives: {all_reduce: "
+          "{bandwidth_bytes_per_s: 4.0e9, latency_s: 9.0e-6}, all_to_all: {bandwidth_bytes_per_s: "
+          "2.0e9, latency_s: 1.0e-5}}}"),
       "memory_bytes: 32GiB}",
       "memory_bytes: 32GiB, update_s_per_param: 2.5e-9, memory_bandwidth_bytes_per_s: 9.0e11, "
       "cpu_quota: 0.5}");
@@ -648,7 +646,8 @@ TEST(ShippedCluster, EmulatedFilesDeclareTheirQuotas) {
     EXPECT_EQ(quotas, (std::vector<double>{0.8, 0.4, 0.2, 0.2})) << name;
     // Declared FLOP/s follow the quotas, so a plan on the declared file splits like them.
     for (size_t i = 1; i < c.devices.size(); ++i)
-      EXPECT_NEAR(c.devices[i].flops_per_s / c.devices[0].flops_per_s, quotas[i] / quotas[0], 1e-12);
+      EXPECT_NEAR(c.devices[i].flops_per_s / c.devices[0].flops_per_s, quotas[i] / quotas[0],
+                  1e-12);
   }
 }
 
@@ -659,9 +658,9 @@ TEST_F(ClusterFileTest, FileProblems) {
   expect_contains(load_error(missing), {missing + ": cannot read the cluster file"});
   expect_contains(load_error(dir_.string()), {dir_.string() + ": cannot read", "directory"});
   const std::string scalar = write("just text\n");
-  expect_contains(load_error(scalar),
-                  {scalar + ": expected a mapping with keys name, inter_node, nodes",
-                   "got 'just text'"});
+  expect_contains(
+      load_error(scalar),
+      {scalar + ": expected a mapping with keys name, inter_node, nodes", "got 'just text'"});
   const std::string two = write("name: a\n---\nname: b\n");
   expect_contains(load_error(two), {two + ": expected one YAML document, found 2"});
 }

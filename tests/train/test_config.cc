@@ -2,8 +2,6 @@
 // and every kind of bad input gives one message naming the file, the key, the value and the
 // expectation.
 #include <gtest/gtest.h>
-
-#include "yaml_file_test.h"
 #include <unistd.h>
 
 #include <filesystem>
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "yaml_file_test.h"
 
 namespace hap::train {
 namespace {
@@ -132,8 +131,7 @@ TEST(ShippedConfig, SetOverridesTakeEffect) {
 }
 
 TEST(ShippedConfig, TheLastOverrideOfAKeyWins) {
-  const RunConfig c =
-      load_run_config(shipped("gpt.yaml"), {"train.steps=70", "train.steps=90"});
+  const RunConfig c = load_run_config(shipped("gpt.yaml"), {"train.steps=70", "train.steps=90"});
   EXPECT_EQ(c.train.steps, 90);
 }
 
@@ -180,14 +178,15 @@ TEST_F(ConfigFileTest, DefaultsFillOptionalKeys) {
   EXPECT_EQ(c.train.warmup_steps, 0);
   EXPECT_EQ(c.train.seed, 1337u);
   EXPECT_EQ(c.train.log_file, "");
-  EXPECT_EQ(c.data.options.string("path"), "corpus.txt") << "paths are kept as written, relative to the cwd";
+  EXPECT_EQ(c.data.options.string("path"), "corpus.txt")
+      << "paths are kept as written, relative to the cwd";
 }
 
 TEST_F(ConfigFileTest, UnknownKeyListsTheValidKeys) {
   const std::string path = write(edited("  batch_size: 4", "  batchsize: 4"));
   expect_contains(load_error(path),
-                  {path, "train.batchsize", "unknown key",
-                   "valid keys of train: batch_size, steps", "did you mean 'batch_size'?"});
+                  {path, "train.batchsize", "unknown key", "valid keys of train: batch_size, steps",
+                   "did you mean 'batch_size'?"});
 }
 
 TEST_F(ConfigFileTest, UnknownSectionListsTheValidSections) {
@@ -246,8 +245,10 @@ TEST_F(ConfigFileTest, EnumListsTheChoices) {
 
 TEST_F(ConfigFileTest, SectionThatIsNotAMappingIsRejected) {
   const std::string path = write("model: 3\ndata:\n  path: x\ntrain:\n  steps: 1\n");
-  expect_contains(load_error(path),
-                  {path, "model", "expected a mapping with keys name, vocab_size, block_size, seq_len", "got '3'"});
+  expect_contains(
+      load_error(path),
+      {path, "model", "expected a mapping with keys name, vocab_size, block_size, seq_len",
+       "got '3'"});
 }
 
 TEST_F(ConfigFileTest, MissingRequiredKeySaysWhatIsExpected) {
@@ -372,8 +373,9 @@ TEST_F(ConfigFileTest, AGpt3SizedRunIsWithinTheLimits) {
 
 TEST_F(ConfigFileTest, SeqLenLongerThanBlockSizeIsRejected) {
   const std::string path = write(edited("seq_len: 64", "seq_len: 65"));
-  expect_contains(load_error(path), {path, "model.seq_len", "expected an integer in [0, model.block_size = 64]",
-                                     "positions past block_size", "got 65"});
+  expect_contains(load_error(path),
+                  {path, "model.seq_len", "expected an integer in [0, model.block_size = 64]",
+                   "positions past block_size", "got 65"});
 }
 
 TEST_F(ConfigFileTest, TheMovedKeyTrainSeqLenSaysWhereItWent) {
@@ -456,8 +458,9 @@ TEST_F(ConfigFileTest, SetCanProvideAKeyTheFileLacks) {
 
 TEST_F(ConfigFileTest, SetThatBreaksACrossKeyRuleIsRejected) {
   const std::string path = write(kValidRun);
-  expect_contains(load_error(path, {"model.block_size=32"}),
-                  {path, "model.seq_len", "expected an integer in [0, model.block_size = 32]", "got 64"});
+  expect_contains(
+      load_error(path, {"model.block_size=32"}),
+      {path, "model.seq_len", "expected an integer in [0, model.block_size = 32]", "got 64"});
 }
 
 }  // namespace
@@ -482,8 +485,10 @@ TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     std::string m = e.what();
-    EXPECT_NE(m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
-              std::string::npos) << m;
+    EXPECT_NE(
+        m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
+        std::string::npos)
+        << m;
   }
 }
 

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
+#include "synth/cluster.h"
+#include "synth/cost_model.h"
 #include "train/config.h"
 #include "train/from_config.h"
 #include "train/plan_io.h"
 #include "train/plan_report.h"
 #include "train/trace.h"
-#include "synth/cluster.h"
-#include "synth/cost_model.h"
 
 namespace {
 
@@ -40,7 +40,8 @@ int run_plan(const std::string& args, std::string* out, std::string* err) {
 
 TEST(PlanBinary, DumpGraphListsParametersAndOpsWithTheirModules) {
   std::string out, err;
-  ASSERT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --dump-graph", &out, &err), 0) << err;
+  ASSERT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --dump-graph", &out, &err), 0)
+      << err;
   EXPECT_NE(out.find("param %0(wte.weight):f32[256, 32]"), std::string::npos) << out;
   EXPECT_NE(out.find("blocks.1"), std::string::npos);
   EXPECT_NE(out.find("Attention"), std::string::npos);
@@ -49,14 +50,16 @@ TEST(PlanBinary, DumpGraphListsParametersAndOpsWithTheirModules) {
 
 TEST(PlanBinary, PlansTheEmulatedClusterAndWritesJsonWithRatiosSummingToOne) {
   std::string out, err;
-  std::string json = (fs::temp_directory_path() / ("hap_plan_" + std::to_string(::getpid()) + ".json")).string();
+  std::string json =
+      (fs::temp_directory_path() / ("hap_plan_" + std::to_string(::getpid()) + ".json")).string();
   ASSERT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
                          src("configs/clusters/emu-mixed4.yaml") + " --json " + json,
                      &out, &err),
             0)
       << err;
-  for (const char* s : {"ratios", "strategy per layer", "collectives per step", "predicted step time",
-                        "per device", "predicted speed-up of hap over: dp-ev", "synthesis time"})
+  for (const char* s :
+       {"ratios", "strategy per layer", "collectives per step", "predicted step time", "per device",
+        "predicted speed-up of hap over: dp-ev", "synthesis time"})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
   std::ifstream in(json);
   auto j = nlohmann::json::parse(in);
@@ -84,9 +87,12 @@ TEST(PlanBinary, UnknownStrategyAndMissingClusterExitWith2) {
 
 TEST(PlanBinary, ClusterWithNoDevicesIsAConfigError) {
   std::string out, err;
-  fs::path bad = fs::temp_directory_path() / ("hap_empty_cluster_" + std::to_string(::getpid()) + ".yaml");
+  fs::path bad =
+      fs::temp_directory_path() / ("hap_empty_cluster_" + std::to_string(::getpid()) + ".yaml");
   std::ofstream(bad) << "name: empty\nnodes: []\n";
-  EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(), &out, &err), 2);
+  EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " + bad.string(),
+                     &out, &err),
+            2);
   EXPECT_NE(err.find(bad.string()), std::string::npos) << err;
   fs::remove(bad);
 }
@@ -130,7 +136,8 @@ TEST(PlanBinary, UnwritableJsonPathIsRefusedBeforePlanningWithTheReason) {
   const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
                            src("configs/clusters/emu-mixed4.yaml");
   EXPECT_EQ(run_plan(plan + " --json /nonexistent/dir/p.json", &out, &err), 2);
-  EXPECT_NE(err.find("cannot write --json '/nonexistent/dir/p.json': the folder '/nonexistent/dir' does not exist"),
+  EXPECT_NE(err.find("cannot write --json '/nonexistent/dir/p.json': the folder '/nonexistent/dir' "
+                     "does not exist"),
             std::string::npos)
       << err;
   EXPECT_EQ(out.find("predicted step time"), std::string::npos) << "planned before refusing:\n"
@@ -182,7 +189,8 @@ TEST(PlanBinary, SearchBudgetIsAnOptionAndRunningOutNamesIt) {
   EXPECT_NE(err.find("parallel.search_budget = 1000 states"), std::string::npos) << err;
   // ... and hap returns the best baseline program, saying so.
   EXPECT_EQ(run_plan(plan + " --search-budget 1000", &out, &err), 0) << err;
-  EXPECT_NE(out.find("note: hap's search went over its budget of 1000 states"), std::string::npos) << out;
+  EXPECT_NE(out.find("note: hap's search went over its budget of 1000 states"), std::string::npos)
+      << out;
   EXPECT_NE(out.find("parallel.search_budget"), std::string::npos) << out;
   EXPECT_EQ(run_plan(plan + " --search-budget 999", &out, &err), 2);
   EXPECT_NE(err.find("parallel.search_budget: expected an integer >= 1000, got 999 (value from "
@@ -227,7 +235,8 @@ class PlanReport : public ::testing::Test {
  protected:
   void SetUp() override {
     const hap::train::RunConfig config = hap::train::load_run_config(src("configs/gpt-tiny.yaml"));
-    graph_ = hap::train::trace_model(*hap::train::build_model(config, true), config.train.batch_size);
+    graph_ =
+        hap::train::trace_model(*hap::train::build_model(config, true), config.train.batch_size);
   }
 
   std::string report(const hap::synth::Cluster& c, const hap::synth::DistributedProgram& p,

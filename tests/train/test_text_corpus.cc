@@ -18,7 +18,9 @@ fs::path scratch(const std::string& tag) {
   return p;
 }
 
-void write(const fs::path& p, const std::string& text) { std::ofstream(p, std::ios::binary) << text; }
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream(p, std::ios::binary) << text;
+}
 
 std::string message_of(const std::function<void()>& f) {
   try {
@@ -51,7 +53,8 @@ TEST(TextCorpus, TargetsAreTheNextBytesAndRowsDependOnlyOnTheirIndex) {
   TextCorpus c = TextCorpus::load((d / "t.txt").string(), 0.2, 16);
   TextWindows whole = c.batch(Split::kTrain, 16, 7, 3, 0, 8);
   TextWindows part = c.batch(Split::kTrain, 16, 7, 3, 5, 8);  // rows 5..7 read alone
-  std::vector<double> wi = whole.idx.to_vector(), wt = whole.targets.to_vector(), pi = part.idx.to_vector();
+  std::vector<double> wi = whole.idx.to_vector(), wt = whole.targets.to_vector(),
+                      pi = part.idx.to_vector();
   for (int r = 0; r < 8; ++r)
     for (int t = 0; t < 16; ++t) {
       if (t + 1 < 16) EXPECT_EQ(wt[r * 16 + t], wi[r * 16 + t + 1]);

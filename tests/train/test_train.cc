@@ -26,7 +26,8 @@ TrainSummary train(const RunConfig& c, const FitOptions& options) {
 }
 
 TEST(Train, LossFallsOnTheDefaultCorpus) {
-  RunConfig c = load_run_config(tiny_config(), {"train.steps=60", "train.lr=3e-3", "train.eval_every=60"});
+  RunConfig c =
+      load_run_config(tiny_config(), {"train.steps=60", "train.lr=3e-3", "train.eval_every=60"});
   TrainSummary s = train(c, {.quiet = true});
   EXPECT_EQ(s.steps_run, 60);
   EXPECT_LT(s.last_loss, s.first_loss - 1.0) << s.first_loss << " -> " << s.last_loss;
@@ -40,13 +41,14 @@ TEST(Train, SameConfigAndSeedGiveBitwiseIdenticalRuns) {
   for (int run = 0; run < 2; ++run) {
     std::string log = (dir / ("run" + std::to_string(run) + ".jsonl")).string();
     RunConfig c = load_run_config(tiny_config(), {"train.steps=10", "train.log_every=1",
-                                                         "model.dropout=0.1", "train.log_file=" + log});
+                                                  "model.dropout=0.1", "train.log_file=" + log});
     train(c, {.quiet = true});
     std::ifstream in(log);
     std::string line;
     while (std::getline(in, line)) {
       auto j = nlohmann::json::parse(line);
-      if (j["type"] == "train") losses[run].push_back(j["loss"].dump());  // exact text of the double
+      if (j["type"] == "train")
+        losses[run].push_back(j["loss"].dump());  // exact text of the double
     }
   }
   ASSERT_EQ(losses[0].size(), 10u);
@@ -58,7 +60,8 @@ TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   fs::path dir = fs::temp_directory_path() / ("hap_train_ckpt_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   std::string ckpt = (dir / "half.hapt").string();
-  RunConfig c = load_run_config(tiny_config(), {"train.steps=8", "train.warmup_steps=2", "model.dropout=0.1"});
+  RunConfig c = load_run_config(tiny_config(),
+                                {"train.steps=8", "train.warmup_steps=2", "model.dropout=0.1"});
   TrainSummary straight = train(c, {.quiet = true});
   TrainSummary first = train(c, {.checkpoint_path = ckpt, .stop_after = 4, .quiet = true});
   EXPECT_EQ(first.steps_run, 4);
@@ -69,8 +72,10 @@ TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
 }
 
 int run_binary(const std::string& args, std::string* err) {
-  std::string errfile = (fs::temp_directory_path() / ("hap_train_err_" + std::to_string(::getpid()))).string();
-  int rc = std::system((std::string(HAP_TRAIN_BIN) + " " + args + " > /dev/null 2> " + errfile).c_str());
+  std::string errfile =
+      (fs::temp_directory_path() / ("hap_train_err_" + std::to_string(::getpid()))).string();
+  int rc =
+      std::system((std::string(HAP_TRAIN_BIN) + " " + args + " > /dev/null 2> " + errfile).c_str());
   std::ifstream in(errfile);
   err->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   fs::remove(errfile);
@@ -93,7 +98,8 @@ TEST(TrainBinary, MissingCorpusExitsWithCode1AndNamesThePath) {
 TEST(TrainBinary, DivergingRunStopsAndNamesTheStep) {
   std::string err;
   EXPECT_EQ(run_binary("--config " + tiny_config() +
-                           " --set train.lr=1e30 --set train.min_lr=1e30 --set train.grad_clip=0 --set train.warmup_steps=0",
+                           " --set train.lr=1e30 --set train.min_lr=1e30 --set train.grad_clip=0 "
+                           "--set train.warmup_steps=0",
                        &err),
             1);
   EXPECT_NE(err.find("training diverged"), std::string::npos) << err;

@@ -28,7 +28,8 @@ class YamlFileTest : public ::testing::Test {
   }
 
   // `valid` with the first occurrence of `from` replaced by `to`.
-  static std::string replace_first(std::string valid, const std::string& from, const std::string& to) {
+  static std::string replace_first(std::string valid, const std::string& from,
+                                   const std::string& to) {
     const std::size_t at = valid.find(from);
     EXPECT_NE(at, std::string::npos) << "the valid document has no '" << from << "'";
     if (at == std::string::npos) return valid;
