@@ -39,6 +39,18 @@ const OpTable& op_table() {
 
 const OpDef& op_def(OpKind kind) { return op_table()[static_cast<size_t>(kind)]; }
 
+const char* method_name(CollectiveMethod m) {
+  switch (m) {
+    case CollectiveMethod::None:
+      return "-";
+    case CollectiveMethod::Padded:
+      return "padded";
+    case CollectiveMethod::Grouped:
+      return "grouped";
+  }
+  return "?";
+}
+
 std::string Prop::str() const {
   switch (kind) {
     case PropKind::Replicated:

@@ -24,6 +24,12 @@ struct Prop {
   std::string str() const;
 };
 
+// How an uneven collective moves its shards (DESIGN.md glossary): padded to the largest shard
+// and carried by the regular collective, or grouped (each shard with its exact size inside one
+// group call). None marks an instruction that moves nothing.
+enum class CollectiveMethod : uint8_t { None, Padded, Grouped };
+const char* method_name(CollectiveMethod m);  // "-", "padded", "grouped"
+
 struct ShardSignature {
   std::vector<Prop> inputs;
   std::vector<Prop> outputs;

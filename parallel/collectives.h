@@ -1,5 +1,5 @@
-// Uneven collectives over CPU tensors (MPI). Not differentiable: parallel/autograd_collectives.h
-// wraps them with their adjoints.
+// Uneven collectives over the communicator's backend (parallel/backend.h). Not differentiable:
+// parallel/autograd_collectives.h wraps them with their adjoints.
 //
 // Every rank calls the same collective with the same arguments except its own tensor. A tensor
 // Sharded(dim) over the communicator has `lengths[r]` elements of `dim` on rank r (any lengths
@@ -7,29 +7,26 @@
 //
 // Methods (DESIGN.md glossary):
 //   Padded  - every block is padded to the largest one and moves in one regular collective
-//             (MPI_Allgather / MPI_Alltoall with equal counts); the receiver trims.
-//   Grouped - every block moves with its exact size, one per rank pair, inside one group call
-//             (MPI_Allgatherv / MPI_Alltoallv).
+//             (a regular BlockLayout: MPI_Allgather / MPI_Alltoall); the receiver trims.
+//   Grouped - every block moves with its exact size inside one group call (a packed
+//             BlockLayout: MPI_Allgatherv / MPI_Alltoallv; NCCL: grouped broadcasts and reduces).
 // Both give bitwise-identical results; they differ only in bytes moved and in call structure.
 //
-// Determinism: sums never run inside MPI (MPI reduction order is implementation-defined and may
-// change with the message size or algorithm). A reduction first moves every addend to the rank
-// that owns the result (the all-to-all step of a reduce-scatter, which moves as many bytes as a
-// ring reduce-scatter) and then sums them there in rank order: out = ((x_0 + x_1) + x_2) + ...
-// So every element of a sum is bitwise the same on every run, on every rank that holds it, and
-// equals the single-process left fold over ranks. bf16 addends are summed in f32 and rounded
-// once; f32 sums stay in f32; f64 in f64; i64 in i64. u8 tensors cannot be reduced.
+// Determinism: the sums are the backend's (MpiBackend: every element in rank order,
+// ((x_0 + x_1) + x_2) + ..., bf16 accumulated in f32), so every element of a sum is bitwise the
+// same on every run, on every rank that holds it, and equals the single-process left fold over
+// ranks. u8 tensors cannot be reduced.
 #pragma once
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
+#include "ops/sharding.h"
 #include "parallel/communicator.h"
 
 namespace hap::parallel {
 
-enum class CollectiveMethod { Padded, Grouped };
-const char* method_name(CollectiveMethod method);  // "padded" / "grouped"
+using ops::CollectiveMethod;  // Padded or Grouped here (None is not a way to move data)
 
 // Sharded(dim) -> Replicated. x_local: the rank's shard, size lengths[rank] in dim.
 // Returns the logical tensor (size sum(lengths) in dim) on every rank.

@@ -17,11 +17,6 @@ using synth::Instruction;
 
 namespace {
 
-CollectiveMethod method_of(synth::CollectiveMethod m) {
-  return m == synth::CollectiveMethod::Padded ? CollectiveMethod::Padded
-                                              : CollectiveMethod::Grouped;
-}
-
 std::vector<ops::ShardSignature> signatures_of(const synth::Graph& g, const synth::GraphNode& n) {
   const ops::OpDef& def = ops::op_def(n.kind);
   if (!def.shard) return {};
@@ -328,7 +323,7 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
       it = values_[t].emplace(in.from.str(), leaf_value(t, in.from, in.segment, &inputs)).first;
     }
     Tensor x = it->second, y;
-    CollectiveMethod m = method_of(in.method);
+    const CollectiveMethod m = in.method;
     switch (in.kind) {
       case InstrKind::AllGather:
         y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.from_segment), m);
@@ -354,10 +349,13 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
         // (differentiable both ways; a point-to-point exchange would move less).
         std::vector<int64_t> from = lengths(t, in.from, in.from_segment),
                              to = lengths(t, in.to, in.segment);
-        y = from == to
-                ? x
-                : functional::shard_slice(
-                      comm_, functional::all_gather(comm_, x, in.from.dim, from, m), in.to.dim, to);
+        // A reshard the cost model found free carries no method: it moves like any other if the
+        // whole-granule lengths differ after all.
+        const CollectiveMethod gather = m == CollectiveMethod::None ? CollectiveMethod::Grouped : m;
+        y = from == to ? x
+                       : functional::shard_slice(
+                             comm_, functional::all_gather(comm_, x, in.from.dim, from, gather),
+                             in.to.dim, to);
         break;
       }
       default:

@@ -30,10 +30,9 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-synth::CollectiveMethod synth_method(synth::InstrKind kind, CollectiveMethod m) {
-  if (kind == synth::InstrKind::AllReduce) return synth::CollectiveMethod::None;
-  return m == CollectiveMethod::Padded ? synth::CollectiveMethod::Padded
-                                       : synth::CollectiveMethod::Grouped;
+// The cost model prices an all-reduce without a method (it moves even blocks).
+CollectiveMethod priced_method(synth::InstrKind kind, CollectiveMethod m) {
+  return kind == synth::InstrKind::AllReduce ? CollectiveMethod::None : m;
 }
 
 constexpr int64_t kRowFloats = 256;
@@ -128,8 +127,8 @@ LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
   std::vector<double> a, b;
   for (const CollectiveSample& s : samples) {
     HAP_CHECK(s.seconds > 0, "fit_link: a sample took ", s.seconds, " s; expected > 0");
-    const synth::CollectiveTerms t = synth::collective_terms(s.kind, synth_method(s.kind, s.method),
-                                                             s.group_size, s.bytes, s.max_share);
+    const synth::CollectiveTerms t = synth::collective_terms(
+        s.kind, priced_method(s.kind, s.method), s.group_size, s.bytes, s.max_share);
     a.push_back(t.latency_terms / s.seconds);
     b.push_back(t.byte_terms / s.seconds);
   }

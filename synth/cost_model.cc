@@ -8,18 +8,6 @@
 
 namespace hap::synth {
 
-const char* method_name(CollectiveMethod m) {
-  switch (m) {
-    case CollectiveMethod::None:
-      return "-";
-    case CollectiveMethod::Padded:
-      return "padded";
-    case CollectiveMethod::Grouped:
-      return "grouped";
-  }
-  return "?";
-}
-
 const char* instr_name(InstrKind k) {
   switch (k) {
     case InstrKind::Compute:
@@ -271,8 +259,10 @@ CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::v
   bool uneven =
       kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter || kind == InstrKind::Slice;
   if (!uneven) {
-    *cost_s = communication(kind, tensor, CollectiveMethod::None).eval(r);
-    return CollectiveMethod::None;
+    // One way to move it (all-reduce of even blocks, all-to-all(v)): the exact sizes, grouped;
+    // a local instruction moves nothing.
+    *cost_s = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);
+    return kind == InstrKind::ToPartial ? CollectiveMethod::None : CollectiveMethod::Grouped;
   }
   double padded = communication(kind, tensor, CollectiveMethod::Padded).eval(r);
   double grouped = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);

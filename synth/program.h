@@ -13,8 +13,8 @@ namespace hap::synth {
 using ops::Prop;
 using ops::PropKind;
 
-enum class CollectiveMethod : uint8_t { None, Padded, Grouped };
-const char* method_name(CollectiveMethod m);
+using ops::CollectiveMethod;
+using ops::method_name;
 
 enum class InstrKind : uint8_t {
   Compute,        // run graph node `node` under signature `signature` on local shards

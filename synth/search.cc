@@ -139,8 +139,8 @@ class Expander {
           in.from = Prop::partial();
           in.to = Prop::replicated();
           in.segment = seg;
-          in.cost_s =
-              cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::None).eval(r);
+          in.method = CollectiveMethod::Grouped;  // the executor's bucketed all-reduce
+          in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, in.method).eval(r);
           child.g += in.cost_s;
           child.instrs.push_back(in);
         }

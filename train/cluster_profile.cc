@@ -229,7 +229,7 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
     progress.step(label + ": " + hap::synth::instr_name(m.kind) +
                   (m.kind == InstrKind::AllReduce
                        ? ""
-                       : std::string(" ") + hap::parallel::method_name(m.method)) +
+                       : std::string(" ") + hap::ops::method_name(m.method)) +
                   (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
   }
   return samples;
@@ -240,7 +240,7 @@ nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
   for (const CollectiveSample& s : samples)
     j.push_back(
         {{"collective", hap::synth::instr_name(s.kind)},
-         {"method", s.kind == InstrKind::AllReduce ? "-" : hap::parallel::method_name(s.method)},
+         {"method", s.kind == InstrKind::AllReduce ? "-" : hap::ops::method_name(s.method)},
          {"ranks", s.group_size},
          {"bytes", s.bytes},
          {"max_share", s.max_share},

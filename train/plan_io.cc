@@ -12,6 +12,7 @@
 
 namespace hap::train {
 
+using synth::CollectiveMethod;
 using synth::InstrKind;
 using synth::Instruction;
 using synth::Prop;
@@ -123,9 +124,8 @@ InstrKind parse_kind(const std::string& s, const std::string& where) {
   throw ConfigError(where + ": unknown instruction kind '" + s + "'");
 }
 
-synth::CollectiveMethod parse_method(const std::string& s, const std::string& where) {
-  for (auto m : {synth::CollectiveMethod::None, synth::CollectiveMethod::Padded,
-                 synth::CollectiveMethod::Grouped})
+CollectiveMethod parse_method(const std::string& s, const std::string& where) {
+  for (auto m : {CollectiveMethod::None, CollectiveMethod::Padded, CollectiveMethod::Grouped})
     if (s == synth::method_name(m)) return m;
   throw ConfigError(where + ": unknown collective method '" + s + "'");
 }
@@ -204,6 +204,11 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
         in.from = parse_prop(e.at("from"), where + ".from");
         in.to = parse_prop(e.at("to"), where + ".to");
         in.method = parse_method(e.at("method"), where + ".method");
+        // Plans written before every moving collective carried its method: the grouped one ran.
+        if (in.method == CollectiveMethod::None &&
+            (in.kind == InstrKind::AllReduce || in.kind == InstrKind::AllToAll ||
+             in.kind == InstrKind::GradAllReduce))
+          in.method = CollectiveMethod::Grouped;
         in.from_segment = e.value("from_segment", in.segment);
       }
       if (in.segment < 0 || in.segment >= static_cast<int>(p.ratios.size()))

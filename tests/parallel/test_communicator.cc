@@ -96,7 +96,7 @@ TEST(MpiCheck, NamesTheCallAndMpisErrorString) {
   try {
     int bad_root = world().size() + 7;
     int v = 0;
-    HAP_MPI_CHECK(MPI_Bcast(&v, 1, MPI_INT, bad_root, world().handle()));
+    HAP_MPI_CHECK(MPI_Bcast(&v, 1, MPI_INT, bad_root, mpi_handle(world())));
     ADD_FAILURE() << "no exception";
   } catch (const MpiError& e) {
     EXPECT_HAS(e.what(), "MPI_Bcast");

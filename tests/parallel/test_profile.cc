@@ -30,10 +30,7 @@ std::vector<CollectiveSample> synthetic(double lat, double bw, double noise, uin
           s.group_size = 4;
           s.bytes = bytes;
           s.max_share = share;
-          const synth::CollectiveMethod sm =
-              k == synth::InstrKind::AllReduce ? synth::CollectiveMethod::None
-              : m == CollectiveMethod::Padded  ? synth::CollectiveMethod::Padded
-                                               : synth::CollectiveMethod::Grouped;
+          const CollectiveMethod sm = k == synth::InstrKind::AllReduce ? CollectiveMethod::None : m;
           const synth::CollectiveTerms t = synth::collective_terms(k, sm, 4, bytes, share);
           s.seconds = (t.latency_terms * lat + t.byte_terms / bw) * jitter(rng);
           out.push_back(s);
