@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
     if (cluster_path.empty()) return 0;
     hap::synth::Cluster cluster = hap::train::load_cluster_config(cluster_path);
 
-    hap::synth::SynthesisOptions opt = hap::train::synthesis_options(config.parallel);
+    hap::synth::SynthesisOptions opt = hap::train::synthesis_options(config);
     hap::synth::Strategy strat = opt.strategy;
     hap::synth::DistributedProgram plan;
     try {
@@ -128,7 +128,7 @@ int main(int argc, char** argv) {
                     hap::train::synthesis_error_message(e.what(), config.parallel).c_str());
       }
     }
-    hap::synth::CostModel cm(graph, cluster);
+    hap::synth::CostModel cm(graph, cluster, opt.optimizer_state_slots);
     std::printf("%s", hap::train::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {
       hap::train::save_plan(json_path, cm, plan);

@@ -4,23 +4,11 @@
 #include <unordered_set>
 
 #include "autograd/grad_mode.h"
+#include "ops/dispatch.h"
 
 namespace hap::optim {
 
 namespace {
-
-// Below this many elements a parameter's update runs on one thread.
-constexpr int64_t kParallelMinElements = int64_t{1} << 15;
-
-template <typename F>
-void dispatch_f32_f64(DType dtype, F&& f) {
-  if (dtype == DType::F32) {
-    f(float{});
-  } else {
-    HAP_ASSERT(dtype == DType::F64, "optimizer update on dtype ", dtype_name(dtype));
-    f(double{});
-  }
-}
 
 std::vector<ParamGroup> single_group(std::vector<Tensor> params) {
   std::vector<ParamGroup> groups(1);
@@ -100,6 +88,39 @@ const Optimizer::ParamState* Optimizer::state(const Tensor& param) const {
   return const_cast<Optimizer*>(this)->state(param);
 }
 
+void Optimizer::step() { step_where(nullptr); }
+
+void Optimizer::step(const std::vector<Tensor>& params) {
+  std::unordered_set<const TensorImpl*> wanted;
+  for (const Tensor& p : params) {
+    HAP_CHECK(state(p) != nullptr, name_, ": step() of a parameter (", p.str(),
+              ") it does not hold");
+    wanted.insert(p.impl());
+  }
+  step_where(&wanted);
+}
+
+void Optimizer::step_where(const std::unordered_set<const TensorImpl*>* only) {
+  std::vector<Update> updates;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    ParamGroup& group = groups_[gi];
+    for (size_t pi = 0; pi < group.params.size(); ++pi) {
+      const Tensor& p = group.params[pi];
+      if (only && !only->count(p.impl())) continue;
+      Tensor g = p.grad();
+      if (!g.defined()) continue;
+      check_update(group, pi, p, g);
+      ParamState& st = states_[gi][pi];
+      for (Tensor& s : st.slots)
+        if (s.dtype() != p.dtype()) s = s.to(p.dtype());
+      updates.push_back({&group, p, g.contiguous(), &st});
+    }
+  }
+  if (updates.empty()) return;
+  NoGradGuard no_grad;
+  apply(updates);
+}
+
 void Optimizer::check_update(const ParamGroup& group, size_t index, const Tensor& p,
                              const Tensor& g) const {
   HAP_CHECK(p.is_contiguous(), name_, ": parameter ", index, " of ", group.name, " (", p.str(),
@@ -125,35 +146,21 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : SGD(single_group(std::move(params)), options) {}
 
-void SGD::step() {
-  NoGradGuard no_grad;
-  const double momentum = options_.momentum;
-  const bool nesterov = options_.nesterov;
-  for_each_update(
-      [&](const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& st) {
-        dispatch_f32_f64(param.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          T* p = param.data<T>();
-          const T* g = grad.data<T>();
-          T* buf = momentum != 0.0 ? st.slots[0].data<T>() : nullptr;
-          const T lr = static_cast<T>(*group.lr), wd = static_cast<T>(*group.weight_decay);
-          const T mom = static_cast<T>(momentum);
-          const bool first = st.step == 0;
-          const int64_t n = param.numel();
-#pragma omp parallel for if (n >= kParallelMinElements)
-          for (int64_t i = 0; i < n; ++i) {
-            T d = g[i];
-            if (wd != T(0)) d += wd * p[i];
-            if (buf) {
-              T b = first ? d : mom * buf[i] + d;
-              buf[i] = b;
-              d = nesterov ? d + mom * b : b;
-            }
-            p[i] -= lr * d;
-          }
-        });
-        ++st.step;
-      });
+void SGD::apply(const std::vector<Update>& updates) {
+  ops::OptimizerAttrs a;
+  a.momentum = options_.momentum;
+  a.nesterov = options_.nesterov;
+  std::vector<Tensor> inputs;
+  for (const Update& u : updates) {
+    a.lr.push_back(*u.group->lr);
+    a.weight_decay.push_back(*u.group->weight_decay);
+    a.step.push_back(u.state->step);
+    inputs.push_back(u.param);
+    inputs.push_back(u.grad);
+    if (a.momentum != 0.0) inputs.push_back(u.state->slots[0]);
+  }
+  ops::call(ops::OpKind::SgdUpdate, inputs, a);
+  for (const Update& u : updates) ++u.state->step;
 }
 
 // ---- AdamW ----
@@ -170,42 +177,19 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
     : AdamW(single_group(std::move(params)), options) {}
 
-void AdamW::step() {
-  NoGradGuard no_grad;
-  // Plain locals, not a structured binding: clang < 16 cannot capture those in lambdas.
-  const double beta1 = options_.betas.first, beta2 = options_.betas.second;
-  for_each_update(
-      [&](const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& st) {
-        const int64_t t = ++st.step;
-        const double lr = *group.lr, wd = *group.weight_decay;
-        // Scalars in double, as torch computes them in Python; the update itself in T.
-        const double bias_correction1 = 1.0 - std::pow(beta1, static_cast<double>(t));
-        const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(t));
-        dispatch_f32_f64(param.dtype(), [&](auto tag) {
-          using T = decltype(tag);
-          T* p = param.data<T>();
-          const T* g = grad.data<T>();
-          T* m = st.slots[0].data<T>();
-          T* v = st.slots[1].data<T>();
-          const T decay = static_cast<T>(1.0 - lr * wd);
-          const T b1 = static_cast<T>(beta1), one_minus_b1 = static_cast<T>(1.0 - beta1);
-          const T b2 = static_cast<T>(beta2), one_minus_b2 = static_cast<T>(1.0 - beta2);
-          const T step_size = static_cast<T>(lr / bias_correction1);
-          const T bc2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-          const T eps = static_cast<T>(options_.eps);
-          const int64_t n = param.numel();
-#pragma omp parallel for if (n >= kParallelMinElements)
-          for (int64_t i = 0; i < n; ++i) {
-            const T gi = g[i];
-            const T mi = m[i] * b1 + gi * one_minus_b1;
-            const T vi = v[i] * b2 + gi * gi * one_minus_b2;
-            m[i] = mi;
-            v[i] = vi;
-            const T denom = std::sqrt(vi) / bc2_sqrt + eps;
-            p[i] = p[i] * decay - step_size * (mi / denom);
-          }
-        });
-      });
+void AdamW::apply(const std::vector<Update>& updates) {
+  ops::OptimizerAttrs a;
+  a.beta1 = options_.betas.first;
+  a.beta2 = options_.betas.second;
+  a.eps = options_.eps;
+  std::vector<Tensor> inputs;
+  for (const Update& u : updates) {
+    a.lr.push_back(*u.group->lr);
+    a.weight_decay.push_back(*u.group->weight_decay);
+    a.step.push_back(++u.state->step);
+    inputs.insert(inputs.end(), {u.param, u.grad, u.state->slots[0], u.state->slots[1]});
+  }
+  ops::call(ops::OpKind::AdamWUpdate, inputs, a);
 }
 
 }  // namespace hap::optim

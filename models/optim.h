@@ -1,7 +1,8 @@
 // Optimizers with torch.optim semantics: SGD (momentum, optional Nesterov, L2 weight decay) and
-// AdamW (decoupled weight decay). step() updates each parameter in place, in one fused
-// OpenMP-parallel loop over its contiguous f32 or f64 data, without recording autograd history.
-// Parameters without a gradient are skipped (their state does not advance), as in torch.
+// AdamW (decoupled weight decay). step() updates every parameter in place with one fused,
+// multi-tensor registry op (ops::OpKind::SgdUpdate / AdamWUpdate: a kernel per device), without
+// recording autograd history. Parameters without a gradient are skipped (their state does not
+// advance), as in torch.
 //
 //   auto groups = hap::optim::weight_decay_groups(model->named_parameters(), 0.1);
 //   hap::optim::AdamW opt(groups, {.lr = 6e-4, .betas = {0.9, 0.95}, .eps = 1e-8,
@@ -11,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -44,7 +46,10 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One update of every parameter that has a gradient.
-  virtual void step() = 0;
+  void step();
+  // One update of the given parameters (each one this optimizer holds) that have a gradient:
+  // what a distributed program's update instructions name.
+  void step(const std::vector<Tensor>& params);
   // Drops every parameter's gradient.
   void zero_grad();
   // Sets the learning rate of every group (what a schedule does each step).
@@ -65,27 +70,19 @@ class Optimizer {
  protected:
   Optimizer(std::vector<ParamGroup> groups, double default_lr, double default_weight_decay,
             std::vector<std::string> slot_names, const char* optimizer_name);
-  // Calls f(group, param, grad, state) for every parameter with a gradient, after checking that
-  // parameter and gradient are contiguous f32/f64 tensors of the same shape and dtype (the state
-  // slots follow the parameter's dtype).
-  template <typename F>
-  void for_each_update(F&& f) {
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      ParamGroup& group = groups_[gi];
-      for (size_t pi = 0; pi < group.params.size(); ++pi) {
-        const Tensor& p = group.params[pi];
-        Tensor g = p.grad();
-        if (!g.defined()) continue;
-        check_update(group, pi, p, g);
-        ParamState& st = states_[gi][pi];
-        for (Tensor& s : st.slots)
-          if (s.dtype() != p.dtype()) s = s.to(p.dtype());
-        f(group, p, g.contiguous(), st);
-      }
-    }
-  }
+  // One update in flight: a parameter, its (contiguous) gradient, its group and state (slots in
+  // the parameter's dtype).
+  struct Update {
+    const ParamGroup* group;
+    Tensor param;
+    Tensor grad;
+    ParamState* state;
+  };
+  // Applies one update to each of `updates` (all of one call, fused) and advances their steps.
+  virtual void apply(const std::vector<Update>& updates) = 0;
 
  private:
+  void step_where(const std::unordered_set<const TensorImpl*>* only);
   void check_update(const ParamGroup& group, size_t index, const Tensor& p, const Tensor& g) const;
 
   std::vector<ParamGroup> groups_;
@@ -109,10 +106,10 @@ class SGD : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, SGDOptions options);
   SGD(std::vector<Tensor> params, SGDOptions options);
-  void step() override;
   const SGDOptions& options() const { return options_; }
 
  private:
+  void apply(const std::vector<Update>& updates) override;
   SGDOptions options_;
 };
 
@@ -131,10 +128,10 @@ class AdamW : public Optimizer {
  public:
   AdamW(std::vector<ParamGroup> groups, AdamWOptions options);
   AdamW(std::vector<Tensor> params, AdamWOptions options);
-  void step() override;
   const AdamWOptions& options() const { return options_; }
 
  private:
+  void apply(const std::vector<Update>& updates) override;
   AdamWOptions options_;
 };
 

@@ -53,7 +53,13 @@ struct SplitAttrs {
   int64_t dim = 0;
   std::vector<int64_t> sizes;
 };
-struct CrossEntropyAttrs {  // mean over targets != ignore_index
+struct CrossEntropyAttrs {  // mean over targets != ignore_index; CountTargets
+  int64_t ignore_index = -100;
+};
+// TargetLogit: the logit of each row's target among the columns [offset, offset + V) a tensor
+// holds of a vocabulary (a shard of it, or all of it with offset 0).
+struct TargetAttrs {
+  int64_t offset = 0;
   int64_t ignore_index = -100;
 };
 struct AttentionAttrs {  // q, k, v: [B, H, T, D]
@@ -76,10 +82,22 @@ struct ScatterAttrs {
 struct CastAttrs {
   DType dtype = DType::F32;
 };
+// Optimizer updates (SgdUpdate, AdamWUpdate) over several parameters at once: per parameter its
+// learning rate, weight decay and step, and the hyperparameters they share.
+struct OptimizerAttrs {
+  std::vector<double> lr, weight_decay;
+  // AdamW: the step this update makes (1-based, for the bias corrections); SGD: updates so far
+  // (0: the momentum buffer starts from this gradient).
+  std::vector<int64_t> step;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
+  double momentum = 0;                            // SGD
+  bool nesterov = false;                          // SGD
+};
 
-using Attrs = std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs,
-                           RandomAttrs, ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs,
-                           CrossEntropyAttrs, AttentionAttrs, TopKAttrs, ScatterAttrs, CastAttrs>;
+using Attrs =
+    std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs, RandomAttrs,
+                 ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs, CrossEntropyAttrs, TargetAttrs,
+                 AttentionAttrs, TopKAttrs, ScatterAttrs, CastAttrs, OptimizerAttrs>;
 
 // Human-readable "key=value" list, for graph dumps and error messages.
 std::string attrs_str(const Attrs& attrs);

@@ -190,6 +190,16 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }
+
+Tensor logsumexp(const Tensor& x) { return ops::call1(ops::OpKind::LogSumExp, {x}); }
+
+Tensor target_logit(const Tensor& x, const Tensor& targets, int64_t offset, int64_t ignore_index) {
+  return ops::call1(ops::OpKind::TargetLogit, {x, targets}, ops::TargetAttrs{offset, ignore_index});
+}
+
+Tensor count_targets(const Tensor& targets, int64_t ignore_index) {
+  return ops::call1(ops::OpKind::CountTargets, {targets}, ops::CrossEntropyAttrs{ignore_index});
+}
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                     double dropout_p, uint64_t seed, uint64_t stream,
                                     double scale) {
@@ -200,29 +210,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   return ops::call(OpKind::Attention, {q, k, v}, a)[0];
 }
 
-double sum_of_squares(const Tensor& x) {
-  Tensor c = x.contiguous();
-  double total = 0;
-  auto accumulate = [&](const auto* p) {
-    const int64_t n = c.numel();
-#pragma omp parallel for reduction(+ : total) if (n >= (int64_t{1} << 15))
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(p[i]);
-      total += v * v;
-    }
-  };
-  switch (c.dtype()) {
-    case DType::F32:
-      accumulate(c.data<float>());
-      break;
-    case DType::F64:
-      accumulate(c.data<double>());
-      break;
-    default: {
-      for (double v : c.to_vector()) total += v * v;
-    }
-  }
-  return total;
+double sum_of_squares(const Tensor& x) { return sum_of_squares(std::vector<Tensor>{x}); }
+
+double sum_of_squares(const std::vector<Tensor>& xs) {
+  if (xs.empty()) return 0.0;
+  return ops::call1(ops::OpKind::SumOfSquares, xs).item();
 }
 
 }  // namespace hap

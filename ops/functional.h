@@ -98,10 +98,21 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 // ---- losses and attention ----
 // logits: [N, V], targets: i64 [N]; mean over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// log sum_j exp(x[..., j]) over the last dim (stable; -inf for an empty row).
+Tensor logsumexp(const Tensor& x);
+// x: [N, V] holding the columns [offset, offset + V) of a vocabulary; targets: i64 [N]. Row i's
+// target logit x[i, targets[i] - offset] where this tensor holds that column and the target is
+// not ignore_index, else 0 (the pieces of a vocabulary-parallel cross-entropy).
+Tensor target_logit(const Tensor& x, const Tensor& targets, int64_t offset = 0,
+                    int64_t ignore_index = -100);
+// How many targets differ from ignore_index (an i64 scalar; not differentiable).
+Tensor count_targets(const Tensor& targets, int64_t ignore_index = -100);
 
 // The sum of x's squared elements, accumulated in double (no autograd): gradient norms. The same
 // bits for the same thread count.
 double sum_of_squares(const Tensor& x);
+// Over every element of every tensor (0 for none): the global norm is its square root.
+double sum_of_squares(const std::vector<Tensor>& xs);
 // q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D).
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double dropout_p = 0.0, uint64_t seed = 0,

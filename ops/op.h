@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "ops/attrs.h"
+#include "ops/local.h"
 #include "ops/sharding.h"
 
 namespace hap::ops {
@@ -19,10 +20,11 @@ namespace hap::ops {
   X(Neg) X(Exp) X(Log) X(Sqrt) X(Rsqrt) X(Tanh) X(Gelu) X(Relu) X(Sigmoid) X(Softmax)         \
   X(LogSoftmax) X(LayerNorm) X(RmsNorm) X(Embedding) X(Dropout) X(Sum) X(Mean) X(Max)         \
   X(Reshape) X(Permute) X(Slice) X(Expand) X(Concat) X(Split) X(Contiguous) X(MaskedFill)     \
-  X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast)                                      \
+  X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast) X(LogSumExp) X(TargetLogit)         \
+  X(CountTargets) X(SumOfSquares) X(SgdUpdate) X(AdamWUpdate)                                \
   X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
   X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
-  X(AttentionBackward) X(SliceBackward) X(IndexBackward)
+  X(AttentionBackward) X(SliceBackward) X(IndexBackward) X(TargetLogitBackward)
 // clang-format on
 
 enum class OpKind : uint16_t {
@@ -75,9 +77,12 @@ struct OpDef {
   KernelFn cpu = nullptr;
   KernelFn cuda = nullptr;        // filled by the CUDA backend
   BackwardFn backward = nullptr;  // null: not differentiable
-  uint32_t optional_inputs = 0;   // bit i: input i may be an undefined Tensor
-  bool saves_inputs = true;       // backward reads the inputs
-  bool saves_outputs = false;     // backward reads the outputs
+  // How the op runs on one rank's shards (ops/local.h); null: its kernel on the local shards with
+  // the attributes unchanged.
+  LocalFn local = nullptr;
+  uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
+  bool saves_inputs = true;      // backward reads the inputs
+  bool saves_outputs = false;    // backward reads the outputs
   // A matrix product (input 1, when a parameter, is its weight: tensor parallelism stores it
   // Sharded); its backward computes one forward-sized product per input that needs a gradient.
   bool product = false;
@@ -103,6 +108,7 @@ void register_shape_ops(OpTable& t);
 void register_nn_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
+void register_optim_ops(OpTable& t);
 
 inline OpDef& def_of(OpTable& t, OpKind k) { return t[static_cast<size_t>(k)]; }
 

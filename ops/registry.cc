@@ -22,6 +22,7 @@ OpTable build_table() {
   register_nn_ops(t);
   register_loss_ops(t);
   register_attention_ops(t);
+  register_optim_ops(t);
   for (size_t i = 0; i < kNumOps; ++i) {
     HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr, "op ",
                kOpNames[i], " has no complete registry entry");
@@ -87,6 +88,9 @@ struct AttrPrinter {
   }
   void operator()(const SplitAttrs& a) { os << "dim=" << a.dim << " sizes=" << vec_str(a.sizes); }
   void operator()(const CrossEntropyAttrs& a) { os << "ignore_index=" << a.ignore_index; }
+  void operator()(const TargetAttrs& a) {
+    os << "offset=" << a.offset << " ignore_index=" << a.ignore_index;
+  }
   void operator()(const AttentionAttrs& a) {
     os << "causal=" << a.causal << " scale=" << a.scale << " dropout=" << a.dropout.p;
   }
@@ -97,6 +101,7 @@ struct AttrPrinter {
     os << "dim=" << a.dim << " start=" << a.start << " shape=" << vec_str(a.shape);
   }
   void operator()(const CastAttrs& a) { os << "dtype=" << dtype_name(a.dtype); }
+  void operator()(const OptimizerAttrs& a) { os << "tensors=" << a.lr.size(); }
 };
 }  // namespace
 

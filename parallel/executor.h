@@ -3,10 +3,11 @@
 // communication instructions run the differentiable collectives, so that backward() on the local
 // loss yields this rank's local gradients (gradient convention: parallel/autograd_collectives.h).
 //
-// Every instruction kind is supported (a reshard between segments' ratios gathers, then slices);
-// ops whose attributes hold global sizes are localised here (reshape, expand, mean and
-// cross-entropy with global counts, dropout/attention-dropout slices, vocabulary-parallel
-// embedding). An op signature the executor cannot localise is an error naming the op.
+// The executor is generic: an op whose attributes or shards need adapting to one rank (a
+// reshape's target, a mean's count, a dropout mask's slice, a vocabulary-parallel loss) says how
+// in its registry entry (OpDef::local, ops/local.h), which the executor calls with a ShardContext;
+// it never switches on op kinds. Shard lengths come from synth::ShardLayout, as the cost model's.
+// The program's own gradient all-reduce and update instructions run with their methods.
 #pragma once
 #include <functional>
 #include <map>
@@ -18,6 +19,7 @@
 #include "parallel/communicator.h"
 #include "synth/graph.h"
 #include "synth/program.h"
+#include "synth/shard_layout.h"
 
 namespace hap::parallel {
 
@@ -42,23 +44,27 @@ struct ForwardOptions {
 
 class Executor {
  public:
-  // Checks that every rank holds the same program (size of the world = devices of the plan).
+  // Checks that the program is for a world of this size.
   Executor(const synth::Graph& graph, const synth::DistributedProgram& program, Communicator comm);
 
   // Creates this rank's parameters (leaves that require grad) from `source`.
   void materialize_parameters(const TensorSource& source);
-  // name -> this rank's parameter tensor (its shard, or all of it when Replicated).
+  // name -> this rank's parameter tensor (its shard, or all of it when Replicated), in graph
+  // order.
   const std::vector<std::pair<std::string, Tensor>>& parameters() const { return params_; }
   Prop storage(const std::string& name) const;
 
   // Runs the program's forward on this rank's inputs and returns the local loss, a Partial
   // (the global loss is the sum over ranks) ready for backward().
   Tensor forward(const TensorSource& inputs, const ForwardOptions& options = {});
-  // Backward of the local loss from forward(): every rank's local gradients, then one all-reduce
-  // per bucket (up to 32 MiB of one dtype, in parameter order) of the Replicated parameters'
-  // Partial gradients, as data-parallel frameworks do, instead of one per parameter. The sums
-  // are the same element by element (rank order) either way.
+  // Backward of the local loss from forward(), then the program's gradient all-reduce
+  // instructions with their methods: consecutive ones of one method and dtype share one
+  // all-reduce of up to 32 MiB (a bucket), as data-parallel frameworks do; the sums are the same
+  // element by element (rank order) either way.
   void backward(const Tensor& local_loss);
+  // The program's update instructions: `step` gets, once, the local tensors of the parameters
+  // they name, in program order (an optimizer's fused update over exactly those).
+  void update(const std::function<void(const std::vector<Tensor>& params)>& step) const;
   // The global loss (sum of the local ones), identical on every rank.
   double global_loss(const Tensor& local_loss) const;
   // The L2 norm of all gradients, counting Replicated parameters once.
@@ -75,33 +81,26 @@ class Executor {
   LogicalSlice slice_of(const std::string& name) const;
 
   const Communicator& comm() const { return comm_; }
+  const synth::ShardLayout& layout() const { return layout_; }
 
  private:
-  struct Shard {
-    int64_t offset = 0, length = 0;
-  };
-  void compute_granules();
+  class NodeContext;
   std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
-  Tensor run_compute(const synth::Instruction& in);
-  Tensor gather(const Tensor& local, int tensor, const Prop& p, int segment) const;
-  // cross_entropy with logits Sharded(1) (the vocabulary) and targets Replicated: this rank's
-  // Partial addend of the loss.
-  Tensor vocab_parallel_cross_entropy(const Tensor& logits, const Tensor& targets,
-                                      int64_t vocab_offset, int64_t ignore_index) const;
+  Tensor gather(const Tensor& local, int tensor) const;
+  int param_tensor(const std::string& name) const;
 
   const synth::Graph& graph_;
   const synth::DistributedProgram& program_;
   Communicator comm_;
+  synth::ShardLayout layout_;
+  std::vector<std::vector<ops::ShardSignature>> sigs_;  // per node
   std::vector<std::pair<std::string, Tensor>> params_;
   std::map<std::string, int> param_tensor_;  // name -> graph tensor
   std::map<int, Tensor> param_local_;        // graph tensor -> local leaf
   std::map<int, int> param_segment_;         // graph tensor -> segment its shard lengths use
-  // Per tensor and dim, the granule its shards come in: a dim made by merging [B, T] into
-  // [B * T] is split in whole rows of T, so that it lines up with the unmerged tensors.
-  std::vector<std::vector<int64_t>> granule_;
-  // Values of the current forward: graph tensor -> property -> local tensor.
-  std::vector<std::map<std::string, Tensor>> values_;
+  // Values of the current forward: graph tensor -> property (prop_key) -> local tensor.
+  std::vector<std::map<int, Tensor>> values_;
 };
 
 }  // namespace hap::parallel

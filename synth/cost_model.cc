@@ -40,8 +40,10 @@ double LinearCost::eval(const std::vector<double>& r) const {
   return m + constant_s;
 }
 
-CostModel::CostModel(const Graph& graph, const Cluster& cluster)
-    : graph_(graph), cluster_(cluster) {
+CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots)
+    : graph_(graph), cluster_(cluster), param_state_factor_(2.0 + optimizer_state_slots) {
+  HAP_CHECK(optimizer_state_slots >= 0, "cost model: optimizer_state_slots must be >= 0, got ",
+            optimizer_state_slots);
   std::vector<int> all(cluster.devices.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
   link_ = cluster.bottleneck(all);
@@ -57,18 +59,10 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster)
   step_bytes_.resize(graph.nodes.size());
   for (const GraphNode& n : graph.nodes) {
     const ops::OpDef& def = ops::op_def(n.kind);
-    ops::Metas in, out;
     int grad_inputs = 0;
-    for (int t : n.inputs) {
-      if (t < 0) {
-        in.push_back({{}, DType::F32, false});
-        continue;
-      }
-      in.push_back({graph.tensors[t].shape, graph.tensors[t].dtype, true});
-      if (requires_grad_[t]) ++grad_inputs;
-    }
-    for (int t : n.outputs) out.push_back({graph.tensors[t].shape, graph.tensors[t].dtype, true});
-    if (def.shard) sigs_[n.id] = def.shard(in, out, n.attrs);
+    for (int t : n.inputs)
+      if (t >= 0 && requires_grad_[t]) ++grad_inputs;
+    sigs_[n.id] = signatures_of(graph, n);
     bool differentiable = def.backward != nullptr && grad_inputs > 0;
     if (differentiable)
       for (int t : n.outputs)
@@ -109,30 +103,45 @@ LinearCost CostModel::compute(int node, int sig) const {
   return c;
 }
 
-std::vector<double> CostModel::compute_shares(int node, int sig,
-                                              const std::vector<double>& r) const {
-  if (!splits_work(node, sig)) return r;
-  // The split dimension: the first Sharded output's, else the first Sharded input's (a
-  // row-parallel product's contraction). Each device computes on whole rows of it.
+std::pair<int, int64_t> CostModel::split_dim(int node, int sig) const {
+  if (!splits_work(node, sig)) return {-1, -1};
   const GraphNode& n = graph_.nodes[node];
-  int64_t extent = -1;
   const ops::ShardSignature& s = sigs_[node][sig];
-  for (size_t o = 0; o < s.outputs.size() && extent < 0; ++o)
-    if (s.outputs[o].kind == PropKind::Sharded)
-      extent = graph_.tensors[n.outputs[o]].shape[s.outputs[o].dim];
-  for (size_t i = 0; i < s.inputs.size() && extent < 0; ++i)
+  for (size_t o = 0; o < s.outputs.size(); ++o)
+    if (s.outputs[o].kind == PropKind::Sharded) return {n.outputs[o], s.outputs[o].dim};
+  for (size_t i = 0; i < s.inputs.size(); ++i)
     if (s.inputs[i].kind == PropKind::Sharded && n.inputs[i] >= 0)
-      extent = graph_.tensors[n.inputs[i]].shape[s.inputs[i].dim];
+      return {n.inputs[i], s.inputs[i].dim};
+  return {-1, -1};
+}
+
+namespace {
+// Whole-granule shard lengths of a dimension of n elements.
+std::vector<int64_t> granular_lengths(int64_t n, const std::vector<double>& r, int64_t granule) {
+  if (granule <= 0 || n % granule != 0) granule = 1;
+  std::vector<int64_t> l = shard_lengths(n / granule, r);
+  for (int64_t& x : l) x *= granule;
+  return l;
+}
+}  // namespace
+
+std::vector<double> CostModel::compute_shares(int node, int sig, const std::vector<double>& r,
+                                              int64_t granule) const {
+  // Each device computes on whole rows (granules) of the split dimension.
+  const auto [tensor, dim] = split_dim(node, sig);
+  if (tensor < 0) return r;
+  const int64_t extent = graph_.tensors[tensor].shape[dim];
   if (extent <= 0) return r;
-  const std::vector<int64_t> lengths = shard_lengths(extent, r);
+  const std::vector<int64_t> lengths = granular_lengths(extent, r, granule);
   std::vector<double> shares(r.size());
   for (size_t d = 0; d < r.size(); ++d)
     shares[d] = static_cast<double>(lengths[d]) / static_cast<double>(extent);
   return shares;
 }
 
-double CostModel::compute_s(int node, int sig, const std::vector<double>& r) const {
-  return compute(node, sig).eval(compute_shares(node, sig, r));
+double CostModel::compute_s(int node, int sig, const std::vector<double>& r,
+                            int64_t granule) const {
+  return compute(node, sig).eval(compute_shares(node, sig, r, granule));
 }
 
 CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int num_devices,
@@ -281,16 +290,17 @@ double CostModel::reshard_coef(int tensor) const {
 }
 
 bool CostModel::reshard_moves(int tensor, int dim, const std::vector<double>& a,
-                              const std::vector<double>& b) const {
+                              const std::vector<double>& b, int64_t granule) const {
   if (a == b) return false;
   const int64_t n = graph_.tensors[tensor].shape[dim];
-  return shard_lengths(n, a) != shard_lengths(n, b);
+  return granular_lengths(n, a, granule) != granular_lengths(n, b, granule);
 }
 
 double CostModel::reshard_s(int tensor, int dim, const std::vector<double>& a,
-                            const std::vector<double>& b, CollectiveMethod* method) const {
+                            const std::vector<double>& b, CollectiveMethod* method,
+                            int64_t granule) const {
   if (method) *method = CollectiveMethod::None;
-  if (!reshard_moves(tensor, dim, a, b)) return 0;
+  if (!reshard_moves(tensor, dim, a, b, granule)) return 0;
   double cost = 0;
   const CollectiveMethod m = best_method(InstrKind::AllGather, tensor, a, &cost);
   if (method) *method = m;

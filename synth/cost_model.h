@@ -2,6 +2,7 @@
 // priced with latency + bytes / bottleneck-link bandwidth for the padded and grouped methods, and
 // per-device memory. Every cost is "forward + backward" of one training step.
 #pragma once
+#include <utility>
 #include <vector>
 
 #include "synth/cluster.h"
@@ -35,7 +36,10 @@ CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int nu
 
 class CostModel {
  public:
-  CostModel(const Graph& graph, const Cluster& cluster);
+  // `optimizer_state_slots`: tensors of optimizer state per parameter tensor, each the size of the
+  // parameter (AdamW 2, SGD with momentum 1, plain SGD 0): a stored parameter costs the parameter,
+  // its gradient and these in memory.
+  CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots = 2);
 
   const Graph& graph() const { return graph_; }
   const Cluster& cluster() const { return cluster_; }
@@ -59,9 +63,15 @@ class CostModel {
   // Each device's share of a node's work under ratios r: its whole-row shard of the split
   // dimension over that dimension's length (r itself where the signature splits nothing). With
   // fewer rows than devices some get none and others a row each, whatever the ratios.
-  std::vector<double> compute_shares(int node, int sig, const std::vector<double>& r) const;
+  // With a granule (synth/shard_layout.h: the program's shards of that dimension come in whole
+  // multiples of it), the shards are whole granules.
+  std::vector<double> compute_shares(int node, int sig, const std::vector<double>& r,
+                                     int64_t granule = 1) const;
+  // The tensor and dimension a signature splits a node's work along: the first Sharded output's,
+  // else the first Sharded input's (a row-parallel product's contraction); {-1, -1} for none.
+  std::pair<int, int64_t> split_dim(int node, int sig) const;
   // Compute time under ratios r on whole-row shards: compute(node, sig) at compute_shares.
-  double compute_s(int node, int sig, const std::vector<double>& r) const;
+  double compute_s(int node, int sig, const std::vector<double>& r, int64_t granule = 1) const;
   // Seconds of forward + backward of the whole of `node` on `device`: its FLOPs at the device's
   // FLOP/s plus, where the device's memory bandwidth is known, its bytes at that bandwidth (what
   // makes element-wise ops, norms and copies cost more than their few FLOPs suggest).
@@ -79,15 +89,18 @@ class CostModel {
   // anything: false when both give the same whole-row shard lengths (the executor then hands
   // the same shard on, so it costs neither time nor memory).
   bool reshard_moves(int tensor, int dim, const std::vector<double>& from_r,
-                     const std::vector<double>& to_r) const;
+                     const std::vector<double>& to_r, int64_t granule = 1) const;
   // The reshard's time: zero when nothing moves, otherwise what the executor does, an
   // all-gather under from_r (its better method goes to *method) and a free slice.
   double reshard_s(int tensor, int dim, const std::vector<double>& from_r,
-                   const std::vector<double>& to_r, CollectiveMethod* method = nullptr) const;
+                   const std::vector<double>& to_r, CollectiveMethod* method = nullptr,
+                   int64_t granule = 1) const;
   // A linear stand-in for the ratio LP: bytes / bandwidth per unit of ratio change (the LP
   // cannot express the step from zero to a whole all-gather).
   double reshard_coef(int tensor) const;
   double latency_s() const { return link_.latency_s; }
+  // Bytes held per byte of a stored parameter: itself, its gradient and the optimizer's state.
+  double param_state_factor() const { return param_state_factor_; }
 
   // Bytes a device holds for tensor t with property p under ratios r (for memory).
   double held_bytes(int tensor, const Prop& p, double share) const;
@@ -104,6 +117,7 @@ class CostModel {
   std::vector<double> step_flops_;
   std::vector<double> step_bytes_;
   int num_params_ = 0;  // parameter tensors of the graph
+  double param_state_factor_ = 4.0;
 };
 
 }  // namespace hap::synth

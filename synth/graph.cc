@@ -68,6 +68,17 @@ std::string Graph::str() const {
   return os.str();
 }
 
+std::vector<ops::ShardSignature> signatures_of(const Graph& g, const GraphNode& n) {
+  const ops::OpDef& def = ops::op_def(n.kind);
+  if (!def.shard) return {};
+  ops::Metas in, out;
+  for (int t : n.inputs)
+    in.push_back(t < 0 ? ops::TensorMeta{{}, DType::F32, false}
+                       : ops::TensorMeta{g.tensors[t].shape, g.tensors[t].dtype, true});
+  for (int t : n.outputs) out.push_back({g.tensors[t].shape, g.tensors[t].dtype, true});
+  return def.shard(in, out, n.attrs);
+}
+
 namespace {
 
 class Tracer : public ops::TraceHook {
@@ -103,7 +114,9 @@ class Tracer : public ops::TraceHook {
         in_meta.push_back({{}, DType::F32, false});
         continue;
       }
+      const bool known = ids.count(t.impl()) > 0;
       int id = add_leaf(t, "", TensorRole::Constant);
+      if (!known && t.has_storage()) graph.tensors[id].value = t.contiguous().clone();
       graph.tensors[id].consumers.push_back(n.id);
       n.inputs.push_back(id);
       in_meta.push_back({t.shape(), t.dtype(), true});

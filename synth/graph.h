@@ -1,6 +1,7 @@
 // The IR the synthesizer works on: the single-device graph of a model's forward pass, captured by
 // tracing (shape-only tensors, no data). Nodes are op calls with the module they came from;
-// tensors carry shape, dtype and role.
+// tensors carry shape, dtype and role. A tensor the forward creates itself (a mask, a position
+// index) is a Constant and keeps its data, so that every rank can read its part.
 #pragma once
 #include <functional>
 #include <string>
@@ -24,6 +25,7 @@ struct GraphTensor {
   int producer = -1;  // node id, -1 for inputs, parameters and constants
   int output_index = 0;
   std::vector<int> consumers;  // node ids, in program order
+  Tensor value;  // Constant: its data, captured when traced (undefined if it had none)
   int64_t bytes() const { return shape_numel(shape) * static_cast<int64_t>(dtype_size(dtype)); }
 };
 
@@ -49,9 +51,14 @@ struct Graph {
   std::string str() const;
 };
 
+// The sharding signatures of a node, from its op's registry entry at the graph's shapes (the
+// all-Replicated one is implicit and not listed).
+std::vector<ops::ShardSignature> signatures_of(const Graph& graph, const GraphNode& node);
+
 // Runs `forward` with tracing on and returns its graph. `parameters` and `inputs` name the leaf
 // tensors forward reads (their data is never touched, so shape-only tensors work); any other
-// tensor that appears as an op input becomes a Constant. forward returns the loss, a scalar.
+// tensor that appears as an op input becomes a Constant, with a copy of its data. forward returns
+// the loss, a scalar.
 Graph trace(const std::function<Tensor()>& forward,
             const std::vector<std::pair<std::string, Tensor>>& parameters,
             const std::vector<std::pair<std::string, Tensor>>& inputs);

@@ -14,8 +14,6 @@ namespace hap::synth {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-// Parameter bytes held per stored byte: the parameter, its gradient, Adam's two moments.
-constexpr double kParamStateFactor = 4.0;
 
 uint32_t bit(const Prop& p) {
   switch (p.kind) {
@@ -155,7 +153,7 @@ class Expander {
           child.g += in.cost_s;
           child.instrs.push_back(in);
         }
-        double factor = gt.role == TensorRole::Parameter ? kParamStateFactor : 1.0;
+        double factor = gt.role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0;
         for (size_t c = 0; c < child.mem.size(); ++c)
           child.mem[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
         single = {t, bit(q), static_cast<int16_t>(seg)};
@@ -227,7 +225,7 @@ class Expander {
         if (t < 0) continue;
         const double b = static_cast<double>(g_.tensors[t].bytes());
         if (g_.tensors[t].producer < 0)
-          add += (g_.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0) * b;
+          add += (g_.tensors[t].role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0) * b;
         if (cm_.requires_grad(t)) add += b;
       }
       for (int t : n.outputs)
@@ -528,7 +526,7 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
         if (t < 0 || seen[t] || g.tensors[t].producer >= 0) continue;
         seen[t] = true;
         add(t, storage[t], in.segment,
-            g.tensors[t].role == TensorRole::Parameter ? kParamStateFactor : 1.0);
+            g.tensors[t].role == TensorRole::Parameter ? cm.param_state_factor() : 1.0);
       }
       for (size_t o = 0; o < n.outputs.size(); ++o)
         if (cm.requires_grad(n.outputs[o]))

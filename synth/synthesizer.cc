@@ -8,6 +8,8 @@
 #include <map>
 #include <tuple>
 
+#include "synth/shard_layout.h"
+
 namespace hap::synth {
 
 namespace {
@@ -78,15 +80,21 @@ std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_
 
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios) {
+  // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
+  const ShardLayout layout(cm.graph(), instrs, ratios);
   double total = 0;
   for (Instruction& in : instrs) {
     const std::vector<double>& r = ratios[in.segment];
     switch (in.kind) {
-      case InstrKind::Compute:
-        in.cost_s = cm.compute_s(in.node, in.signature, r);
+      case InstrKind::Compute: {
+        const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
+        in.cost_s =
+            cm.compute_s(in.node, in.signature, r, tensor < 0 ? 1 : layout.granule(tensor, dim));
         break;
+      }
       case InstrKind::Reshard:
-        in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method);
+        in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method,
+                                 layout.granule(in.tensor, in.from.dim));
         break;
       case InstrKind::Update:
         in.cost_s = cm.update(in.tensor, in.to).eval(r);
@@ -263,7 +271,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                               const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
-  CostModel cm(graph, cluster);
+  CostModel cm(graph, cluster, options.optimizer_state_slots);
   int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
@@ -427,12 +435,15 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   best.search_iterations = rounds;
   best.states_expanded = states;
   best.device_compute_s.assign(D, 0.0);
+  const ShardLayout layout(graph, best.instructions, best.ratios);
   for (const Instruction& in : best.instructions) {
     if (in.kind == InstrKind::Compute) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.compute(in.node, in.signature);
+      const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
       const std::vector<double> share =
-          cm.compute_shares(in.node, in.signature, best.ratios[in.segment]);
+          cm.compute_shares(in.node, in.signature, best.ratios[in.segment],
+                            tensor < 0 ? 1 : layout.granule(tensor, dim));
       for (int d = 0; d < D; ++d)
         best.device_compute_s[d] +=
             lc.coef.empty() ? cm.device_compute_s(in.node, d) : lc.coef[d] * share[d];

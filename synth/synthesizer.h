@@ -25,6 +25,9 @@ struct SynthesisOptions {
   int max_iterations = 8;  // search <-> LP rounds
   int64_t max_states = 2'000'000;
   bool dominance_pruning = true;  // SearchSpace::dominance_pruning (off: memoisation only)
+  // Optimizer state tensors per parameter (the memory model's; see CostModel): AdamW's 2 by
+  // default; train::optimizer_state_slots gives a run's.
+  int optimizer_state_slots = 2;
 };
 
 // Segment of every node and the number of segments.

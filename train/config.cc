@@ -20,6 +20,7 @@
 #include "models/zoo.h"
 #include "train/config_reader.h"
 #include "train/dataset.h"
+#include "train/trainer.h"
 
 namespace hap::train {
 namespace {
@@ -419,8 +420,10 @@ nlohmann::json to_json(const RunConfig& config) {
   };
 }
 
-synth::SynthesisOptions synthesis_options(const ParallelConfig& p) {
+synth::SynthesisOptions synthesis_options(const RunConfig& config) {
+  const ParallelConfig& p = config.parallel;
   synth::SynthesisOptions o;
+  o.optimizer_state_slots = optimizer_state_slots(config.train);
   o.strategy = p.strategy;
   o.segments = p.segments;
   o.max_states = p.search_budget;

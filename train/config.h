@@ -123,8 +123,9 @@ std::string describe(const RunConfig& config);
 // Every field, with the YAML spelling of enums, for the metrics log.
 nlohmann::json to_json(const RunConfig& config);
 
-// The synthesizer's options for a run config's parallel section.
-synth::SynthesisOptions synthesis_options(const ParallelConfig& p);
+// The synthesizer's options for a run: its parallel section, and the optimizer state the memory
+// model counts.
+synth::SynthesisOptions synthesis_options(const RunConfig& config);
 
 // The message of a synthesis error for the user: when the search ran out of states, it also names
 // the key and the options that raise the budget.

@@ -69,7 +69,9 @@ class SpmdEngine : public Engine {
 
   double grad_norm() const override { return executor_->global_grad_norm(); }
   void scale_grads(double factor) override { executor_->scale_grads(factor); }
-  void update(optim::Optimizer& optimizer) override { optimizer.step(); }
+  void update(optim::Optimizer& optimizer) override {
+    executor_->update([&](const std::vector<Tensor>& params) { optimizer.step(params); });
+  }
 
   double eval_loss(uint64_t index) override {
     NoGradGuard no_grad;

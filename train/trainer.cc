@@ -50,6 +50,10 @@ std::unique_ptr<optim::Optimizer> make_optimizer(
       groups, optim::AdamWOptions{t.lr, {t.beta1, t.beta2}, t.eps, t.weight_decay});
 }
 
+int optimizer_state_slots(const TrainConfig& t) {
+  return static_cast<int>(make_optimizer(t, {})->state_slots().size());
+}
+
 Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
                  TrainConfig config)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
@@ -63,6 +67,8 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config, parallel::Communicator comm, DistributedOptions distributed)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  // The planner's memory model counts this run's optimizer state.
+  distributed.synthesis.optimizer_state_slots = optimizer_state_slots(config_);
   engine_ = make_spmd_engine(model_, data_, config_, std::move(comm), std::move(distributed));
   optimizer_ = make_optimizer(config_, engine_->parameters());
   random_seed_ = model_->random_seed();

@@ -58,6 +58,10 @@ double median_of(std::vector<double> values);
 std::unique_ptr<optim::Optimizer> make_optimizer(
     const TrainConfig& t, const std::vector<std::pair<std::string, Tensor>>& named);
 
+// Optimizer state tensors per parameter of the optimizer `t` configures (AdamW 2, SGD with
+// momentum 1, plain SGD 0), asked of the optimizer itself: what the planner's memory model counts.
+int optimizer_state_slots(const TrainConfig& t);
+
 // Training on MPI ranks: the cluster the ranks form, and how to get the program they run.
 struct DistributedOptions {
   synth::Cluster cluster;

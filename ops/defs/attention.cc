@@ -308,6 +308,26 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
   }
 }
 
+// Attention dropout on a shard (of batch or heads) draws its slice of the single-device mask of
+// the attention weights [B, H, T, S], with the step's streams and the run's seed.
+std::vector<Tensor> attention_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                    const Attrs& attrs) {
+  AttentionAttrs a = attr<AttentionAttrs>(attrs);
+  a.dropout.stream += ctx.random_offset();
+  if (ctx.random_seed()) a.dropout.seed = *ctx.random_seed();
+  if (!ctx.training()) a.dropout.p = 0;
+  const Prop q = ctx.input_prop(0);
+  if (q.kind == PropKind::Sharded && a.dropout.p > 0) {
+    const Shape& s = ctx.input_shape(0);  // [B, H, T, D]
+    LogicalSlice slice;
+    slice.logical_shape = {s[0], s[1], s[2], ctx.input_shape(1)[2]};
+    slice.offset.assign(4, 0);
+    slice.offset[static_cast<size_t>(q.dim)] = ctx.input_offset(0);
+    a.dropout.slice = slice;
+  }
+  return call(OpKind::Attention, inputs, a);
+}
+
 }  // namespace
 
 void register_attention_ops(OpTable& t) {
@@ -318,6 +338,7 @@ void register_attention_ops(OpTable& t) {
   at.infer = infer_attention;
   at.flops = flops_attention;
   at.shard = shard_attention;
+  at.local = attention_local;
   at.saves_outputs = true;
   at.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0), lse = c.alloc(1);

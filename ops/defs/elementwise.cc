@@ -138,6 +138,22 @@ inline T gelu_erf_grad(T x) {
 
 }  // namespace
 
+namespace {
+
+// Dropout on a shard draws exactly its slice of the single-device mask, with the step's streams
+// and the run's seed; in evaluation it is the identity.
+std::vector<Tensor> dropout_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                  const Attrs& attrs) {
+  RandomAttrs r = attr<RandomAttrs>(attrs);
+  if (!ctx.training() || r.p == 0) return {inputs[0]};
+  r.stream += ctx.random_offset();
+  if (ctx.random_seed()) r.seed = *ctx.random_seed();
+  r.slice = ctx.input_slice(0);
+  return {call1(OpKind::Dropout, inputs, r)};
+}
+
+}  // namespace
+
 void register_elementwise_ops(OpTable& t) {
   // ---- binary: backward reduces broadcast dims with sum_to ----
   def_binary(
@@ -411,6 +427,7 @@ void register_elementwise_ops(OpTable& t) {
   dr.infer = infer_unary(OpKind::Dropout);
   dr.flops = [](const Metas&, const Metas& o, const Attrs&) { return elementwise_flops(o, 2); };
   dr.shard = shard_linear_unary;
+  dr.local = dropout_local;
   dr.saves_inputs = false;
   dr.cpu = [](const KernelContext& c) {
     const RandomAttrs& a = attr<RandomAttrs>(c.attrs);

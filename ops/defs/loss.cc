@@ -109,6 +109,91 @@ void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
   }
 }
 
+// Checks x [N, V] (input `at`, V may be 0: a shard with no columns) and targets i64 [N].
+void check_target_inputs(const Metas& in, size_t at, const char* op) {
+  const TensorMeta &x = in[at], &t = in[at + 1];
+  check_floating(op, in, at);
+  HAP_CHECK(x.shape.size() == 2, op, ": logits must be [N, V], got ", shape_str(x.shape));
+  HAP_CHECK(t.dtype == DType::I64, op, ": targets must be i64, got ", dtype_name(t.dtype));
+  HAP_CHECK(t.shape == Shape{x.shape[0]}, op, ": targets ", shape_str(t.shape),
+            " do not match logits ", shape_str(x.shape), " (expected [", x.shape[0], "])");
+}
+
+// The column of row i's target in a tensor holding columns [offset, offset + v), or -1.
+inline int64_t held_column(int64_t target, const TargetAttrs& a, int64_t v) {
+  if (target == a.ignore_index) return -1;
+  const int64_t j = target - a.offset;
+  return j >= 0 && j < v ? j : -1;
+}
+
+// out[i] = x[i, target_i - offset] where that column is held and the target counts, else 0.
+template <typename T>
+void target_logit_kernel(const KernelContext& c, const Tensor& out) {
+  Tensor x = c.inputs[0].contiguous(), targets = c.inputs[1].contiguous();
+  const TargetAttrs& a = attr<TargetAttrs>(c.attrs);
+  const int64_t n = x.shape()[0], v = x.shape()[1];
+  const T* px = x.data<T>();
+  const int64_t* pt = targets.data<int64_t>();
+  T* py = out.data<T>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = held_column(pt[i], a, v);
+    py[i] = j < 0 ? T(0) : px[i * v + j];
+  }
+}
+
+// (g [N], x [N, V], targets) -> d x: g[i] at [i, target_i - offset] where held, 0 elsewhere.
+template <typename T>
+void target_logit_backward_kernel(const KernelContext& c, const Tensor& out) {
+  Tensor g = c.inputs[0].contiguous(), targets = c.inputs[2].contiguous();
+  const TargetAttrs& a = attr<TargetAttrs>(c.attrs);
+  const int64_t n = out.shape()[0], v = out.shape()[1];
+  out.zero_();
+  const T* pg = g.data<T>();
+  const int64_t* pt = targets.data<int64_t>();
+  T* py = out.data<T>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t j = held_column(pt[i], a, v);
+    if (j >= 0) py[i * v + j] = pg[i];
+  }
+}
+
+// Cross-entropy on one rank's shards.
+//  - Rows split (logits and targets Sharded(0), loss Partial): each rank's mean over its own
+//    counted targets, scaled by local count / global count, sums to the global mean.
+//  - Vocabulary split (logits Sharded(1), targets whole, loss Partial): row i's loss is
+//    lse_i - x_i[t_i] with lse_i = log sum_r exp(lse_r,i) over the ranks' column shards. Each
+//    rank's log-sum-exp travels in one all-gather; the rank holding a row's target contributes
+//    that row's loss, so the Partial sum over ranks is the mean over counted targets.
+// When no target counts the loss is 0 with zero gradients (PyTorch gives nan), as on one device.
+std::vector<Tensor> cross_entropy_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                        const Attrs& attrs) {
+  const Tensor& logits = inputs[0];
+  const Tensor& targets = inputs[1];
+  const int64_t ignore = attr<CrossEntropyAttrs>(attrs).ignore_index;
+  const Prop x = ctx.input_prop(0);
+  if (x.kind == PropKind::Sharded && x.dim == 1) {
+    const int64_t n = logits.size(0), v = logits.size(1);
+    const double count = call1(OpKind::CountTargets, {targets}, attrs).item();  // targets are whole
+    Tensor lse_r = call1(OpKind::LogSumExp, {logits});                          // [N]
+    Tensor all = ctx.all_gather(call1(OpKind::Reshape, {lse_r}, ShapeAttrs{{n, 1}}), 1,
+                                std::vector<int64_t>(static_cast<size_t>(ctx.world_size()), 1));
+    Tensor lse = call1(OpKind::LogSumExp, {all});  // [N], the same on every rank
+    Tensor column = call1(OpKind::Reshape, {lse}, ShapeAttrs{{n, 1}});
+    Tensor row_loss =
+        call1(OpKind::Sub, {call1(OpKind::Expand, {column}, ShapeAttrs{{n, v}}), logits});
+    Tensor mine =
+        call1(OpKind::TargetLogit, {row_loss, targets}, TargetAttrs{ctx.input_offset(0), ignore});
+    Tensor total = call1(OpKind::Sum, {mine}, ReduceAttrs{});
+    return {call1(OpKind::MulScalar, {total}, ScalarAttrs{count > 0 ? 1.0 / count : 0.0})};
+  }
+  Tensor loss = call1(OpKind::CrossEntropy, inputs, attrs);
+  if (ctx.output_prop(0).kind != PropKind::Partial) return {loss};
+  const int64_t local = static_cast<int64_t>(call1(OpKind::CountTargets, {targets}, attrs).item());
+  const int64_t global = ctx.sum_over_ranks(local);
+  const double scale = global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
+  return {call1(OpKind::MulScalar, {loss}, ScalarAttrs{scale})};
+}
+
 }  // namespace
 
 void register_loss_ops(OpTable& t) {
@@ -122,12 +207,9 @@ void register_loss_ops(OpTable& t) {
   ce.flops = [](const Metas& in, const Metas&, const Attrs&) {
     return 4.0 * static_cast<double>(shape_numel(in[0].shape));
   };
-  // Rows split alike in logits and targets: each rank's loss is a mean over its own counted
-  // targets, so the executor must scale rank r's loss (and so its gradient) by
-  // local_count_r / global_count for the Partial sum to be the global mean.
-  // Vocabulary-parallel: logits split over the vocabulary, targets whole. Each rank's logsumexp
-  // covers only its slice; the executor combines them over ranks (an all-gather of one number
-  // per row and rank) and picks each target's logit on the rank that holds it (parallel/executor).
+  // Rows split alike in logits and targets, or the vocabulary split with the targets whole: see
+  // cross_entropy_local for how the shards combine into the global mean.
+  ce.local = cross_entropy_local;
   ce.shard = [](const Metas&, const Metas&, const Attrs&) {
     return std::vector<ShardSignature>{{{Prop::sharded(0), Prop::sharded(0)}, {Prop::partial()}},
                                        {{Prop::sharded(1), Prop::replicated()}, {Prop::partial()}}};
@@ -166,6 +248,71 @@ void register_loss_ops(OpTable& t) {
     Tensor out = c.alloc(0);
     dispatch_float(out.dtype(), "cross_entropy_backward",
                    [&](auto tag) { cross_entropy_backward_kernel<decltype(tag)>(c, out); });
+    return std::vector<Tensor>{out};
+  };
+
+  // TargetLogit(x [N, V], targets [N]): each row's target logit among the columns
+  // [offset, offset + V) x holds, 0 where the target is elsewhere or ignored.
+  OpDef& tl = def_of(t, OpKind::TargetLogit);
+  tl.name = "target_logit";
+  tl.num_inputs = 2;
+  tl.infer = [](const Metas& in, const Attrs&) {
+    check_target_inputs(in, 0, "target_logit");
+    return Metas{{Shape{in[0].shape[0]}, in[0].dtype}};
+  };
+  tl.shard = [](const Metas&, const Metas&, const Attrs&) {
+    return std::vector<ShardSignature>{{{Prop::sharded(0), Prop::sharded(0)}, {Prop::sharded(0)}}};
+  };
+  tl.cpu = [](const KernelContext& c) {
+    Tensor out = c.alloc(0);
+    dispatch_float(out.dtype(), "target_logit",
+                   [&](auto tag) { target_logit_kernel<decltype(tag)>(c, out); });
+    return std::vector<Tensor>{out};
+  };
+  tl.backward = [](const BackwardContext& c) {
+    return std::vector<Tensor>{
+        call1(OpKind::TargetLogitBackward, {c.grad_outputs[0], c.inputs[0], c.inputs[1]}, c.attrs),
+        Tensor()};
+  };
+
+  OpDef& tb = def_of(t, OpKind::TargetLogitBackward);
+  tb.name = "target_logit_backward";
+  tb.num_inputs = 3;
+  tb.infer = [](const Metas& in, const Attrs&) {
+    check_target_inputs(in, 1, "target_logit_backward");
+    check_same_dtype("target_logit_backward", in, 0, 1);
+    HAP_CHECK(in[0].shape == Shape{in[1].shape[0]}, "target_logit_backward: gradient ",
+              shape_str(in[0].shape), " does not match ", shape_str(in[1].shape));
+    return Metas{in[1]};
+  };
+  tb.shard = [](const Metas&, const Metas&, const Attrs&) {
+    return std::vector<ShardSignature>{
+        {{Prop::sharded(0), Prop::sharded(0), Prop::sharded(0)}, {Prop::sharded(0)}}};
+  };
+  tb.cpu = [](const KernelContext& c) {
+    Tensor out = c.alloc(0);
+    dispatch_float(out.dtype(), "target_logit_backward",
+                   [&](auto tag) { target_logit_backward_kernel<decltype(tag)>(c, out); });
+    return std::vector<Tensor>{out};
+  };
+
+  // CountTargets(targets i64 [...]): how many differ from ignore_index, as an i64 scalar.
+  OpDef& ct = def_of(t, OpKind::CountTargets);
+  ct.name = "count_targets";
+  ct.num_inputs = 1;
+  ct.infer = [](const Metas& in, const Attrs&) {
+    HAP_CHECK(in[0].dtype == DType::I64, "count_targets: targets must be i64, got ",
+              dtype_name(in[0].dtype));
+    return Metas{{Shape{}, DType::I64}};
+  };
+  ct.cpu = [](const KernelContext& c) {
+    Tensor targets = c.inputs[0].contiguous();
+    const int64_t ignore = attr<CrossEntropyAttrs>(c.attrs).ignore_index;
+    const int64_t* p = targets.data<int64_t>();
+    int64_t count = 0;
+    for (int64_t i = 0; i < targets.numel(); ++i) count += p[i] != ignore;
+    Tensor out = c.alloc(0);
+    out.data<int64_t>()[0] = count;
     return std::vector<Tensor>{out};
   };
 }

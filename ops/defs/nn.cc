@@ -519,12 +519,23 @@ std::vector<ShardSignature> shard_embedding(const Metas& in, const Metas&, const
   return sigs;
 }
 
+// An embedding whose table is split by rows looks up only the ids in its row range (the rest
+// give zeros: the Partial sum over ranks is the lookup).
+std::vector<Tensor> embedding_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                    const Attrs& attrs) {
+  const Prop w = ctx.input_prop(0);
+  if (w.kind != PropKind::Sharded || w.dim != 0) return {call1(OpKind::Embedding, inputs, attrs)};
+  const int64_t start = ctx.input_offset(0);
+  return {call1(OpKind::Embedding, inputs, SliceAttrs{0, start, start + inputs[0].size(0)})};
+}
+
 void def_embedding(OpTable& t) {
   OpDef& d = def_of(t, OpKind::Embedding);
   d.name = "embedding";
   d.num_inputs = 2;
   d.infer = infer_embedding;
   d.shard = shard_embedding;
+  d.local = embedding_local;
   d.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
     dispatch_float(out.dtype(), "embedding",

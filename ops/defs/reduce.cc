@@ -1,5 +1,7 @@
 // Reductions: sum, mean, max over dims; argmax, topk; the scatter that their backward uses.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "ops/cpu/loops.h"
@@ -193,6 +195,46 @@ std::vector<Tensor> index_backward_grads(const BackwardContext& c, const Tensor&
   return {r};
 }
 
+// out[i] = log sum_j exp(x[i, j]) over the last dim, stable; -inf for a row of no (or only
+// -inf) entries: the log of an empty sum.
+template <typename T>
+void logsumexp_kernel(const Tensor& x_in, const Tensor& out) {
+  Tensor x = x_in.contiguous();
+  const int64_t v = x.shape().back();
+  const int64_t rows = v == 0 ? out.numel() : x.numel() / v;
+  const T* px = x.data<T>();
+  T* py = out.data<T>();
+#pragma omp parallel for if (rows * v > cpu::kParallelGrain)
+  for (int64_t i = 0; i < rows; ++i) {
+    const T* xr = px + i * v;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < v; ++j) mx = std::max(mx, xr[j]);
+    if (mx == -std::numeric_limits<T>::infinity()) {
+      py[i] = mx;
+      continue;
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(xr[j] - mx));
+    py[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
+  }
+}
+
+// A mean over a dimension split across ranks: each rank's mean of its shard, scaled by its
+// share of the global count, so that the Partial sum over ranks is the global mean.
+std::vector<Tensor> mean_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                               const Attrs& attrs) {
+  Tensor out = call1(OpKind::Mean, inputs, attrs);
+  const Prop q = ctx.input_prop(0);
+  if (q.kind != PropKind::Sharded) return {out};
+  const Shape& s = ctx.input_shape(0);
+  const auto dims = reduce_dims(s, attr<ReduceAttrs>(attrs).dims, "mean");
+  if (!std::binary_search(dims.begin(), dims.end(), q.dim)) return {out};
+  const int64_t local = ctx.input_lengths(0)[static_cast<size_t>(ctx.rank())];
+  return {call1(OpKind::MulScalar, {out},
+                ScalarAttrs{static_cast<double>(local) /
+                            static_cast<double>(s[static_cast<size_t>(q.dim)])})};
+}
+
 }  // namespace
 
 void register_reduce_ops(OpTable& t) {
@@ -205,6 +247,7 @@ void register_reduce_ops(OpTable& t) {
       return static_cast<double>(shape_numel(in[0].shape));
     };
     d.shard = shard_reduce;
+    if (k == OpKind::Mean) d.local = mean_local;
     d.cpu = k == OpKind::Sum ? [](const KernelContext& c) { return run_sum(c, false); }
                              : [](const KernelContext& c) { return run_sum(c, true); };
     d.backward = [](const BackwardContext& c) {
@@ -219,6 +262,40 @@ void register_reduce_ops(OpTable& t) {
       return std::vector<Tensor>{g};
     };
   }
+
+  // LogSumExp over the last dim: [..., V] -> [...]. Rows split freely; the backward is the
+  // softmax of the row times the incoming gradient.
+  OpDef& ls = def_of(t, OpKind::LogSumExp);
+  ls.name = "logsumexp";
+  ls.num_inputs = 1;
+  ls.infer = [](const Metas& in, const Attrs&) {
+    check_floating("logsumexp", in, 0);
+    HAP_CHECK(!in[0].shape.empty(), "logsumexp: input must have at least 1 dim, got a scalar");
+    return Metas{{Shape(in[0].shape.begin(), in[0].shape.end() - 1), in[0].dtype}};
+  };
+  ls.flops = [](const Metas& in, const Metas&, const Attrs&) {
+    return 3.0 * static_cast<double>(shape_numel(in[0].shape));
+  };
+  ls.shard = [](const Metas& in, const Metas&, const Attrs&) {
+    std::vector<ShardSignature> sigs;
+    for (int64_t d = 0; d + 1 < static_cast<int64_t>(in[0].shape.size()); ++d)
+      sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(d)}});
+    return sigs;
+  };
+  ls.cpu = [](const KernelContext& c) {
+    Tensor out = c.alloc(0);
+    dispatch_float(out.dtype(), "logsumexp",
+                   [&](auto tag) { logsumexp_kernel<decltype(tag)>(c.inputs[0], out); });
+    return std::vector<Tensor>{out};
+  };
+  ls.backward = [](const BackwardContext& c) {
+    const Tensor& x = c.inputs[0];
+    Shape column = x.shape();
+    column.back() = 1;
+    Tensor p = call1(OpKind::Softmax, {x}, DimAttrs{-1, false});
+    Tensor g = call1(OpKind::Reshape, {c.grad_outputs[0]}, ShapeAttrs{column});
+    return std::vector<Tensor>{call1(OpKind::Mul, {p, g})};
+  };
 
   OpDef& mx = def_of(t, OpKind::Max);
   mx.name = "max";

@@ -117,6 +117,30 @@ Tensor copy_into_slice(const Tensor& dst, const Tensor& src, int64_t dim, int64_
   return dst;
 }
 
+// A reshape on a shard: the sharded output dim holds whatever the local input has left after
+// the output's other (whole) dims.
+std::vector<Tensor> reshape_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                  const Attrs&) {
+  Shape target = ctx.output_shape(0);
+  const Prop o = ctx.output_prop(0);
+  if (o.kind == PropKind::Sharded) {
+    const size_t d = static_cast<size_t>(o.dim);
+    const int64_t rest = shape_numel(target) / std::max<int64_t>(target[d], 1);
+    target[d] = rest > 0 ? inputs[0].numel() / rest : 0;
+  }
+  return {call1(OpKind::Reshape, inputs, ShapeAttrs{target})};
+}
+
+// An expand to a sharded output: the shard's length of that dim.
+std::vector<Tensor> expand_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                 const Attrs&) {
+  Shape target = ctx.output_shape(0);
+  const Prop o = ctx.output_prop(0);
+  if (o.kind == PropKind::Sharded)
+    target[static_cast<size_t>(o.dim)] = ctx.output_lengths(0)[static_cast<size_t>(ctx.rank())];
+  return {call1(OpKind::Expand, inputs, ShapeAttrs{target})};
+}
+
 }  // namespace
 
 void register_shape_ops(OpTable& t) {
@@ -128,6 +152,7 @@ void register_shape_ops(OpTable& t) {
     return Metas{{infer_reshape_shape(in[0].shape, attr<ShapeAttrs>(a).shape), in[0].dtype}};
   };
   rs.shard = shard_reshape;
+  rs.local = reshape_local;
   rs.cpu = [](const KernelContext& c) {
     const Tensor& x = c.inputs[0];
     const Shape& s = c.out_meta[0].shape;
@@ -261,6 +286,7 @@ void register_shape_ops(OpTable& t) {
   ex.shard = [](const Metas& in, const Metas& out, const Attrs&) {
     return elementwise_signatures(in, out, {0});
   };
+  ex.local = expand_local;
   ex.cpu = [](const KernelContext& c) {
     const Tensor& x = c.inputs[0];
     const Shape& s = c.out_meta[0].shape;

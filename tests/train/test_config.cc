@@ -496,11 +496,18 @@ TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthes
   const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   RunConfig c = load_run_config(path, {});
   EXPECT_EQ(c.parallel.search_budget, 2'000'000);
-  EXPECT_EQ(synthesis_options(c.parallel).max_states, 2'000'000);
+  EXPECT_EQ(synthesis_options(c).max_states, 2'000'000);
   c = load_run_config(path, {"parallel.search_budget=5000000"});
   EXPECT_EQ(c.parallel.search_budget, 5'000'000);
-  EXPECT_EQ(synthesis_options(c.parallel).max_states, 5'000'000);
+  EXPECT_EQ(synthesis_options(c).max_states, 5'000'000);
   EXPECT_EQ(to_json(c)["parallel"]["search_budget"], 5'000'000);
+  // The memory model counts the configured optimizer's state.
+  EXPECT_EQ(synthesis_options(c).optimizer_state_slots, 2);
+  EXPECT_EQ(synthesis_options(load_run_config(path, {"train.optimizer=sgd", "train.momentum=0"}))
+                .optimizer_state_slots,
+            0);
+  EXPECT_EQ(synthesis_options(load_run_config(path, {"train.optimizer=sgd"})).optimizer_state_slots,
+            1);
   try {
     load_run_config(path, {"parallel.search_budget=999"});
     FAIL() << "expected a ConfigError";
