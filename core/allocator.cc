@@ -1,6 +1,8 @@
 #include "core/allocator.h"
 
+#include <array>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
@@ -94,6 +96,89 @@ void cpu_allocator_release_cache() {
   for (auto& [n, p] : c.free_blocks) std::free(p);
   c.free_blocks.clear();
   c.stats.cached_bytes = 0;
+}
+
+namespace {
+
+class CpuAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, int) override { return cpu_alloc(nbytes); }
+  void deallocate(void* ptr, size_t nbytes, int) override { cpu_free(ptr, nbytes); }
+  AllocatorStats stats(int) const override { return cpu_allocator_stats(); }
+  void reset_peak(int) override { cpu_allocator_reset_peak(); }
+  void release_cache(int) override { cpu_allocator_release_cache(); }
+};
+
+constexpr size_t kKinds = 2;  // DeviceKind::CPU, DeviceKind::CUDA
+
+struct Registry {
+  std::mutex mu;
+  std::array<Allocator*, kKinds> allocators{};
+  std::array<DeviceCopyFn, kKinds> copies{};
+};
+
+Registry& registry() {
+  static Registry* r = [] {
+    auto* reg = new Registry;  // leaked on purpose, as the cache: outlives static tensors
+    static CpuAllocator cpu;
+    reg->allocators[static_cast<size_t>(DeviceKind::CPU)] = &cpu;
+    return reg;
+  }();
+  return *r;
+}
+
+const char* kind_name(DeviceKind kind) { return kind == DeviceKind::CPU ? "cpu" : "cuda"; }
+
+}  // namespace
+
+Allocator& allocator_for(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  Allocator* a = r.allocators[static_cast<size_t>(kind)];
+  HAP_CHECK(a != nullptr, "no allocator for ", kind_name(kind),
+            " devices: this build or process has no ", kind_name(kind),
+            " backend (tensors can live on the "
+            "CPU only)");
+  return *a;
+}
+
+bool has_allocator(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.allocators[static_cast<size_t>(kind)] != nullptr;
+}
+
+void register_allocator(DeviceKind kind, Allocator* allocator) {
+  HAP_CHECK(kind != DeviceKind::CPU || allocator != nullptr,
+            "register_allocator: the CPU needs an allocator");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.allocators[static_cast<size_t>(kind)] = allocator;
+}
+
+void register_device_copy(DeviceKind kind, DeviceCopyFn copy) {
+  HAP_CHECK(kind != DeviceKind::CPU, "register_device_copy: host copies are built in");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.copies[static_cast<size_t>(kind)] = copy;
+}
+
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  if (nbytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, nbytes);
+    return;
+  }
+  const DeviceKind kind = dst_device.is_cpu() ? src_device.kind : dst_device.kind;
+  DeviceCopyFn copy = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    copy = r.copies[static_cast<size_t>(kind)];
+  }
+  HAP_CHECK(copy != nullptr, "copying from ", src_device.str(), " to ", dst_device.str(), ": no ",
+            kind_name(kind), " backend registered its copies");
+  copy(dst, dst_device, src, src_device, nbytes);
 }
 
 }  // namespace hap

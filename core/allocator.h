@@ -1,7 +1,12 @@
-// Host memory: 64-byte aligned blocks from a caching allocator. Training allocates the same
-// activation sizes every step; reusing freed blocks avoids page faults on every large buffer.
+// Device memory: one allocator per device type, behind one interface. The CPU's is a caching
+// allocator of 64-byte aligned host blocks (training allocates the same activation sizes every
+// step; reusing freed blocks avoids page faults on every large buffer). A device backend (CUDA)
+// registers its allocator and its copies to and from the host; until one does, allocating on that
+// device type is an error that says so.
 #pragma once
 #include <cstddef>
+
+#include "core/device.h"
 
 namespace hap {
 
@@ -11,6 +16,34 @@ struct AllocatorStats {
   size_t cached_bytes = 0;          // freed blocks kept for reuse
 };
 
+class Allocator {
+ public:
+  virtual ~Allocator() = default;
+  // `nbytes` (>= 0) on device `index` of this type; never null (throws when out of memory,
+  // naming the device, the size and any cap).
+  virtual void* allocate(size_t nbytes, int index) = 0;
+  virtual void deallocate(void* ptr, size_t nbytes, int index) = 0;
+  virtual AllocatorStats stats(int index) const = 0;
+  virtual void reset_peak(int index) = 0;
+  // Returns cached blocks to the system (or the driver).
+  virtual void release_cache(int index) = 0;
+};
+
+// The allocator of a device type; throws hap::Error when no backend registered one.
+Allocator& allocator_for(DeviceKind kind);
+// For a device backend: its allocator (which must outlive every tensor on that device type);
+// null removes it (tests).
+void register_allocator(DeviceKind kind, Allocator* allocator);
+bool has_allocator(DeviceKind kind);
+
+// Copies `nbytes` from `src` on `src_device` to `dst` on `dst_device` (host <-> device, or between
+// devices), registered by the backend of the non-CPU device; CPU to CPU is a memcpy.
+using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
+                              size_t nbytes);
+void register_device_copy(DeviceKind kind, DeviceCopyFn copy);  // null removes it
+void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
+
+// The CPU caching allocator itself (what allocator_for(DeviceKind::CPU) wraps).
 void* cpu_alloc(size_t nbytes);
 void cpu_free(void* ptr, size_t nbytes);
 AllocatorStats cpu_allocator_stats();

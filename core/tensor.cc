@@ -8,13 +8,11 @@
 
 namespace hap {
 
-Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
-  HAP_CHECK(d.is_cpu(), "allocating on ", d.str(),
-            ": this build's tensor storage supports the CPU device only");
-  data = cpu_alloc(n);
+Storage::Storage(size_t n, Device d) : nbytes(n), device(d), allocator(&allocator_for(d.kind)) {
+  data = allocator->allocate(n, d.index);
 }
 
-Storage::~Storage() { cpu_free(data, nbytes); }
+Storage::~Storage() { allocator->deallocate(data, nbytes, device.index); }
 
 namespace {
 std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device,
@@ -125,8 +123,19 @@ void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data) + impl_->offset * dtype_size(dtype());
 }
 
+namespace {
+// Host-side operations (strided loops over the data) on a tensor of another device need that
+// device's kernels.
+void check_host(const Tensor& t, const char* op) {
+  HAP_CHECK(t.device().is_cpu(), op, " on ", t.str(),
+            ": this runs on the host; use the device's ops, or "
+            "copy the tensor with to(Device::cpu())");
+}
+}  // namespace
+
 double Tensor::item_at(int64_t flat) const {
   HAP_CHECK(flat >= 0 && flat < numel(), "item_at: index ", flat, " out of range for ", str());
+  if (!device().is_cpu()) return to(Device::cpu()).item_at(flat);
   int64_t off = 0;
   for (size_t i = impl_->shape.size(); i-- > 0;) {
     int64_t s = impl_->shape[i];
@@ -147,12 +156,14 @@ double Tensor::item() const {
 }
 
 std::vector<double> Tensor::to_vector() const {
+  if (!device().is_cpu()) return to(Device::cpu()).to_vector();
   Tensor c = to(DType::F64);
   const double* p = c.data<double>();
   return std::vector<double>(p, p + c.numel());
 }
 
 std::vector<float> Tensor::to_float_vector() const {
+  if (!device().is_cpu()) return to(Device::cpu()).to_float_vector();
   Tensor c = to(DType::F32);
   const float* p = c.data<float>();
   return std::vector<float>(p, p + c.numel());
@@ -178,6 +189,11 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   if (!has_storage()) return meta(shape(), dtype(), device());
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(device()));
+  if (!device().is_cpu() && is_contiguous()) {
+    copy_bytes(out.raw_data(), device(), raw_data(), device(), nbytes());
+    return out;
+  }
+  check_host(*this, "clone");
   strided_copy(out, *this);
   return out;
 }
@@ -185,8 +201,20 @@ Tensor Tensor::clone() const {
 Tensor Tensor::to(DType d) const {
   if (d == dtype()) return contiguous();
   if (!has_storage()) return meta(shape(), d, device());
+  check_host(*this, "to(dtype)");
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(d).with_device(device()));
   strided_copy(out, *this);
+  return out;
+}
+
+Tensor Tensor::to(Device d) const {
+  if (d == device()) return *this;
+  if (!has_storage()) return meta(shape(), dtype(), d);
+  const Tensor src = device().is_cpu() ? contiguous() : *this;
+  HAP_CHECK(src.is_contiguous(), "to(", d.str(), "): ", str(),
+            " is not contiguous; make it contiguous on its device first");
+  Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(d));
+  copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
   return out;
 }
 
@@ -195,11 +223,20 @@ Tensor Tensor::detach() const { return as_strided(shape(), strides(), offset());
 void Tensor::copy_from(const Tensor& src) const {
   HAP_CHECK(src.shape() == shape(), "copy_from: source shape ", shape_str(src.shape()),
             " differs from destination shape ", shape_str(shape()));
-  strided_copy(*this, src);
+  if (device().is_cpu()) {
+    strided_copy(*this, src.device().is_cpu() ? src : src.to(Device::cpu()));
+    return;
+  }
+  // Into device memory: the same dtype, contiguous, through the backend's copies.
+  const Tensor s = src.device().is_cpu() ? src.contiguous() : src;
+  HAP_CHECK(is_contiguous() && s.is_contiguous() && s.dtype() == dtype(), "copy_from into ", str(),
+            ": a device tensor takes a contiguous copy of the same dtype, got ", src.str());
+  copy_bytes(raw_data(), device(), s.raw_data(), s.device(), nbytes());
 }
 
 void Tensor::fill_(double value) const {
   if (!has_storage()) return;  // shape-only (MetaGuard)
+  check_host(*this, "fill_");
   dispatch_all_types(dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);

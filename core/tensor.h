@@ -18,10 +18,14 @@ namespace autograd {
 struct Node;
 }
 
+class Allocator;
+
+// Memory on one device, from that device type's allocator (core/allocator.h).
 struct Storage {
   void* data = nullptr;
   size_t nbytes = 0;
   Device device;
+  Allocator* allocator = nullptr;
   Storage(size_t nbytes, Device device);
   ~Storage();
   Storage(const Storage&) = delete;
@@ -119,15 +123,21 @@ class Tensor {
   bool has_storage() const { return impl_ && impl_->storage != nullptr; }
   std::string str() const;  // "f32[2, 3] cpu"
 
-  // ---- data (CPU) ----
-  void* raw_data() const;  // pointer to element 0 of this view
+  // ---- data ----
+  // Pointer to element 0 of this view, in the memory of the tensor's device (a kernel's view).
+  void* raw_data() const;
+  // Typed host access: the tensor must be on the CPU (to(Device::cpu()) copies one that is not).
   template <typename T>
   T* data() const {
     HAP_CHECK(dtype_of<T>::value == dtype(), "data<", dtype_name(dtype_of<T>::value),
               ">() called on a tensor of dtype ", dtype_name(dtype()));
+    HAP_CHECK(device().is_cpu(), "data<", dtype_name(dtype_of<T>::value),
+              ">() reads host memory, but ", str(), " is on ", device().str(),
+              "; copy it with to(Device::cpu()) first");
     return static_cast<T*>(raw_data());
   }
-  // Element at a flat (row-major logical) index, converted to double. Slow; for tests and I/O.
+  // Element at a flat (row-major logical) index, converted to double (read through the host
+  // for a device tensor). Slow; for tests, losses and I/O.
   double item_at(int64_t flat_index) const;
   double item() const;
   std::vector<double> to_vector() const;  // logical row-major order
@@ -138,6 +148,9 @@ class Tensor {
   Tensor contiguous() const;  // this if already contiguous, else a packed copy
   Tensor clone() const;       // always a packed copy, no autograd history
   Tensor to(DType dtype) const;
+  // The same values on `device`: this tensor when it is there already, else a contiguous copy
+  // through the device backend's copies (core/allocator.h).
+  Tensor to(Device device) const;
   Tensor detach() const;                    // same storage, no autograd history
   void copy_from(const Tensor& src) const;  // same shape; converts dtype
   void fill_(double value) const;

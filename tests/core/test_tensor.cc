@@ -2,17 +2,21 @@
 // contiguous/clone/to(dtype), bf16 rounding, and the errors bad input gets.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "core/shape.h"
 #include "core/strided_copy.h"
 #include "core/tensor.h"
+#include "ops/functional.h"
 #include "tests/test_util.h"
 
 namespace hap {
@@ -379,6 +383,92 @@ TEST(DType, SizesAndNames) {
   EXPECT_TRUE(is_floating(DType::BF16));
   EXPECT_FALSE(is_floating(DType::I64));
   EXPECT_FALSE(is_floating(DType::U8));
+}
+
+}  // namespace
+}  // namespace hap
+
+// ---- devices: the allocator and copy seams a device backend plugs into ----
+
+namespace hap {
+namespace {
+
+// A stand-in device backend for the CUDA slot: its memory is host memory it counts.
+struct FakeDeviceAllocator : Allocator {
+  size_t live = 0;
+  void* allocate(size_t nbytes, int) override {
+    live += nbytes;
+    return std::malloc(std::max<size_t>(nbytes, 1));
+  }
+  void deallocate(void* p, size_t nbytes, int) override {
+    live -= nbytes;
+    std::free(p);
+  }
+  AllocatorStats stats(int) const override { return {live, live, 0}; }
+  void reset_peak(int) override {}
+  void release_cache(int) override {}
+};
+
+int g_fake_copies = 0;
+void fake_copy(void* dst, Device, const void* src, Device, size_t nbytes) {
+  ++g_fake_copies;
+  std::memcpy(dst, src, nbytes);
+}
+
+class FakeDevice : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    register_allocator(DeviceKind::CUDA, &allocator_);
+    register_device_copy(DeviceKind::CUDA, &fake_copy);
+  }
+  void TearDown() override {
+    register_allocator(DeviceKind::CUDA, nullptr);
+    register_device_copy(DeviceKind::CUDA, nullptr);
+  }
+  FakeDeviceAllocator allocator_;
+};
+
+TEST(Devices, WithoutABackendAllocatingOnCudaSaysSo) {
+  ASSERT_FALSE(has_allocator(DeviceKind::CUDA));
+  const std::string m =
+      test_util::error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(0))); });
+  EXPECT_HAS(m, "no allocator for cuda");
+  EXPECT_HAS(m, "no cuda backend");
+  EXPECT_HAS(test_util::error_of([] { Tensor::ones({2}).to(Device::cuda(0)); }),
+             "no allocator for cuda");
+}
+
+TEST(Devices, ToTheSameDeviceIsTheTensorItself) {
+  Tensor x = Tensor::ones({3});
+  EXPECT_TRUE(x.to(Device::cpu()).same(x));
+}
+
+TEST_F(FakeDevice, StorageComesFromTheDevicesAllocatorAndToCopiesBothWays) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor xt = permute(x, {1, 0});  // not contiguous: to() packs it first
+  const int copies = g_fake_copies;
+  Tensor d = xt.to(Device::cuda(1));
+  EXPECT_EQ(d.device(), Device::cuda(1));
+  EXPECT_EQ(allocator_.live, 6 * sizeof(float));
+  EXPECT_TRUE(d.is_contiguous());
+  Tensor back = d.to(Device::cpu());
+  EXPECT_EQ(g_fake_copies, copies + 2);
+  EXPECT_EQ(back.to_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(d.to_vector(), back.to_vector()) << "reading a device tensor goes through the host";
+  d = Tensor();
+  EXPECT_EQ(allocator_.live, 0u) << "the device's memory goes back to its allocator";
+}
+
+TEST_F(FakeDevice, HostAccessToADeviceTensorIsAnErrorThatNamesTheDevice) {
+  Tensor d = Tensor::ones({2}).to(Device::cuda(0));
+  const std::string m = test_util::error_of([&] { d.data<float>(); });
+  EXPECT_HAS(m, "cuda:0");
+  EXPECT_HAS(m, "to(Device::cpu())");
+  EXPECT_HAS(test_util::error_of([&] { d.fill_(3.0); }), "fill_");
+  // Copies into device memory go through the backend.
+  d.copy_from(Tensor::from_vector(std::vector<double>{7, 8}, {2}).to(DType::F32));
+  EXPECT_EQ(d.to_vector(), (std::vector<double>{7, 8}));
+  EXPECT_EQ(d.clone().to_vector(), (std::vector<double>{7, 8}));
 }
 
 }  // namespace
