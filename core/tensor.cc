@@ -8,7 +8,12 @@
 
 namespace hap {
 
-Storage::Storage(size_t n, Device d) : nbytes(n), device(d), allocator(&allocator_for(d.kind)) {
+Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
+  try {
+    allocator = &allocator_for(d.kind);
+  } catch (const Error& e) {
+    throw Error("allocating " + std::to_string(n) + " bytes on " + d.str() + ": " + e.what());
+  }
   data = allocator->allocate(n, d.index);
 }
 
