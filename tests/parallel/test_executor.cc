@@ -214,6 +214,43 @@ TEST(Executor, VocabularyParallelCrossEntropyMatchesOneDevice) {
   }
 }
 
+// A model whose forward makes its own tensor (a position table): a graph constant, of which
+// every rank reads its part under whatever split the plan gives it.
+struct WithConstants : nn::Module {
+  std::shared_ptr<nn::Linear> fc;
+  int64_t T, C, K;
+  WithConstants(int64_t t, int64_t c, int64_t k) : Module("WithConstants"), T(t), C(c), K(k) {
+    fc = register_module("fc", std::make_shared<nn::Linear>(nn::LinearOptions(c, k)));
+    reset_parameters(5);
+  }
+  Tensor loss(const Tensor& x, const Tensor& y) {  // x: [B, T, C], y: [B * T]
+    Tensor positions = reshape(Tensor::arange(T * C), {T, C}) * 0.01;
+    return cross_entropy(reshape(fc->forward(x + positions), {-1, K}), y);
+  }
+};
+
+TEST(Executor, TensorsMadeInsideForwardAreConstantsEveryRankReads) {
+  const int64_t B = 5, T = 4, C = 6, K = 7;
+  for (auto strategy : {synth::Strategy::DpEv, synth::Strategy::Tp, synth::Strategy::Hap}) {
+    SCOPED_TRACE(synth::strategy_name(strategy));
+    WithConstants ref(T, C, K), shape_model(T, C, K);
+    Tensor x = randn({B, T, C}, 8, 0);
+    std::vector<int64_t> labels;
+    for (int64_t i = 0; i < B * T; ++i) labels.push_back((i * 5 + 2) % K);
+    Tensor y = Tensor::from_vector(labels, {B * T});
+    Tensor xm = Tensor::meta({B, T, C}, DType::F32), ym = Tensor::meta({B * T}, DType::I64);
+    synth::Graph g = synth::trace([&] { return shape_model.loss(xm, ym); },
+                                  shape_model.named_parameters(), {{"x", xm}, {"y", ym}});
+    bool constant = false;
+    for (const synth::GraphTensor& t : g.tensors)
+      constant = constant || t.role == synth::TensorRole::Constant;
+    ASSERT_TRUE(constant);
+    compare_with_one_device(
+        g, strategy, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
+        {{"x", x}, {"y", y}}, 2, 1e-2, 0.0, [](const std::string&) { return 1e-4; });
+  }
+}
+
 nn::GPTConfig tiny_gpt(double dropout) {
   nn::GPTConfig c;
   c.vocab_size = 23;
