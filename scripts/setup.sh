@@ -4,6 +4,7 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
+  clang-format                    # scripts/check-format (CI checks every source)
   libopenblas-openmp-dev          # CPU GEMM (OpenMP build, shares our thread pool)
   libopenmpi-dev openmpi-bin      # MPI launch and CPU collectives
   libyaml-cpp-dev                 # configs

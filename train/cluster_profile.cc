@@ -226,11 +226,10 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
   for (const Measurement& m : plan) {
     samples.push_back(hap::parallel::time_collective(group, m.kind, m.method, m.bytes,
                                                      m.uneven ? uneven : even, reps, busy_s));
-    progress.step(label + ": " + hap::synth::instr_name(m.kind) +
-                  (m.kind == InstrKind::AllReduce
-                       ? ""
-                       : std::string(" ") + hap::ops::method_name(m.method)) +
-                  (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
+    progress.step(
+        label + ": " + hap::synth::instr_name(m.kind) +
+        (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::ops::method_name(m.method)) +
+        (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
   }
   return samples;
 }
@@ -238,14 +237,13 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
 nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
   nlohmann::json j = nlohmann::json::array();
   for (const CollectiveSample& s : samples)
-    j.push_back(
-        {{"collective", hap::synth::instr_name(s.kind)},
-         {"method", s.kind == InstrKind::AllReduce ? "-" : hap::ops::method_name(s.method)},
-         {"ranks", s.group_size},
-         {"bytes", s.bytes},
-         {"max_share", s.max_share},
-         {"uneven", s.uneven},
-         {"seconds", s.seconds}});
+    j.push_back({{"collective", hap::synth::instr_name(s.kind)},
+                 {"method", s.kind == InstrKind::AllReduce ? "-" : hap::ops::method_name(s.method)},
+                 {"ranks", s.group_size},
+                 {"bytes", s.bytes},
+                 {"max_share", s.max_share},
+                 {"uneven", s.uneven},
+                 {"seconds", s.seconds}});
   return j;
 }
 

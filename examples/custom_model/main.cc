@@ -24,10 +24,14 @@ namespace {
 class Block : public hap::nn::Module {
  public:
   explicit Block(int64_t width) : Module("Block") {
-    fc1 = register_module("fc1", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, width)));
-    fc2 = register_module("fc2", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, width)));
+    fc1 = register_module("fc1",
+                          std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, width)));
+    fc2 = register_module("fc2",
+                          std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, width)));
   }
-  hap::Tensor forward(const hap::Tensor& x) const { return x + fc2->forward(hap::tanh(fc1->forward(x))); }
+  hap::Tensor forward(const hap::Tensor& x) const {
+    return x + fc2->forward(hap::tanh(fc1->forward(x)));
+  }
 
   std::shared_ptr<hap::nn::Linear> fc1, fc2;
 };
@@ -37,10 +41,12 @@ class Block : public hap::nn::Module {
 class Regressor : public hap::nn::Model {
  public:
   Regressor(int64_t width, int depth, uint64_t seed) : Model("Regressor") {
-    embed = register_module("embed", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(3, width)));
+    embed = register_module("embed",
+                            std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(3, width)));
     blocks = register_module("blocks", std::make_shared<hap::nn::ModuleList>());
     for (int i = 0; i < depth; ++i) blocks->push_back(std::make_shared<Block>(width));
-    head = register_module("head", std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, 1)));
+    head = register_module("head",
+                           std::make_shared<hap::nn::Linear>(hap::nn::LinearOptions(width, 1)));
     reset_parameters(seed);
     set_random_seed(seed);
   }
@@ -57,7 +63,8 @@ class Regressor : public hap::nn::Model {
   }
 
   // Small tanh networks train better with 1/sqrt(fan-in) weights than GPT-2's N(0, 0.02).
-  std::optional<hap::nn::ParamInit> init_rule(const std::string& name, const hap::Tensor& p) const override {
+  std::optional<hap::nn::ParamInit> init_rule(const std::string& name,
+                                              const hap::Tensor& p) const override {
     if (name.ends_with(".weight"))
       return hap::nn::ParamInit::normal(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(1))));
     return std::nullopt;
@@ -160,7 +167,8 @@ int main(int argc, char** argv) {
       hap::train::DistributedOptions dist{hap::train::load_cluster_config(args.cluster), {}, ""};
       hap::train::Trainer trainer(model, data, config, world, dist);
       if (lead)
-        std::printf("%s\n", hap::train::plan_report(*trainer.cost_model(), *trainer.program(), {}).c_str());
+        std::printf("%s\n",
+                    hap::train::plan_report(*trainer.cost_model(), *trainer.program(), {}).c_str());
       summary = trainer.fit(fit);
     });
   }

@@ -194,6 +194,20 @@ std::vector<Tensor> cross_entropy_local(ShardContext& ctx, const std::vector<Ten
   return {call1(OpKind::MulScalar, {loss}, ScalarAttrs{scale})};
 }
 
+// The gradient of a row-split cross-entropy: each rank's kernel divides by its own count of
+// targets; scaled by local count / global count it is the slice of the global gradient.
+std::vector<Tensor> cross_entropy_backward_local(ShardContext& ctx,
+                                                 const std::vector<Tensor>& inputs,
+                                                 const Attrs& attrs) {
+  Tensor grad = call1(OpKind::CrossEntropyBackward, inputs, attrs);
+  if (ctx.input_prop(2).kind != PropKind::Sharded) return {grad};
+  const int64_t local =
+      static_cast<int64_t>(call1(OpKind::CountTargets, {inputs[2]}, attrs).item());
+  const int64_t global = ctx.sum_over_ranks(local);
+  const double scale = global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
+  return {call1(OpKind::MulScalar, {grad}, ScalarAttrs{scale})};
+}
+
 }  // namespace
 
 void register_loss_ops(OpTable& t) {
@@ -239,7 +253,8 @@ void register_loss_ops(OpTable& t) {
   cb.flops = [](const Metas& in, const Metas&, const Attrs&) {
     return 5.0 * static_cast<double>(shape_numel(in[1].shape));
   };
-  // As in the forward, the count is local: the executor scales the loss gradient per rank.
+  // As in the forward, each rank's kernel counts its own targets; the local hook rescales.
+  cb.local = cross_entropy_backward_local;
   cb.shard = [](const Metas&, const Metas&, const Attrs&) {
     return std::vector<ShardSignature>{
         {{Prop::replicated(), Prop::sharded(0), Prop::sharded(0)}, {Prop::sharded(0)}}};

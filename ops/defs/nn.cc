@@ -529,6 +529,14 @@ std::vector<Tensor> embedding_local(ShardContext& ctx, const std::vector<Tensor>
   return {call1(OpKind::Embedding, inputs, SliceAttrs{0, start, start + inputs[0].size(0)})};
 }
 
+// The gradient of an embedding table split by features ([V, C_r]): the shard's columns.
+std::vector<Tensor> embedding_backward_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                             const Attrs& attrs) {
+  ScatterAttrs a = attr<ScatterAttrs>(attrs);
+  if (ctx.output_prop(0).kind == PropKind::Sharded) a.shape[1] = inputs[0].shape().back();
+  return {call1(OpKind::EmbeddingBackward, inputs, a)};
+}
+
 void def_embedding(OpTable& t) {
   OpDef& d = def_of(t, OpKind::Embedding);
   d.name = "embedding";
@@ -579,6 +587,7 @@ void def_embedding(OpTable& t) {
     sigs.push_back({{Prop::sharded(nids), Prop::replicated()}, {Prop::sharded(1)}});
     return sigs;
   };
+  b.local = embedding_backward_local;
   b.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
     dispatch_float(out.dtype(), "embedding_backward",

@@ -219,20 +219,19 @@ void logsumexp_kernel(const Tensor& x_in, const Tensor& out) {
   }
 }
 
-// A mean over a dimension split across ranks: each rank's mean of its shard, scaled by its
-// share of the global count, so that the Partial sum over ranks is the global mean.
+// A mean over a dimension split across ranks: each rank's sum of its shard over the global count,
+// so that the Partial sum over ranks is the global mean (a rank whose shard is empty adds 0).
 std::vector<Tensor> mean_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
                                const Attrs& attrs) {
-  Tensor out = call1(OpKind::Mean, inputs, attrs);
   const Prop q = ctx.input_prop(0);
-  if (q.kind != PropKind::Sharded) return {out};
   const Shape& s = ctx.input_shape(0);
   const auto dims = reduce_dims(s, attr<ReduceAttrs>(attrs).dims, "mean");
-  if (!std::binary_search(dims.begin(), dims.end(), q.dim)) return {out};
-  const int64_t local = ctx.input_lengths(0)[static_cast<size_t>(ctx.rank())];
-  return {call1(OpKind::MulScalar, {out},
-                ScalarAttrs{static_cast<double>(local) /
-                            static_cast<double>(s[static_cast<size_t>(q.dim)])})};
+  if (q.kind != PropKind::Sharded || !std::binary_search(dims.begin(), dims.end(), q.dim))
+    return {call1(OpKind::Mean, inputs, attrs)};
+  int64_t count = 1;
+  for (int64_t d : dims) count *= s[static_cast<size_t>(d)];
+  Tensor sum = call1(OpKind::Sum, inputs, attrs);
+  return {call1(OpKind::MulScalar, {sum}, ScalarAttrs{1.0 / static_cast<double>(count)})};
 }
 
 }  // namespace

@@ -61,6 +61,9 @@ Tensor box(const Tensor& full, const Shape& local, const LogicalSlice& slice) {
   return box_of(full, local, slice).clone();
 }
 
+// The default final check of compare_with_one_device.
+void close_parameters(const std::string& name, const Tensor& got, const Tensor& expected);
+
 double rel_err(const Tensor& a, const Tensor& b) {
   std::vector<double> x = a.to_vector(), y = b.to_vector();
   double num = 0, den = 0;
@@ -69,6 +72,10 @@ double rel_err(const Tensor& a, const Tensor& b) {
     den += y[i] * y[i];
   }
   return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+void close_parameters(const std::string& name, const Tensor& got, const Tensor& expected) {
+  EXPECT_LE(rel_err(got, expected), 1e-4) << name;
 }
 
 // The plan must really distribute: tp shards some parameter, dp an input, hap either or slices
@@ -93,11 +100,13 @@ void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& 
 
 // Plans `g` with `strategy` on this world and trains it for `steps` AdamW steps beside `ref` on one
 // device (global-norm clipping at `clip` when > 0), checking the loss at every step, every
-// gradient at the first, and every parameter at the end (tolerance final_tol(name)).
+// gradient at the first, and every parameter at the end (final_check(name, distributed, one
+// device); by default a relative error of at most 1e-4).
 void compare_with_one_device(
     const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments, nn::Module& ref,
     const std::function<Tensor()>& ref_loss, const std::map<std::string, Tensor>& data, int steps,
-    double lr, double clip, const std::function<double(const std::string&)>& final_tol,
+    double lr, double clip,
+    const std::function<void(const std::string&, const Tensor&, const Tensor&)>& final_check,
     const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
@@ -132,9 +141,11 @@ void compare_with_one_device(
     expected.backward();
     EXPECT_LE(std::abs(loss - expected.item()) / std::abs(expected.item()), 1e-5)
         << "step " << step;
-    if (step == 0)
-      for (auto& [name, p] : named)
+    if (step == 0) {
+      for (auto& [name, p] : named) {
         EXPECT_LE(rel_err(ex.gathered_grad(name), p.grad()), 1e-4) << name;
+      }
+    }
     if (clip > 0) {
       double norm = ex.global_grad_norm();
       double ref_norm = nn::clip_grad_norm_(ref.parameters(), clip);
@@ -144,9 +155,7 @@ void compare_with_one_device(
     dist_opt.step();
     ref_opt.step();
   }
-  for (auto& [name, p] : named)
-    EXPECT_LE(rel_err(ex.gathered_value(name), p), final_tol(name))
-        << name << " after " << steps << " steps";
+  for (auto& [name, p] : named) final_check(name, ex.gathered_value(name), p);
 }
 
 void check_mlp(synth::Strategy strategy, double dropout, int steps) {
@@ -163,7 +172,7 @@ void check_mlp(synth::Strategy strategy, double dropout, int steps) {
                                 shape_model.named_parameters(), {{"x", xm}, {"y", ym}});
   compare_with_one_device(
       g, strategy, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
-      {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; });
+      {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, close_parameters);
 }
 
 TEST(Executor, MlpMatchesOneDeviceUnderDataParallelEven) {
@@ -209,8 +218,7 @@ TEST(Executor, VocabularyParallelCrossEntropyMatchesOneDevice) {
     };
     compare_with_one_device(
         g, synth::Strategy::Tp, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
-        {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, [](const std::string&) { return 1e-4; },
-        uses_vocab_parallel_ce);
+        {{"x", x}, {"y", y}}, steps, 1e-2, 0.5, close_parameters, uses_vocab_parallel_ce);
   }
 }
 
@@ -247,7 +255,7 @@ TEST(Executor, TensorsMadeInsideForwardAreConstantsEveryRankReads) {
     ASSERT_TRUE(constant);
     compare_with_one_device(
         g, strategy, synth::SegmentMode::Single, ref, [&] { return ref.loss(x, y); },
-        {{"x", x}, {"y", y}}, 2, 1e-2, 0.0, [](const std::string&) { return 1e-4; });
+        {{"x", x}, {"y", y}}, 2, 1e-2, 0.0, close_parameters);
   }
 }
 
@@ -284,13 +292,26 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
   Tensor im = Tensor::meta({B, T}, DType::I64), tm = Tensor::meta({B, T}, DType::I64);
   synth::Graph g = synth::trace([&] { return shape_model->loss(im, tm); },
                                 shape_model->named_parameters(), {{"idx", im}, {"targets", tm}});
-  // The key third of qkv.bias has an exactly-zero gradient; Adam amplifies rounding there (see
-  // tests/oracle/test_gpt_oracle.cc), so it gets a looser bound.
+  // The key third of qkv.bias has a gradient that is exactly zero in exact arithmetic (softmax is
+  // invariant to a per-row shift): Adam turns rounding noise there into updates of size ~lr, so
+  // that slice alone gets an absolute bound of its updates' size, as in the PyTorch oracle test
+  // (tests/oracle/test_gpt_oracle.cc); the query and value thirds are held to 1e-4.
+  const double lr = 3e-3;
+  const int64_t C = cfg.n_embd;
   compare_with_one_device(
       g, strategy, segments, ref, [&] { return ref.loss(idx, targets); },
-      {{"idx", idx}, {"targets", targets}}, steps, 3e-3, 0.0,
-      [](const std::string& name) {
-        return name.find("attn.qkv.bias") != std::string::npos ? 5e-2 : 1e-4;
+      {{"idx", idx}, {"targets", targets}}, steps, lr, 0.0,
+      [&](const std::string& name, const Tensor& got, const Tensor& expected) {
+        if (name.find("attn.qkv.bias") == std::string::npos)
+          return close_parameters(name, got, expected);
+        EXPECT_LE(rel_err(narrow(got, 0, 0, C), narrow(expected, 0, 0, C)), 1e-4)
+            << name << " (query)";
+        EXPECT_LE(rel_err(narrow(got, 0, 2 * C, C), narrow(expected, 0, 2 * C, C)), 1e-4)
+            << name << " (value)";
+        std::vector<double> a = narrow(got, 0, C, C).to_vector(),
+                            e = narrow(expected, 0, C, C).to_vector();
+        for (int64_t i = 0; i < C; ++i)
+          EXPECT_NEAR(a[i], e[i], 5 * lr * steps) << name << " key element " << i;
       });
 }
 

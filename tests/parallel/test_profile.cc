@@ -1,9 +1,13 @@
 // Profiling helpers: the link fit recovers the latency and bandwidth that generated the times
 // (with the cost model's own terms), timed collectives are real samples, collectives give the
-// same results when ranks wait by sleeping, and the GEMM rate is positive.
+// same results when ranks wait by sleeping, the GEMM rate is 2 n^3 over the median time, and a
+// rank's usable memory is the node's available memory split between its ranks.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <limits>
 #include <random>
+#include <string>
 
 #include "parallel/profile.h"
 #include "parallel_test_util.h"
@@ -85,8 +89,48 @@ TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
     EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max),
               world().allreduce(s.seconds, ReduceOp::Min));
   }
-  EXPECT_GT(profile_gemm(64, 2).flops_per_s, 0.0);
-  EXPECT_GT(usable_memory_bytes(n), 0);
+}
+
+TEST(ProfileCompute, GemmRateIsTwoNCubedOverTheMedianTime) {
+  const GemmRate g = profile_gemm(64, 3);
+  EXPECT_EQ(g.n, 64);
+  ASSERT_GT(g.median_s, 0.0);
+  EXPECT_DOUBLE_EQ(g.flops_per_s, 2.0 * 64 * 64 * 64 / g.median_s);
+  EXPECT_HAS(testing::error_of([] { profile_gemm(0, 1); }), "expected n >= 1");
+}
+
+// What the node can give each of its ranks: MemAvailable split between them, capped by this
+// process's memory cgroup limit where one is set.
+TEST(ProfileMemory, UsableMemoryIsTheNodesAvailableMemorySplitBetweenItsRanks) {
+  auto mem_available = [] {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key, unit;
+    double kb = 0;
+    while (meminfo >> key >> kb) {
+      std::getline(meminfo, unit);
+      if (key == "MemAvailable:") return kb * 1024.0;
+    }
+    return 0.0;
+  };
+  double limit = std::numeric_limits<double>::infinity();
+  for (const char* file :
+       {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"}) {
+    std::ifstream f(file);
+    double v = 0;
+    if (f >> v && v > 0) limit = std::min(limit, v);
+  }
+  for (int ranks : {1, 3}) {
+    const double before = mem_available();
+    const double usable = static_cast<double>(usable_memory_bytes(ranks));
+    const double after = mem_available();
+    ASSERT_GT(before, 0.0);
+    // MemAvailable moves a little between the reads.
+    const double lo = std::min(std::min(before, after) / ranks, limit),
+                 hi = std::min(std::max(before, after) / ranks, limit);
+    EXPECT_GE(usable, 0.98 * lo) << ranks << " ranks";
+    EXPECT_LE(usable, 1.02 * hi) << ranks << " ranks";
+  }
+  EXPECT_HAS(testing::error_of([] { usable_memory_bytes(0); }), "ranks_on_node >= 1");
 }
 
 TEST(WaitPolicy, SleepingRanksGetTheSameSums) {

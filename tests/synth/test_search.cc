@@ -189,8 +189,11 @@ TEST(Search, ReturnedCostIsTheSumOfItsInstructions) {
   EXPECT_NEAR(recost(cm, copy, r), a.cost_s, 1e-12 * a.cost_s);
   // Every node is computed exactly once, in program order.
   int next = 0;
-  for (const Instruction& in : a.instructions)
-    if (in.kind == InstrKind::Compute) EXPECT_EQ(in.node, next++);
+  for (const Instruction& in : a.instructions) {
+    if (in.kind == InstrKind::Compute) {
+      EXPECT_EQ(in.node, next++);
+    }
+  }
   EXPECT_EQ(next, static_cast<int>(g.nodes.size()));
 }
 
@@ -203,8 +206,12 @@ TEST(Search, DataParallelSpaceShardsInputsAndReplicatesParameters) {
   SearchSpace dp{.inputs_must_shard_dim0 = true, .shard_parameters = false};
   SearchResult a = search_program(cm, {c.flops_ratios()}, seg, dp);
   for (const GraphTensor& t : g.tensors) {
-    if (t.role == TensorRole::Parameter) EXPECT_EQ(a.storage[t.id], Prop::replicated()) << t.name;
-    if (t.role == TensorRole::Input) EXPECT_EQ(a.storage[t.id], Prop::sharded(0)) << t.name;
+    if (t.role == TensorRole::Parameter) {
+      EXPECT_EQ(a.storage[t.id], Prop::replicated()) << t.name;
+    }
+    if (t.role == TensorRole::Input) {
+      EXPECT_EQ(a.storage[t.id], Prop::sharded(0)) << t.name;
+    }
   }
 }
 
@@ -322,7 +329,28 @@ TEST(Synthesizer, DataParallelWithABatchOfOneSaysSo) {
     EXPECT_NE(m.find("input 'x' has shape [1, 6]"), std::string::npos) << m;
     EXPECT_NE(m.find("batch of at least 2"), std::string::npos) << m;
   }
-  EXPECT_NO_THROW(synthesize(g, c, SynthesisOptions{}));  // hap splits something else
+  // hap splits the features instead: on devices slow enough for splitting to pay, the product
+  // runs row-parallel over the contraction (x and w stored Sharded(1), a Partial output).
+  Cluster slow;
+  slow.name = "slow";
+  slow.add_node(
+      "n0", {1e9, 1e-5},
+      {{"d0", "cpu", 1e6, int64_t{1} << 30, -1}, {"d1", "cpu", 2e6, int64_t{1} << 30, -1}});
+  const DistributedProgram p = synthesize(g, slow, SynthesisOptions{});
+  int x_id = -1, w_id = -1;
+  for (const GraphTensor& t : g.tensors) {
+    if (t.name == "x") x_id = t.id;
+    if (t.name == "w") w_id = t.id;
+  }
+  ASSERT_GE(x_id, 0);
+  ASSERT_GE(w_id, 0);
+  EXPECT_EQ(p.storage[x_id], Prop::sharded(1));
+  EXPECT_EQ(p.storage[w_id], Prop::sharded(1));
+  const CostModel cm(g, slow);
+  bool splits = false;
+  for (const Instruction& in : p.instructions)
+    splits = splits || (in.kind == InstrKind::Compute && cm.splits_work(in.node, in.signature));
+  EXPECT_TRUE(splits);
 }
 
 // Over its search budget, hap returns the best baseline program and says so; the baselines

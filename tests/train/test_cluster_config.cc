@@ -3,6 +3,7 @@
 // the key path, the value and the expectation.
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -78,10 +79,6 @@ void expect_contains(const std::string& message, std::initializer_list<std::stri
         << "message lacks \"" << part << "\":\n  " << message;
 }
 
-double sum(const std::vector<double>& values) {
-  return std::accumulate(values.begin(), values.end(), 0.0);
-}
-
 // ---- the shipped clusters ----
 
 TEST(ShippedCluster, EveryFileLoadsAndValidates) {
@@ -92,10 +89,32 @@ TEST(ShippedCluster, EveryFileLoadsAndValidates) {
     Cluster c;
     ASSERT_NO_THROW(c = load_cluster_config(entry.path().string()));
     EXPECT_NO_THROW(c.validate());
-    EXPECT_GE(c.size(), 1);
     EXPECT_EQ(c.name, entry.path().stem().string()) << "a cluster is named like its file";
-    EXPECT_NEAR(sum(c.flops_ratios()), 1.0, 1e-12);
-    EXPECT_FALSE(c.summary().empty());
+    // Node by node, the devices the file lists (an entry with `count` stands for that many),
+    // with their FLOP/s, in rank order; the FLOP/s shares follow them.
+    const YAML::Node file = YAML::LoadFile(entry.path().string());
+    ASSERT_EQ(c.num_nodes(), static_cast<int>(file["nodes"].size()));
+    std::vector<double> flops;
+    for (size_t n = 0; n < file["nodes"].size(); ++n) {
+      const YAML::Node node = file["nodes"][n];
+      if (node["name"]) {
+        EXPECT_EQ(c.nodes[n].name, node["name"].as<std::string>());
+      }
+      for (const YAML::Node& d : node["devices"]) {
+        const int count = d["count"] ? d["count"].as<int>() : 1;
+        for (int i = 0; i < count; ++i) flops.push_back(d["flops_per_s"].as<double>());
+      }
+    }
+    ASSERT_EQ(c.size(), static_cast<int>(flops.size()));
+    double total = 0;
+    for (double f : flops) total += f;
+    for (int r = 0; r < c.size(); ++r) {
+      EXPECT_EQ(c.devices[r].flops_per_s, flops[r]) << "rank " << r;
+      EXPECT_NEAR(c.flops_ratios()[r], flops[r] / total, 1e-12) << "rank " << r;
+    }
+    const std::string head = "cluster " + c.name + ": " + std::to_string(c.size()) +
+                             (c.size() == 1 ? " device on " : " devices on ");
+    EXPECT_EQ(c.summary().rfind(head, 0), 0u) << c.summary();
     names.insert(entry.path().filename().string());
   }
   for (const char* expected : {"emu-mixed4.yaml", "emu-2node.yaml", "hap-paper.yaml",

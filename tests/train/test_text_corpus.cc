@@ -57,7 +57,9 @@ TEST(TextCorpus, TargetsAreTheNextBytesAndRowsDependOnlyOnTheirIndex) {
                       pi = part.idx.to_vector();
   for (int r = 0; r < 8; ++r)
     for (int t = 0; t < 16; ++t) {
-      if (t + 1 < 16) EXPECT_EQ(wt[r * 16 + t], wi[r * 16 + t + 1]);
+      if (t + 1 < 16) {
+        EXPECT_EQ(wt[r * 16 + t], wi[r * 16 + t + 1]);
+      }
       int next = static_cast<int>(wi[r * 16 + t]) - 'a';
       EXPECT_EQ(static_cast<int>(wt[r * 16 + t]) - 'a', (next + 1) % 26);
     }
