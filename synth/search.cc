@@ -249,6 +249,8 @@ class Expander {
 
   int num_signatures(int node) const { return static_cast<int>(cm_.signatures(node).size()); }
   int num_nodes() const { return static_cast<int>(g_.nodes.size()); }
+  // Lifts every device's memory limit (to price the fastest program when none fits).
+  void ignore_memory() { std::fill(limit_.begin(), limit_.end(), kInf); }
   double worst_overflow() const { return over_; }
   // The least f = g + h of a state that ran out of memory (infinity if none did).
   double min_overflow_f() const { return min_overflow_f_; }
@@ -477,12 +479,59 @@ SearchResult finish(const CostModel& cm, const Expander& ex, const std::vector<S
   return res;
 }
 
-[[noreturn]] void no_program(const CostModel& cm, const Expander& ex) {
+bool search_pass(const CostModel& cm, const Expander& ex,
+                 const std::vector<std::vector<double>>& ratios, const SearchSpace& space,
+                 size_t memo_labels, double bound, SearchResult* out);
+
+// Where no program fits in memory: what the fastest program with no memory limits needs on the
+// device it overflows most, or "" when even that cannot be found within the budget.
+std::string memory_shortfall(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                             const std::vector<int>& node_segment, const SearchSpace& space) {
+  Expander unlimited(cm, ratios, node_segment, space);
+  unlimited.ignore_memory();
+  unlimited.prepare_heuristic();
+  SearchResult fastest;
+  try {
+    if (!search_pass(cm, unlimited, ratios, space, 1, kInf, &fastest)) return "";
+  } catch (const SearchBudgetError&) {
+    return "";
+  }
+  const std::vector<double> need =
+      program_memory(cm, fastest.instructions, fastest.storage, ratios);
+  int worst = -1;
+  double short_by = 0;
+  int over = 0;
+  for (int d = 0; d < cm.num_devices(); ++d) {
+    const double excess = need[d] - static_cast<double>(cm.cluster().devices[d].memory_bytes);
+    if (excess <= 0) continue;
+    ++over;
+    if (worst < 0 || excess > short_by) {
+      worst = d;
+      short_by = excess;
+    }
+  }
+  if (worst < 0) return "";
+  const Device& dev = cm.cluster().devices[worst];
+  return "the fastest program needs " + std::to_string(static_cast<int64_t>(need[worst])) +
+         " bytes on device " + std::to_string(worst) + " (" + dev.name + ", " + dev.type +
+         "), short by " + std::to_string(static_cast<int64_t>(std::ceil(short_by))) +
+         " bytes of its " + std::to_string(dev.memory_bytes) +
+         (over > 1 ? " (" + std::to_string(over) + " devices are short)" : std::string()) +
+         "; every other program ran out of memory too";
+}
+
+[[noreturn]] void no_program(const CostModel& cm, const Expander& ex,
+                             const std::vector<std::vector<double>>& ratios,
+                             const std::vector<int>& node_segment, const SearchSpace& space) {
   if (ex.worst_device() >= 0) {
+    const std::string why = memory_shortfall(cm, ratios, node_segment, space);
+    if (!why.empty())
+      HAP_CHECK(false, "no program fits in memory: ", why,
+                " (use more devices, a smaller batch or model)");
     const Device& d = cm.cluster().devices[ex.worst_device()];
-    HAP_CHECK(false, "no program fits in memory: device ", ex.worst_device(), " (", d.name, ", ",
-              d.type, ") is short by at least ", static_cast<int64_t>(ex.worst_overflow()),
-              " bytes of its ", d.memory_bytes, " (use more devices, a smaller batch or model)");
+    HAP_CHECK(false, "no program fits in memory: every program runs out, device ",
+              ex.worst_device(), " (", d.name, ", ", d.type, ") first, with ", d.memory_bytes,
+              " bytes (use more devices, a smaller batch or model)");
   }
   HAP_CHECK(false, "no program exists for this graph under the chosen strategy");
 }
@@ -664,10 +713,20 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   // with f = g + h (h admissible) below that program's cost. So memory only matters when some
   // state ran out with f below the cost found (or none was found).
   SearchResult fast, lean;
-  const bool found = search_pass(cm, ex, ratios, space, 1, kInf, &fast);
+  bool found = false;
+  try {
+    found = search_pass(cm, ex, ratios, space, 1, kInf, &fast);
+  } catch (const SearchBudgetError& e) {
+    // Out of budget with states that ran out of memory: say what memory does as well, or the
+    // budget would hide a program that cannot fit.
+    if (ex.worst_device() < 0) throw;
+    const std::string why = memory_shortfall(cm, ratios, node_segment, space);
+    throw SearchBudgetError(std::string(e.what()) + "; memory binds too" +
+                            (why.empty() ? "" : ": " + why));
+  }
   if (found) fast.memory_may_matter = ex.worst_device() >= 0 && ex.min_overflow_f() < fast.cost_s;
   if (found && (!fast.memory_may_matter || !space.memory_exact)) return fast;
-  if (ex.worst_device() < 0) no_program(cm, ex);
+  if (ex.worst_device() < 0) no_program(cm, ex, ratios, node_segment, space);
   // Memory binds somewhere: search again keeping leaner paths beside the cheapest ones, so that
   // a program that fits is not lost to a cheaper path that later overflows. The better program
   // of the two passes is returned (a memory-aware pass over budget leaves the fast one).
@@ -683,7 +742,7 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     return lean;
   }
   if (found) return fast;
-  no_program(cm, ex);
+  no_program(cm, ex, ratios, node_segment, space);
 }
 
 bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
@@ -730,7 +789,7 @@ SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vecto
       stack.push_back(static_cast<int>(arena.size()) - 1);
     }
   }
-  if (best_state < 0) no_program(cm, ex);
+  if (best_state < 0) no_program(cm, ex, ratios, node_segment, space);
   SearchResult res = finish(cm, ex, arena, best_state, ratios);
   res.states_expanded = visited;
   return res;

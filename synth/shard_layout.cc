@@ -81,4 +81,13 @@ std::vector<int64_t> ShardLayout::lengths(int tensor, int64_t dim, int segment) 
   return l;
 }
 
+std::vector<double> ShardLayout::shares(int tensor, int64_t dim, int segment) const {
+  const std::vector<int64_t> l = lengths(tensor, dim, segment);
+  const double n = static_cast<double>(
+      graph_.tensors[static_cast<size_t>(tensor)].shape[static_cast<size_t>(dim)]);
+  std::vector<double> out;
+  for (int64_t x : l) out.push_back(n > 0 ? static_cast<double>(x) / n : 0.0);
+  return out;
+}
+
 }  // namespace hap::synth

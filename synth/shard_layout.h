@@ -26,6 +26,9 @@ class ShardLayout {
   int64_t granule(int tensor, int64_t dim) const;
   // Every device's length of tensor t's dimension `dim` under segment `segment`'s ratios.
   std::vector<int64_t> lengths(int tensor, int64_t dim, int segment) const;
+  // What each device really gets of that dimension: its length over the dimension's (the ratios
+  // rounded to whole granules).
+  std::vector<double> shares(int tensor, int64_t dim, int segment) const;
 
  private:
   const Graph& graph_;

@@ -96,8 +96,21 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
         in.cost_s = cm.reshard_s(in.tensor, in.from.dim, ratios[in.from_segment], r, &in.method,
                                  layout.granule(in.tensor, in.from.dim));
         break;
+      // Costs that scale with a device's share: the share it really gets (whole granules).
       case InstrKind::Update:
-        in.cost_s = cm.update(in.tensor, in.to).eval(r);
+        in.cost_s = cm.update(in.tensor, in.to)
+                        .eval(in.to.kind == PropKind::Sharded
+                                  ? layout.shares(in.tensor, in.to.dim, in.segment)
+                                  : r);
+        break;
+      case InstrKind::AllGather:
+        in.cost_s = cm.communication(in.kind, in.tensor, in.method)
+                        .eval(layout.shares(in.tensor, in.from.dim, in.from_segment));
+        break;
+      case InstrKind::ReduceScatter:
+      case InstrKind::AllToAll:
+        in.cost_s = cm.communication(in.kind, in.tensor, in.method)
+                        .eval(layout.shares(in.tensor, in.to.dim, in.segment));
         break;
       default:
         in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r);

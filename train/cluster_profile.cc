@@ -418,9 +418,10 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
     << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
-  y << "# flops_per_s: the mean training step (2 s window) of the " << config.model.name
-    << " model in " << config.source_file << " on " << compute.batch_rows << " examples per rank ("
-    << number(compute.step_flops) << " FLOPs, forward + backward), one thread per rank;\n"
+  y << "# flops_per_s: the mean training step (" << (opt.quick ? "0.3" : "2")
+    << " s window) of the " << config.model.name << " model in " << config.source_file << " on "
+    << compute.batch_rows << " examples per rank (" << number(compute.step_flops)
+    << " FLOPs, forward + backward), one thread per rank;\n"
     << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per "
        "parameter;\n"
     << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"

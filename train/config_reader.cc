@@ -208,7 +208,19 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
     if (!e.mark.is_null())
       where = " at line " + format_number(e.mark.line + 1) + ", column " +
               format_number(e.mark.column + 1);
-    fail(origin, "", "YAML syntax error" + where + ": " + e.msg);
+    // yaml-cpp reports a tab in the indentation as some other error: name it.
+    std::string tab;
+    std::istringstream lines(text.str());
+    std::string line;
+    for (int n = 1; std::getline(lines, line); ++n) {
+      const std::size_t indent = line.find_first_not_of(" \t");
+      if (line.find('\t') < std::min(indent, line.size())) {
+        tab = " (line " + format_number(n) +
+              " is indented with a tab; YAML indents with spaces only)";
+        break;
+      }
+    }
+    fail(origin, "", "YAML syntax error" + where + ": " + e.msg + tab);
   }
   if (documents.size() > 1)
     fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));

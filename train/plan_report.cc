@@ -9,6 +9,7 @@
 #include <map>
 #include <sstream>
 
+#include "synth/shard_layout.h"
 #include "synth/synthesizer.h"
 
 namespace hap::train {
@@ -115,11 +116,38 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
      << c.num_nodes() << " nodes); " << g.nodes.size() << " ops, " << g.parameter_count()
      << " parameters\n";
 
+  // A segment's work comes in whole rows (granules): where the ratios round to other shares of
+  // its largest split computation, say what each device really gets.
+  const synth::ShardLayout layout(g, p.instructions, p.ratios);
+  std::vector<int> largest(p.ratios.size(), -1);
+  for (size_t i = 0; i < p.instructions.size(); ++i) {
+    const Instruction& in = p.instructions[i];
+    if (in.kind != InstrKind::Compute || !cm.splits_work(in.node, in.signature)) continue;
+    int& best = largest[static_cast<size_t>(in.segment)];
+    if (best < 0 || cm.step_flops(in.node) > cm.step_flops(p.instructions[best].node))
+      best = static_cast<int>(i);
+  }
   os << "\nratios (share of each device, per segment):\n";
   for (size_t s = 0; s < p.ratios.size(); ++s) {
     os << "  segment " << s << ":";
     const int decimals = share_decimals(p.ratios[s]);
     for (double r : p.ratios[s]) os << " " << fmt_share(r, decimals);
+    if (largest[s] >= 0) {
+      const Instruction& in = p.instructions[static_cast<size_t>(largest[s])];
+      const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
+      const std::vector<double> real =
+          cm.compute_shares(in.node, in.signature, p.ratios[s], layout.granule(tensor, dim));
+      bool differs = false;
+      for (size_t d = 0; d < real.size(); ++d)
+        differs = differs || std::abs(real[d] - p.ratios[s][d]) > 1e-9;
+      if (differs) {
+        os << "  (in whole rows of "
+           << (g.nodes[in.node].module.empty() ? "<top>" : g.nodes[in.node].module) << " "
+           << ops::op_name(g.nodes[in.node].kind) << ":";
+        for (double r : real) os << " " << fmt_share(r, decimals);
+        os << ")";
+      }
+    }
     os << "\n";
   }
 

@@ -54,8 +54,10 @@ SHARE="$PREFIX/share/hap/configs"
 grep -q "predicted step time" "$WORK/plan.log" || fail "the installed hap-plan printed no plan"
 (cd / && "$PREFIX/bin/hap-train" --config "$SHARE/gpt-tiny.yaml" --set train.steps=2 --quiet \
    >"$WORK/train.log" 2>&1) || { cat "$WORK/train.log" >&2; fail "the installed hap-train does not run"; }
-(cd / && "$PREFIX/bin/hap-profile" --help >"$WORK/profile.log" 2>&1) ||
+# Its default --config is the installed configs/gpt.yaml, whatever the working directory.
+(cd / && "$PREFIX/bin/hap-profile" --out "$WORK/profiled.yaml" --quick >"$WORK/profile.log" 2>&1) ||
   { cat "$WORK/profile.log" >&2; fail "the installed hap-profile does not run"; }
+grep -q "share/hap/configs/gpt.yaml" "$WORK/profiled.yaml" || fail "hap-profile did not time the installed gpt.yaml"
 for lib in "$PREFIX"/lib/libhap*.so; do
   ldd "$lib" | grep -q "not found" && { ldd "$lib" >&2; fail "$lib has unresolved libraries"; }
 done

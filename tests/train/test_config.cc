@@ -405,6 +405,12 @@ TEST_F(ConfigFileTest, YamlSyntaxErrorGivesLineAndColumn) {
   expect_contains(load_error(path), {path, "YAML syntax error at line 3, column"});
 }
 
+TEST_F(ConfigFileTest, ATabInTheIndentationIsNamed) {
+  const std::string path = write(edited("  n_layer: 2", "\tn_layer: 2"));
+  expect_contains(load_error(path),
+                  {path, "YAML syntax error", "line 4 is indented with a tab", "spaces only"});
+}
+
 TEST_F(ConfigFileTest, MissingFileIsReported) {
   const std::string path = (dir_ / "absent.yaml").string();
   expect_contains(load_error(path), {path, "cannot read the config file", "No such file"});

@@ -1,6 +1,7 @@
 // hap-plan end to end: the graph dump, a plan with its report and JSON, and bad input.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -199,6 +200,34 @@ TEST(PlanBinary, SearchBudgetIsAnOptionAndRunningOutNamesIt) {
       << err;
   EXPECT_EQ(run_plan(plan + " --search-budget 100000", &out, &err), 0) << err;
   EXPECT_NE(out.find("predicted step time"), std::string::npos) << out;
+}
+
+// 16 sequences over 64 devices: the ratios give every device a share, but the batch comes in whole
+// rows, so 48 devices get none; the report says what each really gets.
+TEST(PlanBinary, RatiosThatRoundToWholeRowsShowWhatEachDeviceGets) {
+  std::string out, err;
+  ASSERT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
+                         src("configs/clusters/hap-paper.yaml") +
+                         " --set train.batch_size=16 --strategy dp-cp",
+                     &out, &err),
+            0)
+      << err;
+  const size_t at = out.find("  segment 0:");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  const size_t rows = line.find("(in whole rows of");
+  ASSERT_NE(rows, std::string::npos) << line;
+  // 16 of the 64 get a sixteenth each, the others nothing.
+  std::istringstream shares(line.substr(line.find(':', rows) + 1));
+  int sixteenths = 0, zeros = 0;
+  for (std::string x; shares >> x;) {
+    if (x.back() == ')') x.pop_back();
+    const double v = std::stod(x);
+    sixteenths += std::abs(v - 1.0 / 16) < 1e-6;
+    zeros += v == 0.0;
+  }
+  EXPECT_EQ(sixteenths, 16) << line;
+  EXPECT_EQ(zeros, 48) << line;
 }
 
 // ---- the report, on programs made up to hit its edge cases ----

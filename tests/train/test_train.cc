@@ -95,6 +95,21 @@ TEST(TrainBinary, MissingCorpusExitsWithCode1AndNamesThePath) {
   EXPECT_NE(err.find("/no/such/corpus"), std::string::npos) << err;
 }
 
+TEST(TrainBinary, ALogFileUnderARegularFileIsAClearError) {
+  const std::string file =
+      (fs::temp_directory_path() / ("hap_not_a_dir_" + std::to_string(::getpid()))).string();
+  std::ofstream(file) << "x";
+  std::string err;
+  EXPECT_EQ(run_binary("--config " + tiny_config() + " --set train.log_file=" + file + "/run.jsonl",
+                       &err),
+            1);
+  EXPECT_NE(err.find("train.log_file: cannot write '" + file + "/run.jsonl'"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("'" + file + "' is not a directory"), std::string::npos) << err;
+  EXPECT_EQ(err.find("internal error"), std::string::npos) << err;
+  fs::remove(file);
+}
+
 TEST(TrainBinary, DivergingRunStopsAndNamesTheStep) {
   std::string err;
   EXPECT_EQ(run_binary("--config " + tiny_config() +
