@@ -1,10 +1,15 @@
 // Communicator: rank/size, splits, broadcast of plans, deterministic scalar reductions, the
-// MPI error check, and the DType -> MPI datatype table.
+// backend interface as the only path of the collectives, the MPI error check, and the DType ->
+// MPI datatype table.
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
+#include <memory>
 #include <string>
 
+#include "ops/functional.h"
+#include "parallel/autograd_collectives.h"
 #include "parallel/communicator.h"
 #include "parallel_test_util.h"
 
@@ -78,6 +83,73 @@ TEST(Communicator, InvalidCommunicatorSaysSo) {
   Communicator none;
   EXPECT_FALSE(none.valid());
   EXPECT_HAS(testing::error_of([&] { (void)none.rank(); }), "invalid Communicator");
+}
+
+// A backend that forwards to the world's MPI backend and counts what it carries: collectives
+// and the communicator's helpers built on a Communicator over it go through the interface only.
+class CountingBackend : public Backend {
+ public:
+  explicit CountingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::map<std::string, int> calls;
+  std::string name() const override { return "counting"; }
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  bool supports(const Device& d) const override { return inner_->supports(d); }
+  std::shared_ptr<Backend> split(int colour, int key) override {
+    return inner_->split(colour, key);
+  }
+  std::shared_ptr<Backend> split_by_node() override { return inner_->split_by_node(); }
+  void barrier() override { ++calls["barrier"], inner_->barrier(); }
+  void abort(int code) override { inner_->abort(code); }
+  void send(const Tensor& t, int peer) override { ++calls["send"], inner_->send(t, peer); }
+  void recv(const Tensor& t, int peer) override { ++calls["recv"], inner_->recv(t, peer); }
+  void broadcast(const Tensor& t, int root) override {
+    ++calls["broadcast"], inner_->broadcast(t, root);
+  }
+  void reduce(const Tensor& in, const Tensor& out, int root) override {
+    ++calls["reduce"], inner_->reduce(in, out, root);
+  }
+  void all_gather(const Tensor& in, const Tensor& out, const BlockLayout& l) override {
+    ++calls["all_gather"], inner_->all_gather(in, out, l);
+  }
+  void reduce_scatter(const Tensor& in, const BlockLayout& l, const Tensor& out) override {
+    ++calls["reduce_scatter"], inner_->reduce_scatter(in, l, out);
+  }
+  void all_reduce(const Tensor& in, const Tensor& out) override {
+    ++calls["all_reduce"], inner_->all_reduce(in, out);
+  }
+  void all_to_all(const Tensor& in, const BlockLayout& s, const Tensor& out,
+                  const BlockLayout& r) override {
+    ++calls["all_to_all"], inner_->all_to_all(in, s, out, r);
+  }
+
+ private:
+  std::shared_ptr<Backend> inner_;
+};
+
+TEST(Backend, CollectivesAndTheirAdjointsGoThroughTheInterfaceOnly) {
+  auto counting = std::make_shared<CountingBackend>(MpiBackend::world());
+  const Communicator comm(counting);
+  const int n = comm.size(), me = comm.rank();
+  const std::vector<int64_t> lengths =
+      shard_lengths(7, testing::ratios_for(n, testing::Split::Uneven));
+  Tensor full = testing::logical_tensor({7, 3}, DType::F64, 5);
+  Tensor mine = ShardSpec(0, lengths).slice_of(full, me).clone();
+  for (CollectiveMethod m : testing::both_methods()) {
+    EXPECT_TRUE(testing::same_values(all_gather(comm, mine, 0, lengths, m), full));
+    EXPECT_TRUE(testing::close_values(
+        reduce_scatter(comm, full, 0, lengths, m),
+        ShardSpec(0, lengths).slice_of(full * static_cast<double>(n), me).clone(), 1e-15));
+  }
+  EXPECT_TRUE(testing::close_values(all_reduce(comm, full), full * static_cast<double>(n), 1e-15));
+  Tensor x = mine.clone().set_requires_grad(true);
+  hap::sum(functional::all_gather(comm, x, 0, lengths, CollectiveMethod::Grouped)).backward();
+  EXPECT_EQ(x.grad().to_vector(), std::vector<double>(static_cast<size_t>(x.numel()), n));
+  EXPECT_EQ(comm.allreduce(1.5), 1.5 * n);
+  EXPECT_EQ(comm.broadcast_string(me == 0 ? "plan" : "", 0), "plan");
+  comm.barrier();
+  for (const char* c : {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier"})
+    EXPECT_GT(counting->calls[c], 0) << c;
 }
 
 int fails_with(int code) { return code; }
