@@ -42,7 +42,9 @@ def read_config(path):
     with open(os.path.join(ROOT, path)) as f:
         cfg = yaml.safe_load(f)
     out = {k: int(cfg["model"][k]) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")}
-    out.update({k: int(cfg["train"][k]) for k in ("batch_size", "seq_len")})
+    # seq_len 0 (or absent) means block_size, as in the gpt model's options.
+    out["seq_len"] = int(cfg["model"].get("seq_len", 0)) or out["block_size"]
+    out["batch_size"] = int(cfg["train"]["batch_size"])
     return out
 
 
