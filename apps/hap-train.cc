@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   } catch (...) {
     return report_current_exception("hap-train");
   }
+  fit.run_config = to_json(config);
   if (!cluster_path.empty()) {
     try {
       return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, fit);

@@ -50,8 +50,6 @@ class Engine {
   virtual int world_size() const = 0;
   virtual double max_over_ranks(double value) const = 0;
   virtual void barrier() const = 0;
-  // Every rank's value or flag agrees (errors that one rank finds stop every rank alike).
-  virtual bool all_true(bool flag) const = 0;
 
   // Starts timing kernels (and collectives); prints where `steps` profiled steps of `seconds`
   // went (rank 0 prints).

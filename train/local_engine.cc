@@ -92,7 +92,6 @@ class LocalEngine : public Engine {
   int world_size() const override { return 1; }
   double max_over_ranks(double value) const override { return value; }
   void barrier() const override {}
-  bool all_true(bool flag) const override { return flag; }
 
   void start_profile() override {
     ops::reset_dispatch_stats();

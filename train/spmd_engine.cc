@@ -32,7 +32,7 @@ class SpmdEngine : public Engine {
         cluster_(std::move(dist.cluster)),
         inputs_(model_->inputs(config.batch_size)),
         graph_(trace_model(*model_, config.batch_size)),
-        cost_(graph_, cluster_) {
+        cost_(graph_, cluster_, dist.synthesis.optimizer_state_slots) {
     plan_ = dist.plan_file.empty() ? synth::synthesize(graph_, cluster_, dist.synthesis)
                                    : load_plan(dist.plan_file, cost_);
     // Every rank planned from the same inputs; a difference (non-deterministic planning, another
@@ -94,7 +94,6 @@ class SpmdEngine : public Engine {
     return comm_.allreduce(value, parallel::ReduceOp::Max);
   }
   void barrier() const override { comm_.barrier(); }
-  bool all_true(bool flag) const override { return comm_.allreduce(int64_t{!flag}) == 0; }
 
   void start_profile() override {
     ops::reset_dispatch_stats();

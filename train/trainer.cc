@@ -58,6 +58,8 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  // Every module draws dropout from one state the trainer steps (models/module.h).
+  model_->set_random_seed(model_->random_seed());
   engine_ = make_local_engine(model_, data_, config_);
   optimizer_ = make_optimizer(config_, engine_->parameters());
   random_seed_ = model_->random_seed();
@@ -69,6 +71,9 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
   // The planner's memory model counts this run's optimizer state.
   distributed.synthesis.optimizer_state_slots = optimizer_state_slots(config_);
+  // Every module draws dropout from one state the trainer steps (models/module.h), traced at
+  // step 0.
+  model_->set_random_seed(model_->random_seed());
   engine_ = make_spmd_engine(model_, data_, config_, std::move(comm), std::move(distributed));
   optimizer_ = make_optimizer(config_, engine_->parameters());
   random_seed_ = model_->random_seed();
@@ -170,6 +175,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   int64_t num_parameters = 0;
   for (const auto& [name, p] : model_->named_parameters()) num_parameters += p.numel();
   config_record["parameters"] = num_parameters;
+  if (!options.run_config.is_null()) config_record["config"] = options.run_config;
   if (const synth::DistributedProgram* plan = engine_->program())
     config_record["plan"] = plan_to_json(*engine_->cost_model(), *plan);
   log.write(config_record);

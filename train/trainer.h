@@ -17,6 +17,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,6 +39,9 @@ struct FitOptions {
   bool quiet = false;           // no progress lines on stdout
   // At the end, print where the step time went: op kernels, and on ranks each collective.
   bool profile = false;
+  // The run's whole configuration for the log's first record (to_json of a RunConfig); null
+  // leaves it out.
+  nlohmann::json run_config;
 };
 
 struct TrainSummary {
