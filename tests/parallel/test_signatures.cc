@@ -389,8 +389,9 @@ TEST(Signatures, EveryOpThatDeclaresSignaturesHasACaseHere) {
   for (const Case& c : cases()) covered.insert(c.kind);
   for (size_t k = 0; k < ops::kNumOps; ++k) {
     const OpKind kind = static_cast<OpKind>(k);
-    if (ops::op_def(kind).shard)
+    if (ops::op_def(kind).shard) {
       EXPECT_TRUE(covered.count(kind)) << ops::op_name(kind) << " has no case";
+    }
   }
 }
 
