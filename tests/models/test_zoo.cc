@@ -121,7 +121,8 @@ TEST(Zoo, AProgramRegistersItsOwnModelOnce) {
   const ModelEntry& found = find_model("line-test");
   auto model = build_model(found, Options(found.options), 5, 1);
   EXPECT_EQ(model->inputs(5)[0].shape, (Shape{5, 3}));
-  ModelEntry nameless;
+  ModelEntry nameless = e;
+  nameless.name = "";
   EXPECT_HAS(error_of([&] { register_model(nameless); }), "name is empty");
 }
 
