@@ -1,5 +1,6 @@
 // Typed attributes of ops. One struct per family of ops; an op's call carries exactly one of them.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -82,6 +83,20 @@ struct ScatterAttrs {
 struct CastAttrs {
   DType dtype = DType::F32;
 };
+// Conv2d over [N, C, H, W]: per spatial dim (height, width).
+struct Conv2dAttrs {
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};  // zeros on each side
+  std::array<int64_t, 2> dilation{1, 1};
+  int64_t groups = 1;
+};
+// MaxPool2d, AvgPool2d: a kernel x kernel window every stride, padding on each side (average
+// pooling counts the padding in its divisor, as PyTorch's count_include_pad).
+struct Pool2dAttrs {
+  std::array<int64_t, 2> kernel{1, 1};
+  std::array<int64_t, 2> stride{1, 1};
+  std::array<int64_t, 2> padding{0, 0};
+};
 // Optimizer updates (SgdUpdate, AdamWUpdate) over several parameters at once: per parameter its
 // learning rate, weight decay and step, and the hyperparameters they share.
 struct OptimizerAttrs {
@@ -94,10 +109,10 @@ struct OptimizerAttrs {
   bool nesterov = false;                          // SGD
 };
 
-using Attrs =
-    std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs, RandomAttrs,
-                 ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs, CrossEntropyAttrs, TargetAttrs,
-                 AttentionAttrs, TopKAttrs, ScatterAttrs, CastAttrs, OptimizerAttrs>;
+using Attrs = std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs,
+                           RandomAttrs, ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs,
+                           CrossEntropyAttrs, TargetAttrs, AttentionAttrs, TopKAttrs, ScatterAttrs,
+                           CastAttrs, OptimizerAttrs, Conv2dAttrs, Pool2dAttrs>;
 
 // Human-readable "key=value" list, for graph dumps and error messages.
 std::string attrs_str(const Attrs& attrs);

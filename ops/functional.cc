@@ -191,6 +191,44 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }
 
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
+              std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
+              std::array<int64_t, 2> dilation, int64_t groups) {
+  return ops::call1(ops::OpKind::Conv2d, {x, weight, bias},
+                    ops::Conv2dAttrs{stride, padding, dilation, groups});
+}
+
+namespace {
+std::array<int64_t, 2> stride_or_kernel(std::array<int64_t, 2> stride,
+                                        std::array<int64_t, 2> kernel) {
+  return stride[0] == 0 && stride[1] == 0 ? kernel : stride;
+}
+}  // namespace
+
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                  std::array<int64_t, 2> padding) {
+  return ops::call1(ops::OpKind::MaxPool2d, {x},
+                    ops::Pool2dAttrs{kernel, stride_or_kernel(stride, kernel), padding});
+}
+
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel, std::array<int64_t, 2> stride,
+                  std::array<int64_t, 2> padding) {
+  return ops::call1(ops::OpKind::AvgPool2d, {x},
+                    ops::Pool2dAttrs{kernel, stride_or_kernel(stride, kernel), padding});
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> size) {
+  HAP_CHECK(x.defined() && x.dim() == 4, "adaptive_avg_pool2d: input must be [N, C, H, W], got ",
+            x.defined() ? x.str() : "undefined");
+  const int64_t h = x.size(2), w = x.size(3);
+  HAP_CHECK(size[0] >= 1 && size[1] >= 1 && h % size[0] == 0 && w % size[1] == 0,
+            "adaptive_avg_pool2d: the output size [", size[0], ", ", size[1],
+            "] must divide the input's [", h, ", ", w,
+            "] (windows of unequal sizes are not supported)");
+  const std::array<int64_t, 2> kernel = {h / size[0], w / size[1]};
+  return avg_pool2d(x, kernel, kernel);
+}
+
 Tensor logsumexp(const Tensor& x) { return ops::call1(ops::OpKind::LogSumExp, {x}); }
 
 Tensor target_logit(const Tensor& x, const Tensor& targets, int64_t offset, int64_t ignore_index) {

@@ -1,6 +1,7 @@
 // The differentiable tensor functions users write models with. Each one records an op call;
 // gradients flow through every floating-point input.
 #pragma once
+#include <array>
 #include <utility>
 #include <vector>
 
@@ -98,6 +99,21 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 // ---- losses and attention ----
 // logits: [N, V], targets: i64 [N]; mean over targets != ignore_index.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// ---- images [N, C, H, W] ----
+// weight [O, C / groups, KH, KW], bias [O] or undefined -> [N, O, OH, OW].
+Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
+              std::array<int64_t, 2> stride = {1, 1}, std::array<int64_t, 2> padding = {0, 0},
+              std::array<int64_t, 2> dilation = {1, 1}, int64_t groups = 1);
+// Windows of `kernel` every `stride` (defaults to the kernel), `padding` on each side.
+Tensor max_pool2d(const Tensor& x, std::array<int64_t, 2> kernel,
+                  std::array<int64_t, 2> stride = {0, 0}, std::array<int64_t, 2> padding = {0, 0});
+// Padding counts in the divisor (PyTorch's count_include_pad).
+Tensor avg_pool2d(const Tensor& x, std::array<int64_t, 2> kernel,
+                  std::array<int64_t, 2> stride = {0, 0}, std::array<int64_t, 2> padding = {0, 0});
+// Average pooling to `size` [OH, OW]; each must divide the input's (then every window has the
+// same size; an error otherwise).
+Tensor adaptive_avg_pool2d(const Tensor& x, std::array<int64_t, 2> size);
+
 // log sum_j exp(x[..., j]) over the last dim (stable; -inf for an empty row).
 Tensor logsumexp(const Tensor& x);
 // x: [N, V] holding the columns [offset, offset + V) of a vocabulary; targets: i64 [N]. Row i's

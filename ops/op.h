@@ -21,10 +21,12 @@ namespace hap::ops {
   X(LogSoftmax) X(LayerNorm) X(RmsNorm) X(Embedding) X(Dropout) X(Sum) X(Mean) X(Max)         \
   X(Reshape) X(Permute) X(Slice) X(Expand) X(Concat) X(Split) X(Contiguous) X(MaskedFill)     \
   X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast) X(LogSumExp) X(TargetLogit)         \
-  X(CountTargets) X(SumOfSquares) X(SgdUpdate) X(AdamWUpdate)                                \
+  X(CountTargets) X(SumOfSquares) X(SgdUpdate) X(AdamWUpdate) X(Conv2d) X(MaxPool2d)         \
+  X(AvgPool2d)                                                                                \
   X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
   X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
-  X(AttentionBackward) X(SliceBackward) X(IndexBackward) X(TargetLogitBackward)
+  X(AttentionBackward) X(SliceBackward) X(IndexBackward) X(TargetLogitBackward)              \
+  X(Conv2dBackward) X(MaxPool2dBackward) X(AvgPool2dBackward)
 // clang-format on
 
 enum class OpKind : uint16_t {
@@ -109,6 +111,7 @@ void register_nn_ops(OpTable& t);
 void register_loss_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
+void register_conv_ops(OpTable& t);
 
 inline OpDef& def_of(OpTable& t, OpKind k) { return t[static_cast<size_t>(k)]; }
 

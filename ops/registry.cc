@@ -23,6 +23,7 @@ OpTable build_table() {
   register_loss_ops(t);
   register_attention_ops(t);
   register_optim_ops(t);
+  register_conv_ops(t);
   for (size_t i = 0; i < kNumOps; ++i) {
     HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr, "op ",
                kOpNames[i], " has no complete registry entry");
@@ -102,6 +103,15 @@ struct AttrPrinter {
   }
   void operator()(const CastAttrs& a) { os << "dtype=" << dtype_name(a.dtype); }
   void operator()(const OptimizerAttrs& a) { os << "tensors=" << a.lr.size(); }
+  void operator()(const Conv2dAttrs& a) {
+    os << "stride=" << pair(a.stride) << " padding=" << pair(a.padding)
+       << " dilation=" << pair(a.dilation) << " groups=" << a.groups;
+  }
+  void operator()(const Pool2dAttrs& a) {
+    os << "kernel=" << pair(a.kernel) << " stride=" << pair(a.stride)
+       << " padding=" << pair(a.padding);
+  }
+  static std::string pair(const std::array<int64_t, 2>& v) { return vec_str({v[0], v[1]}); }
 };
 }  // namespace
 

@@ -112,10 +112,32 @@ def _check_norm(inputs, attrs):
     return None
 
 
+def _conv2d(inputs, attrs):
+    x, weight, bias = inputs
+    return F.conv2d(x, weight, bias, stride=attrs["stride"], padding=attrs["padding"],
+                    dilation=attrs["dilation"], groups=attrs["groups"])
+
+
+def _max_pool2d(inputs, attrs):
+    (x,) = inputs
+    return F.max_pool2d(x, attrs["kernel"], attrs["stride"], attrs["padding"])
+
+
+def _avg_pool2d(inputs, attrs):
+    (x,) = inputs
+    return F.avg_pool2d(x, attrs["kernel"], attrs["stride"], attrs["padding"], count_include_pad=True)
+
+
+def _logsumexp(inputs, attrs):
+    (x,) = inputs
+    return torch.logsumexp(x, dim=-1)
+
+
 # name -> (function, input kinds ("f" floating, "i" i64), {attr: (type check, default or REQUIRED)}, extra check)
 REQUIRED = object()
 _is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)  # noqa: E731
 _is_num = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
+_is_pair = lambda v: isinstance(v, list) and len(v) == 2 and all(_is_int(e) for e in v)  # noqa: E731
 OPS = {
     "softmax": (_softmax, "f", {"dim": (_is_int, REQUIRED)}, None),
     "log_softmax": (_log_softmax, "f", {"dim": (_is_int, REQUIRED)}, None),
@@ -130,6 +152,18 @@ OPS = {
         _check_attention,
     ),
     "embedding": (_embedding, "fi", {}, _check_embedding),
+    "conv2d": (
+        _conv2d,
+        "fff",
+        {"stride": (_is_pair, [1, 1]), "padding": (_is_pair, [0, 0]), "dilation": (_is_pair, [1, 1]),
+         "groups": (_is_int, 1)},
+        None,
+    ),
+    "max_pool2d": (_max_pool2d, "f", {"kernel": (_is_pair, REQUIRED), "stride": (_is_pair, REQUIRED),
+                                      "padding": (_is_pair, [0, 0])}, None),
+    "avg_pool2d": (_avg_pool2d, "f", {"kernel": (_is_pair, REQUIRED), "stride": (_is_pair, REQUIRED),
+                                      "padding": (_is_pair, [0, 0])}, None),
+    "logsumexp": (_logsumexp, "f", {}, None),
 }
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 

@@ -144,5 +144,51 @@ TEST(OpOracle, EmbeddingMatchesTorchWithRepeatedIds) {
                        [](const std::vector<Tensor>& x) { return embedding(x[0], x[1]); }});
 }
 
+TEST(OpOracle, Conv2dMatchesTorchWithStridePaddingDilationAndGroups) {
+  check_against_torch(
+      {"conv2d_grouped",
+       R"({"op":"conv2d","attrs":{"stride":[2,1],"padding":[1,0],"dilation":[1,2],"groups":2}})",
+       {randn({2, 6, 9, 8}, 20), randn({4, 3, 3, 2}, 21), randn({4}, 22)},
+       [](const std::vector<Tensor>& x) {
+         return conv2d(x[0], x[1], x[2], {2, 1}, {1, 0}, {1, 2}, 2);
+       }});
+  check_against_torch({"conv2d_3x3",
+                       R"({"op":"conv2d","attrs":{"padding":[1,1]}})",
+                       {randn({2, 3, 8, 8}, 23), randn({5, 3, 3, 3}, 24), randn({5}, 25)},
+                       [](const std::vector<Tensor>& x) {
+                         return conv2d(x[0], x[1], x[2], {1, 1}, {1, 1});
+                       }});
+}
+
+TEST(OpOracle, PoolingMatchesTorch) {
+  check_against_torch(
+      {"max_pool2d",
+       R"({"op":"max_pool2d","attrs":{"kernel":[2,3],"stride":[2,2],"padding":[1,1]}})",
+       {randn({2, 3, 7, 8}, 26)},
+       [](const std::vector<Tensor>& x) {
+         return max_pool2d(x[0], {2, 3}, {2, 2}, {1, 1});
+       }});
+  check_against_torch({"max_pool2d_vgg",
+                       R"({"op":"max_pool2d","attrs":{"kernel":[2,2],"stride":[2,2]}})",
+                       {randn({2, 4, 8, 8}, 27)},
+                       [](const std::vector<Tensor>& x) {
+                         return max_pool2d(x[0], {2, 2});
+                       }});
+  check_against_torch(
+      {"avg_pool2d",
+       R"({"op":"avg_pool2d","attrs":{"kernel":[3,2],"stride":[1,2],"padding":[1,1]}})",
+       {randn({2, 3, 7, 8}, 28)},
+       [](const std::vector<Tensor>& x) {
+         return avg_pool2d(x[0], {3, 2}, {1, 2}, {1, 1});
+       }});
+}
+
+TEST(OpOracle, LogSumExpMatchesTorch) {
+  check_against_torch({"logsumexp",
+                       R"({"op":"logsumexp","attrs":{}})",
+                       {randn({4, 37}, 29) * 5.0},
+                       [](const std::vector<Tensor>& x) { return logsumexp(x[0]); }});
+}
+
 }  // namespace
 }  // namespace hap

@@ -167,6 +167,34 @@ std::vector<Case> cases() {
                  {q, k, v, out[0], out[1], normal({2, 3, 5, 4}, 63), Tensor()},
                  a});
   }
+  {
+    ops::Conv2dAttrs a;
+    a.stride = {2, 1};
+    a.padding = {1, 1};
+    a.dilation = {1, 2};
+    Tensor x = normal({5, 4, 7, 6}, 71), w = normal({6, 4, 3, 2}, 72), b = normal({6}, 73);
+    c.push_back({"strided, padded, dilated", OpKind::Conv2d, {x, w, b}, a});
+    c.push_back({"without bias", OpKind::Conv2d, {x, w, Tensor()}, a});
+    ops::Conv2dAttrs grouped;
+    grouped.groups = 2;
+    grouped.padding = {1, 0};
+    c.push_back(
+        {"grouped", OpKind::Conv2d, {x, normal({4, 2, 3, 3}, 74), normal({4}, 75)}, grouped});
+    const Shape y = call1(OpKind::Conv2d, {x, w, b}, a).shape();
+    c.push_back({"", OpKind::Conv2dBackward, {normal(y, 76), x, w}, a});
+  }
+  {
+    ops::Pool2dAttrs a;  // overlapping, padded windows
+    a.kernel = {3, 2};
+    a.stride = {2, 1};
+    a.padding = {1, 1};
+    Tensor x = normal({5, 4, 7, 6}, 77);
+    const Shape y = call1(OpKind::MaxPool2d, {x}, a).shape();
+    c.push_back({"", OpKind::MaxPool2d, {x}, a});
+    c.push_back({"", OpKind::AvgPool2d, {x}, a});
+    c.push_back({"", OpKind::MaxPool2dBackward, {normal(y, 78), x}, a});
+    c.push_back({"", OpKind::AvgPool2dBackward, {normal(y, 79), x}, a});
+  }
   return c;
 }
 
