@@ -124,15 +124,15 @@ Tensor MLP::forward(const Tensor& x) {
 }
 
 // ---- CausalSelfAttention ----
-CausalSelfAttention::CausalSelfAttention(const CausalSelfAttentionOptions& options)
-    : Module("CausalSelfAttention"), options_(options) {
+SelfAttention::SelfAttention(const SelfAttentionOptions& options)
+    : Module("SelfAttention"), options_(options) {
   HAP_CHECK(options.n_head() >= 1 && options.dim() >= 1,
-            "CausalSelfAttention: dim and n_head must be >= 1, got ", options.dim(), " and ",
+            "SelfAttention: dim and n_head must be >= 1, got ", options.dim(), " and ",
             options.n_head());
-  HAP_CHECK(options.dim() % options.n_head() == 0, "CausalSelfAttention: dim (", options.dim(),
+  HAP_CHECK(options.dim() % options.n_head() == 0, "SelfAttention: dim (", options.dim(),
             ") must be divisible by n_head (", options.n_head(), ")");
   HAP_CHECK(options.dropout() >= 0.0 && options.dropout() < 1.0,
-            "CausalSelfAttention: dropout must be in [0, 1), got ", options.dropout());
+            "SelfAttention: dropout must be in [0, 1), got ", options.dropout());
   int64_t C = options.dim();
   qkv = register_module("qkv",
                         std::make_shared<Linear>(LinearOptions(C, 3 * C).bias(options.bias())));
@@ -141,9 +141,9 @@ CausalSelfAttention::CausalSelfAttention(const CausalSelfAttentionOptions& optio
   resid_drop = register_module("resid_drop", std::make_shared<Dropout>(options.dropout()));
 }
 
-Tensor CausalSelfAttention::forward(const Tensor& x) {
+Tensor SelfAttention::forward(const Tensor& x, const Tensor& key_mask) {
   auto scope = enter_scope();
-  HAP_CHECK(x.dim() == 3 && x.size(2) == options_.dim(), "CausalSelfAttention: expected x of ",
+  HAP_CHECK(x.dim() == 3 && x.size(2) == options_.dim(), "SelfAttention: expected x of ",
             "shape [B, T, ", options_.dim(), "], got ", shape_str(x.shape()));
   int64_t B = x.size(0), T = x.size(1), C = options_.dim(), H = options_.n_head(), D = C / H;
   std::vector<Tensor> parts = split(qkv->forward(x), {C, C, C}, -1);  // 3 x [B, T, C]
@@ -151,7 +151,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, D]
   double p = is_training() ? options_.dropout() : 0.0;
   RandomDraw d = p > 0.0 ? next_random_draw() : RandomDraw{};
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, p, d.seed, d.stream);
+  Tensor y =
+      scaled_dot_product_attention(q, k, v, options_.causal(), p, d.seed, d.stream, 0.0, key_mask);
   y = reshape(transpose(y, 1, 2), {B, T, C});  // [B, T, C]
   return resid_drop->forward(proj->forward(y));
 }
@@ -165,18 +166,23 @@ TransformerBlock::TransformerBlock(const TransformerBlockOptions& options)
         LayerNormOptions(C).eps(options.layer_norm_eps()).bias(options.bias()));
   };
   ln1 = register_module("ln1", ln());
-  attn = register_module(
-      "attn", std::make_shared<CausalSelfAttention>(CausalSelfAttentionOptions(C, options.n_head())
-                                                        .bias(options.bias())
-                                                        .dropout(options.dropout())));
+  attn = register_module("attn",
+                         std::make_shared<SelfAttention>(SelfAttentionOptions(C, options.n_head())
+                                                             .bias(options.bias())
+                                                             .dropout(options.dropout())
+                                                             .causal(options.causal())));
   ln2 = register_module("ln2", ln());
+  HAP_CHECK(options.hidden() >= 0, "TransformerBlock: hidden must be >= 0 (0: 4 x dim), got ",
+            options.hidden());
+  MLPOptions mlp_options(C);
+  if (options.hidden() > 0) mlp_options.hidden(options.hidden());
   mlp = register_module(
-      "mlp", std::make_shared<MLP>(MLPOptions(C).bias(options.bias()).dropout(options.dropout())));
+      "mlp", std::make_shared<MLP>(mlp_options.bias(options.bias()).dropout(options.dropout())));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
+Tensor TransformerBlock::forward(const Tensor& x, const Tensor& key_mask) {
   auto scope = enter_scope();
-  Tensor h = x + attn->forward(ln1->forward(x));
+  Tensor h = x + attn->forward(ln1->forward(x), key_mask);
   return h + mlp->forward(ln2->forward(h));
 }
 

@@ -142,29 +142,35 @@ class MLP : public Module {
   MLPOptions options_;
 };
 
-// ---- CausalSelfAttention: qkv -> heads -> causal attention -> proj -> dropout ----
-struct CausalSelfAttentionOptions {
-  CausalSelfAttentionOptions(int64_t dim, int64_t n_head) : dim_(dim), n_head_(n_head) {}
+// ---- SelfAttention: qkv -> heads -> attention (causal or bidirectional) -> proj -> dropout ----
+struct SelfAttentionOptions {
+  SelfAttentionOptions(int64_t dim, int64_t n_head) : dim_(dim), n_head_(n_head) {}
   HAP_ARG(int64_t, dim);
   HAP_ARG(int64_t, n_head);
   HAP_ARG(bool, bias) = true;
   HAP_ARG(double, dropout) = 0.0;  // on the attention weights and on the output
+  HAP_ARG(bool, causal) = true;    // false: every position attends to every other (an encoder)
 };
 
-class CausalSelfAttention : public Module {
+class SelfAttention : public Module {
  public:
-  explicit CausalSelfAttention(const CausalSelfAttentionOptions& options);
-  // x: [B, T, C] -> [B, T, C]
-  Tensor forward(const Tensor& x);
-  const CausalSelfAttentionOptions& options() const { return options_; }
+  explicit SelfAttention(const SelfAttentionOptions& options);
+  // x: [B, T, C] -> [B, T, C]. key_mask: u8 [B, T] (1: a real token, 0: padding no position
+  // attends to) or undefined. A position with no key left gets zeros from the attention.
+  Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor());
+  const SelfAttentionOptions& options() const { return options_; }
 
   std::shared_ptr<Linear> qkv;   // C -> 3C (q, k, v side by side)
   std::shared_ptr<Linear> proj;  // C -> C
   std::shared_ptr<Dropout> resid_drop;
 
  private:
-  CausalSelfAttentionOptions options_;
+  SelfAttentionOptions options_;
 };
+
+// The decoder's attention under its earlier name (causal is SelfAttentionOptions' default).
+using CausalSelfAttention = SelfAttention;
+using CausalSelfAttentionOptions = SelfAttentionOptions;
 
 // ---- TransformerBlock (pre-norm): x + attn(ln1(x)), then x + mlp(ln2(x)) ----
 struct TransformerBlockOptions {
@@ -174,17 +180,19 @@ struct TransformerBlockOptions {
   HAP_ARG(bool, bias) = true;
   HAP_ARG(double, dropout) = 0.0;
   HAP_ARG(double, layer_norm_eps) = 1e-5;
+  HAP_ARG(bool, causal) = true;  // false: a bidirectional (encoder) block
+  HAP_ARG(int64_t, hidden) = 0;  // the MLP's hidden size; 0: 4 x dim
 };
 
 class TransformerBlock : public Module {
  public:
   explicit TransformerBlock(const TransformerBlockOptions& options);
-  // x: [B, T, C] -> [B, T, C]
-  Tensor forward(const Tensor& x);
+  // x: [B, T, C] -> [B, T, C]; key_mask as SelfAttention's.
+  Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor());
   const TransformerBlockOptions& options() const { return options_; }
 
   std::shared_ptr<LayerNorm> ln1;
-  std::shared_ptr<CausalSelfAttention> attn;
+  std::shared_ptr<SelfAttention> attn;
   std::shared_ptr<LayerNorm> ln2;
   std::shared_ptr<MLP> mlp;
 

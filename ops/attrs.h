@@ -54,8 +54,14 @@ struct SplitAttrs {
   int64_t dim = 0;
   std::vector<int64_t> sizes;
 };
-struct CrossEntropyAttrs {  // mean over targets != ignore_index; CountTargets
+// How a loss combines its rows: their mean over the counted targets, their sum, or each row's.
+enum class Reduction : uint8_t { Mean, Sum, None };
+// CrossEntropy(Backward), CountTargets: targets equal to ignore_index do not count (a row loss
+// of 0). With label smoothing e a row's loss is (1 - e) (-log p_target) + e mean_j (-log p_j).
+struct CrossEntropyAttrs {
   int64_t ignore_index = -100;
+  double label_smoothing = 0.0;
+  Reduction reduction = Reduction::Mean;
 };
 // TargetLogit: the logit of each row's target among the columns [offset, offset + V) a tensor
 // holds of a vocabulary (a shard of it, or all of it with offset 0).

@@ -191,6 +191,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }
 
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options) {
+  return call1(OpKind::CrossEntropy, {logits, targets}, options);
+}
+
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias,
               std::array<int64_t, 2> stride, std::array<int64_t, 2> padding,
               std::array<int64_t, 2> dilation, int64_t groups) {
@@ -239,13 +244,13 @@ Tensor count_targets(const Tensor& targets, int64_t ignore_index) {
   return ops::call1(ops::OpKind::CountTargets, {targets}, ops::CrossEntropyAttrs{ignore_index});
 }
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
-                                    double dropout_p, uint64_t seed, uint64_t stream,
-                                    double scale) {
+                                    double dropout_p, uint64_t seed, uint64_t stream, double scale,
+                                    const Tensor& key_mask) {
   HAP_CHECK(dropout_p >= 0.0 && dropout_p < 1.0,
             "scaled_dot_product_attention: dropout probability must be in [0, 1), got ", dropout_p);
   ops::AttentionAttrs a{causal, scale, ops::RandomAttrs{dropout_p, seed, stream, {}}};
   // Output 1 is the row log-sum-exp saved for backward.
-  return ops::call(OpKind::Attention, {q, k, v}, a)[0];
+  return ops::call(OpKind::Attention, {q, k, v, key_mask}, a)[0];
 }
 
 double sum_of_squares(const Tensor& x) { return sum_of_squares(std::vector<Tensor>{x}); }

@@ -11,6 +11,9 @@
 namespace hap {
 
 using ops::GeluApprox;
+using ops::Reduction;
+// cross_entropy's options: {ignore_index, label_smoothing, reduction}.
+using CrossEntropyOptions = ops::CrossEntropyAttrs;
 
 // ---- linear algebra ----
 // Matrix product with NumPy semantics: 1-D operands are promoted, batch dims broadcast.
@@ -97,8 +100,14 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
                const LogicalSlice& slice = {});
 
 // ---- losses and attention ----
-// logits: [N, V], targets: i64 [N]; mean over targets != ignore_index.
+// logits: [N, V], targets: i64 [N]; mean over targets != ignore_index. When no target counts
+// (all ignored, or N = 0) the mean is 0 with zero gradients; PyTorch gives nan there.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100);
+// With label smoothing e in [0, 1] (a row's loss is (1 - e) (-log p_target) + e mean_j
+// (-log p_j), as PyTorch's) and a reduction: Mean (as above), Sum over rows, or None (one loss
+// per row, [N], 0 at ignored rows).
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets,
+                     const CrossEntropyOptions& options);
 // ---- images [N, C, H, W] ----
 // weight [O, C / groups, KH, KW], bias [O] or undefined -> [N, O, OH, OW].
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor(),
@@ -129,9 +138,12 @@ Tensor count_targets(const Tensor& targets, int64_t ignore_index = -100);
 double sum_of_squares(const Tensor& x);
 // Over every element of every tensor (0 for none): the global norm is its square root.
 double sum_of_squares(const std::vector<Tensor>& xs);
-// q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D).
+// q, k, v: [B, H, T, D] -> [B, H, T, D]. scale 0 means 1/sqrt(D). key_mask: u8 [B, T] or
+// undefined; a query attends only to keys whose mask is 1 (and, causal, not after it). A query
+// left with no key to attend to gets zeros (PyTorch gives NaN there) and no gradient.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                     bool causal = true, double dropout_p = 0.0, uint64_t seed = 0,
-                                    uint64_t stream = 0, double scale = 0.0);
+                                    uint64_t stream = 0, double scale = 0.0,
+                                    const Tensor& key_mask = Tensor());
 
 }  // namespace hap

@@ -88,7 +88,6 @@ struct AttrPrinter {
     os << "dim=" << a.dim << " start=" << a.start << " end=" << a.end;
   }
   void operator()(const SplitAttrs& a) { os << "dim=" << a.dim << " sizes=" << vec_str(a.sizes); }
-  void operator()(const CrossEntropyAttrs& a) { os << "ignore_index=" << a.ignore_index; }
   void operator()(const TargetAttrs& a) {
     os << "offset=" << a.offset << " ignore_index=" << a.ignore_index;
   }
@@ -103,6 +102,12 @@ struct AttrPrinter {
   }
   void operator()(const CastAttrs& a) { os << "dtype=" << dtype_name(a.dtype); }
   void operator()(const OptimizerAttrs& a) { os << "tensors=" << a.lr.size(); }
+  void operator()(const CrossEntropyAttrs& a) {
+    os << "ignore_index=" << a.ignore_index;
+    if (a.label_smoothing != 0) os << " label_smoothing=" << a.label_smoothing;
+    if (a.reduction != Reduction::Mean)
+      os << " reduction=" << (a.reduction == Reduction::Sum ? "sum" : "none");
+  }
   void operator()(const Conv2dAttrs& a) {
     os << "stride=" << pair(a.stride) << " padding=" << pair(a.padding)
        << " dilation=" << pair(a.dilation) << " groups=" << a.groups;

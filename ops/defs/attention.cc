@@ -1,9 +1,9 @@
-// Scaled dot-product attention, fused per (batch, head): S = scale Q K^T, the causal mask, a row
-// softmax, Philox dropout and O = P V, without materialising [B, H, T, T]. The forward keeps the
-// row log-sum-exp; the backward recomputes P from it (as flash attention does). Heads run in
-// parallel (dynamically scheduled: a head is computed whole by one thread, so results do not
-// depend on the schedule), each with single-threaded GEMMs, in blocks of query rows; with the
-// causal mask a block only computes the key columns up to its last row.
+// Scaled dot-product attention, fused per (batch, head): S = scale Q K^T, the causal mask and the
+// key padding mask, a row softmax, Philox dropout and O = P V, without materialising [B, H, T, T].
+// The forward keeps the row log-sum-exp; the backward recomputes P from it (as flash attention
+// does). Heads run in parallel (dynamically scheduled: a head is computed whole by one thread, so
+// results do not depend on the schedule), each with single-threaded GEMMs, in blocks of query rows;
+// with the causal mask a block only computes the key columns up to its last row.
 #include <cmath>
 #include <limits>
 
@@ -36,6 +36,30 @@ void check_qkv(const Metas& in, const char* op) {
   HAP_CHECK(q[3] > 0, op, ": head size D must be > 0, got q ", shape_str(q));
 }
 
+// The optional key mask (input `i`): u8 [B, T], 1 where a query may attend to that key.
+void check_key_mask(const Metas& in, size_t i, const char* op) {
+  if (in.size() <= i || !in[i].defined) return;
+  const Shape& q = in[0].shape;
+  HAP_CHECK(in[i].dtype == DType::U8, op, ": the key mask must be u8 (1: attend, 0: padding), got ",
+            dtype_name(in[i].dtype));
+  HAP_CHECK(in[i].shape == (Shape{q[0], q[2]}), op, ": the key mask ", shape_str(in[i].shape),
+            " must be [B, T] = [", q[0], ", ", q[2], "] for q ", shape_str(q));
+}
+
+// Sets the scores of masked keys to -inf; returns whether any key of the row is left.
+template <typename T>
+bool mask_keys(T* row, int64_t n, const uint8_t* keep) {
+  bool any = keep == nullptr;
+  if (keep)
+    for (int64_t j = 0; j < n; ++j) {
+      if (keep[j])
+        any = true;
+      else
+        row[j] = -std::numeric_limits<T>::infinity();
+    }
+  return any;
+}
+
 Shape lse_shape(const Shape& q) { return {q[0], q[1], q[2]}; }
 Shape out_shape(const Shape& q, const Shape& v) { return {q[0], q[1], q[2], v[3]}; }
 
@@ -43,15 +67,17 @@ Shape out_shape(const Shape& q, const Shape& v) { return {q[0], q[1], q[2], v[3]
 // q's dtype.
 Metas infer_attention(const Metas& in, const Attrs&) {
   check_qkv(in, "attention");
+  check_key_mask(in, 3, "attention");
   DType dt = in[0].dtype;
   return {{out_shape(in[0].shape, in[2].shape), dt}, {lse_shape(in[0].shape), dt}};
 }
 
-// Inputs: q, k, v, out, lse, grad of out (or undefined), grad of lse (or undefined).
-// Outputs: dq, dk, dv.
+// Inputs: q, k, v, out, lse, grad of out (or undefined), grad of lse (or undefined), key mask
+// (or undefined). Outputs: dq, dk, dv.
 Metas infer_attention_backward(const Metas& in, const Attrs&) {
   const char* op = "attention_backward";
   check_qkv(in, op);
+  check_key_mask(in, 7, op);
   Shape o = out_shape(in[0].shape, in[2].shape), l = lse_shape(in[0].shape);
   const Shape expect[] = {o, l, o, l};
   const char* what[] = {"out", "lse", "grad of out", "grad of lse"};
@@ -79,13 +105,17 @@ double flops_attention_backward(const Metas& in, const Metas&, const Attrs& a) {
   return causal_share(a) * bhtt * (2.0 * static_cast<double>(3 * q[3] + 2 * v[3]) + 8.0);
 }
 
-// Batch- or head-parallel: every (b, h) is independent. With dropout the executor passes each
+// Batch- or head-parallel: every (b, h) is independent; the key mask [B, T] is split with the
+// batch and whole on every rank when heads are split. With dropout the executor passes each
 // rank its slice of the logical [B, H, T, T] probabilities in attrs.dropout.slice.
-std::vector<ShardSignature> shard_attention(const Metas& in, const Metas& out, const Attrs&) {
+std::vector<ShardSignature> shard_attention(const Metas& in, const Metas& out, size_t mask_at) {
   std::vector<ShardSignature> sigs;
   for (int64_t d = 0; d < 2; ++d) {
     std::vector<Prop> ins;
-    for (const TensorMeta& m : in) ins.push_back(m.defined ? Prop::sharded(d) : Prop::replicated());
+    for (size_t i = 0; i < in.size(); ++i) {
+      const bool split = in[i].defined && (i != mask_at || d == 0);
+      ins.push_back(split ? Prop::sharded(d) : Prop::replicated());
+    }
     sigs.push_back({ins, std::vector<Prop>(out.size(), Prop::sharded(d))});
   }
   return sigs;
@@ -177,6 +207,9 @@ void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& l
   DropoutMask mask(a.dropout, {nb, nh, t, t});
   T* po = out.data<T>();
   T* pl = lse.data<T>();
+  const Tensor keys =
+      c.inputs.size() > 3 && c.inputs[3].defined() ? c.inputs[3].contiguous() : Tensor();
+  const uint8_t* pk = keys.defined() ? keys.data<uint8_t>() : nullptr;
 #pragma omp parallel if (nb * nh > 1)
   {
     std::vector<T> s(static_cast<size_t>(kRowBlock * t)), m(static_cast<size_t>(t));
@@ -194,13 +227,18 @@ void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& l
         for (int64_t i = r0; i < r1; ++i) {
           T* row = s.data() + (i - r0) * t;
           int64_t n = a.causal ? i + 1 : t;
+          if (!mask_keys(row, n, pk ? pk + b * t : nullptr)) {  // no key to attend to: zeros
+            lh[i] = -std::numeric_limits<T>::infinity();
+            std::fill(row, row + cols, T(0));
+            continue;
+          }
           T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < n; ++j) {
-            T e = exp_fast(row[j] - mx);
+            T e = row[j] == -std::numeric_limits<T>::infinity() ? T(0) : exp_fast(row[j] - mx);
             row[j] = e;
             sum += e;
           }
@@ -243,6 +281,9 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
   DropoutMask mask(a.dropout, {nb, nh, t, t});
   const T* pl = lse.data<T>();
   const T* pgl = glse.defined() ? glse.data<T>() : nullptr;
+  const Tensor keys =
+      c.inputs.size() > 7 && c.inputs[7].defined() ? c.inputs[7].contiguous() : Tensor();
+  const uint8_t* pk = keys.defined() ? keys.data<uint8_t>() : nullptr;
   T *pdq = outs[0].data<T>(), *pdk = outs[1].data<T>(), *pdv = outs[2].data<T>();
 #pragma omp parallel if (nb * nh > 1)
   {
@@ -276,18 +317,24 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
           T* dpr = dp.data() + (i - r0) * t;
           int64_t n = a.causal ? i + 1 : t;
           T li = lh[i], shift = delta[i] - (glh ? glh[i] : T(0));
+          if (li == -std::numeric_limits<T>::infinity()) {  // a row with no key: all zeros
+            std::fill(pr, pr + cols, T(0));
+            std::fill(dpr, dpr + cols, T(0));
+            continue;
+          }
+          mask_keys(pr, n, pk ? pk + b * t : nullptr);
           if (mask.on) {
             mask.row(m.data(), n, b, h, i);
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
-              T pj = exp_fast(pr[j] - li);
+              T pj = pr[j] == -std::numeric_limits<T>::infinity() ? T(0) : exp_fast(pr[j] - li);
               pr[j] = pj * m[j];
               dpr[j] = pj * (dpr[j] * m[j] - shift);
             }
           } else {
 #pragma omp simd
             for (int64_t j = 0; j < n; ++j) {
-              T pj = exp_fast(pr[j] - li);
+              T pj = pr[j] == -std::numeric_limits<T>::infinity() ? T(0) : exp_fast(pr[j] - li);
               pr[j] = pj;
               dpr[j] = pj * (dpr[j] - shift);
             }
@@ -334,10 +381,13 @@ void register_attention_ops(OpTable& t) {
   OpDef& at = def_of(t, OpKind::Attention);
   at.flops_bound = true;
   at.name = "attention";
-  at.num_inputs = 3;
+  at.num_inputs = 4;
+  at.optional_inputs = 1u << 3;
   at.infer = infer_attention;
   at.flops = flops_attention;
-  at.shard = shard_attention;
+  at.shard = [](const Metas& in, const Metas& out, const Attrs&) {
+    return shard_attention(in, out, 3);
+  };
   at.local = attention_local;
   at.saves_outputs = true;
   at.cpu = [](const KernelContext& c) {
@@ -348,20 +398,25 @@ void register_attention_ops(OpTable& t) {
   };
   at.backward = [](const BackwardContext& c) {
     Tensor glse = c.grad_outputs.size() > 1 ? c.grad_outputs[1] : Tensor();
-    return call(OpKind::AttentionBackward,
-                {c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1],
-                 c.grad_outputs[0], glse},
-                c.attrs);
+    std::vector<Tensor> g =
+        call(OpKind::AttentionBackward,
+             {c.inputs[0], c.inputs[1], c.inputs[2], c.outputs[0], c.outputs[1], c.grad_outputs[0],
+              glse, c.inputs.size() > 3 ? c.inputs[3] : Tensor()},
+             c.attrs);
+    g.resize(c.inputs.size());  // the key mask has no gradient
+    return g;
   };
 
   OpDef& ab = def_of(t, OpKind::AttentionBackward);
   ab.flops_bound = true;
   ab.name = "attention_backward";
-  ab.num_inputs = 7;
-  ab.optional_inputs = (1u << 5) | (1u << 6);
+  ab.num_inputs = 8;
+  ab.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7);
   ab.infer = infer_attention_backward;
   ab.flops = flops_attention_backward;
-  ab.shard = shard_attention;
+  ab.shard = [](const Metas& in, const Metas& out, const Attrs&) {
+    return shard_attention(in, out, 7);
+  };
   ab.cpu = [](const KernelContext& c) {
     std::vector<Tensor> outs{c.alloc(0), c.alloc(1), c.alloc(2)};
     dispatch_float(outs[0].dtype(), "attention_backward",

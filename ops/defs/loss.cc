@@ -47,11 +47,15 @@ inline T row_max(const T* x, int64_t n) {
   return mx;
 }
 
-// loss = mean over counted rows of logsumexp(x_i) - x_i[target_i]; 0 when no target counts.
+// Row i's loss: logsumexp(x_i) - (1 - e) x_i[target_i] - e mean_j x_i[j] (e the label
+// smoothing), 0 for an ignored row. Reduced to the mean over counted rows (0 when none counts),
+// their sum, or left per row.
 template <typename T>
 void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
   Tensor x = c.inputs[0].contiguous(), targets = c.inputs[1].contiguous();
-  int64_t ignore = attr<CrossEntropyAttrs>(c.attrs).ignore_index;
+  const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(c.attrs);
+  const int64_t ignore = a.ignore_index;
+  const double e = a.label_smoothing;
   int64_t n = x.shape()[0], v = x.shape()[1];
   int64_t count = counted_targets(targets, v, ignore);
   const T* px = x.data<T>();
@@ -66,23 +70,44 @@ void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < v; ++j) sum += exp_fast(xr[j] - mx);
+    double smooth = 0;
+    if (e != 0) {
+      double row_sum = 0;
+      for (int64_t j = 0; j < v; ++j) row_sum += static_cast<double>(xr[j]);
+      smooth = e * row_sum / static_cast<double>(v);
+    }
     row_loss[i] = static_cast<double>(mx) + std::log(static_cast<double>(sum)) -
-                  static_cast<double>(xr[pt[i]]);
+                  (1.0 - e) * static_cast<double>(xr[pt[i]]) - smooth;
+  }
+  T* py = out.data<T>();
+  if (a.reduction == Reduction::None) {
+    for (int64_t i = 0; i < n; ++i) py[i] = static_cast<T>(row_loss[i]);
+    return;
   }
   double total = 0;
   for (double l : row_loss) total += l;
-  out.data<T>()[0] = static_cast<T>(count == 0 ? 0.0 : total / static_cast<double>(count));
+  if (a.reduction == Reduction::Mean) total = count == 0 ? 0.0 : total / static_cast<double>(count);
+  py[0] = static_cast<T>(total);
 }
 
-// Inputs (grad of the loss [], logits [N, V], targets [N]) -> d logits [N, V]:
-// (softmax(x_i) - onehot(target_i)) * grad / count for counted rows, 0 for ignored rows.
+// Inputs (grad of the loss: [] reduced, [N] per row; logits [N, V], targets [N]) -> d logits
+// [N, V]: (softmax(x_i) - (1 - e) onehot(target_i) - e / V) g_i for counted rows, 0 for ignored
+// rows; g_i the loss's gradient over the count (mean), as it is (sum), or row i's (none).
 template <typename T>
 void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
   Tensor x = c.inputs[1].contiguous(), targets = c.inputs[2].contiguous();
-  int64_t ignore = attr<CrossEntropyAttrs>(c.attrs).ignore_index;
+  const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(c.attrs);
+  const int64_t ignore = a.ignore_index;
+  const T e = static_cast<T>(a.label_smoothing);
   int64_t n = x.shape()[0], v = x.shape()[1];
   int64_t count = counted_targets(targets, v, ignore);
-  T scale = count == 0 ? T(0) : static_cast<T>(c.inputs[0].item() / static_cast<double>(count));
+  const Tensor g = c.inputs[0].contiguous();
+  const T* pg = g.data<T>();
+  const T reduced = a.reduction == Reduction::Sum    ? pg[0]
+                    : a.reduction == Reduction::None ? T(0)
+                    : count == 0
+                        ? T(0)
+                        : static_cast<T>(static_cast<double>(pg[0]) / static_cast<double>(count));
   const T* px = x.data<T>();
   const int64_t* pt = targets.data<int64_t>();
   T* py = out.data<T>();
@@ -102,10 +127,11 @@ void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
       yr[j] = e;
       sum += e;
     }
-    T f = scale / sum;
+    const T scale = a.reduction == Reduction::None ? pg[i] : reduced;
+    T f = scale / sum, uniform = scale * e / static_cast<T>(v);
 #pragma omp simd
-    for (int64_t j = 0; j < v; ++j) yr[j] *= f;
-    yr[pt[i]] -= scale;
+    for (int64_t j = 0; j < v; ++j) yr[j] = yr[j] * f - uniform;
+    yr[pt[i]] -= scale * (T(1) - e);
   }
 }
 
@@ -164,12 +190,15 @@ void target_logit_backward_kernel(const KernelContext& c, const Tensor& out) {
 //    lse_i - x_i[t_i] with lse_i = log sum_r exp(lse_r,i) over the ranks' column shards. Each
 //    rank's log-sum-exp travels in one all-gather; the rank holding a row's target contributes
 //    that row's loss, so the Partial sum over ranks is the mean over counted targets.
-// When no target counts the loss is 0 with zero gradients (PyTorch gives nan), as on one device.
+// When no target counts the mean is 0 with zero gradients (PyTorch gives nan), as on one device.
+// A sum needs no counts; per-row losses are split with the rows (or, vocabulary split, each
+// rank's part of every row, summed over ranks).
 std::vector<Tensor> cross_entropy_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
                                         const Attrs& attrs) {
   const Tensor& logits = inputs[0];
   const Tensor& targets = inputs[1];
-  const int64_t ignore = attr<CrossEntropyAttrs>(attrs).ignore_index;
+  const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(attrs);
+  const int64_t ignore = a.ignore_index;
   const Prop x = ctx.input_prop(0);
   if (x.kind == PropKind::Sharded && x.dim == 1) {
     const int64_t n = logits.size(0), v = logits.size(1);
@@ -183,11 +212,13 @@ std::vector<Tensor> cross_entropy_local(ShardContext& ctx, const std::vector<Ten
         call1(OpKind::Sub, {call1(OpKind::Expand, {column}, ShapeAttrs{{n, v}}), logits});
     Tensor mine =
         call1(OpKind::TargetLogit, {row_loss, targets}, TargetAttrs{ctx.input_offset(0), ignore});
+    if (a.reduction == Reduction::None) return {mine};
     Tensor total = call1(OpKind::Sum, {mine}, ReduceAttrs{});
+    if (a.reduction == Reduction::Sum) return {total};
     return {call1(OpKind::MulScalar, {total}, ScalarAttrs{count > 0 ? 1.0 / count : 0.0})};
   }
   Tensor loss = call1(OpKind::CrossEntropy, inputs, attrs);
-  if (ctx.output_prop(0).kind != PropKind::Partial) return {loss};
+  if (ctx.output_prop(0).kind != PropKind::Partial || a.reduction != Reduction::Mean) return {loss};
   const int64_t local = static_cast<int64_t>(call1(OpKind::CountTargets, {targets}, attrs).item());
   const int64_t global = ctx.sum_over_ranks(local);
   const double scale = global > 0 ? static_cast<double>(local) / static_cast<double>(global) : 0.0;
@@ -200,7 +231,9 @@ std::vector<Tensor> cross_entropy_backward_local(ShardContext& ctx,
                                                  const std::vector<Tensor>& inputs,
                                                  const Attrs& attrs) {
   Tensor grad = call1(OpKind::CrossEntropyBackward, inputs, attrs);
-  if (ctx.input_prop(2).kind != PropKind::Sharded) return {grad};
+  if (ctx.input_prop(2).kind != PropKind::Sharded ||
+      attr<CrossEntropyAttrs>(attrs).reduction != Reduction::Mean)
+    return {grad};
   const int64_t local =
       static_cast<int64_t>(call1(OpKind::CountTargets, {inputs[2]}, attrs).item());
   const int64_t global = ctx.sum_over_ranks(local);
@@ -214,19 +247,28 @@ void register_loss_ops(OpTable& t) {
   OpDef& ce = def_of(t, OpKind::CrossEntropy);
   ce.name = "cross_entropy";
   ce.num_inputs = 2;
-  ce.infer = [](const Metas& in, const Attrs&) {
+  ce.infer = [](const Metas& in, const Attrs& attrs) {
     check_cross_entropy_inputs(in, 0, "cross_entropy");
+    const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(attrs);
+    HAP_CHECK(a.label_smoothing >= 0 && a.label_smoothing <= 1,
+              "cross_entropy: label_smoothing must be in [0, 1], got ", a.label_smoothing);
+    if (a.reduction == Reduction::None) return Metas{{Shape{in[0].shape[0]}, in[0].dtype}};
     return Metas{{Shape{}, in[0].dtype}};
   };
   ce.flops = [](const Metas& in, const Metas&, const Attrs&) {
     return 4.0 * static_cast<double>(shape_numel(in[0].shape));
   };
   // Rows split alike in logits and targets, or the vocabulary split with the targets whole: see
-  // cross_entropy_local for how the shards combine into the global mean.
+  // cross_entropy_local for how the shards combine (the vocabulary split without label smoothing,
+  // whose mean over a row's columns would need one more collective).
   ce.local = cross_entropy_local;
-  ce.shard = [](const Metas&, const Metas&, const Attrs&) {
-    return std::vector<ShardSignature>{{{Prop::sharded(0), Prop::sharded(0)}, {Prop::partial()}},
-                                       {{Prop::sharded(1), Prop::replicated()}, {Prop::partial()}}};
+  ce.shard = [](const Metas&, const Metas&, const Attrs& attrs) {
+    const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(attrs);
+    const Prop rows = a.reduction == Reduction::None ? Prop::sharded(0) : Prop::partial();
+    std::vector<ShardSignature> sigs = {{{Prop::sharded(0), Prop::sharded(0)}, {rows}}};
+    if (a.label_smoothing == 0)
+      sigs.push_back({{Prop::sharded(1), Prop::replicated()}, {Prop::partial()}});
+    return sigs;
   };
   ce.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
@@ -243,11 +285,16 @@ void register_loss_ops(OpTable& t) {
   OpDef& cb = def_of(t, OpKind::CrossEntropyBackward);
   cb.name = "cross_entropy_backward";
   cb.num_inputs = 3;
-  cb.infer = [](const Metas& in, const Attrs&) {
+  cb.infer = [](const Metas& in, const Attrs& attrs) {
     check_cross_entropy_inputs(in, 1, "cross_entropy_backward");
     check_same_dtype("cross_entropy_backward", in, 0, 1);
-    HAP_CHECK(shape_numel(in[0].shape) == 1, "cross_entropy_backward: gradient of the loss must ",
-              "have one element, got ", shape_str(in[0].shape));
+    if (attr<CrossEntropyAttrs>(attrs).reduction == Reduction::None) {
+      HAP_CHECK(in[0].shape == Shape{in[1].shape[0]}, "cross_entropy_backward: gradient of the ",
+                "per-row losses must be [", in[1].shape[0], "], got ", shape_str(in[0].shape));
+    } else {
+      HAP_CHECK(shape_numel(in[0].shape) == 1, "cross_entropy_backward: gradient of the loss must ",
+                "have one element, got ", shape_str(in[0].shape));
+    }
     return Metas{in[1]};
   };
   cb.flops = [](const Metas& in, const Metas&, const Attrs&) {
@@ -255,9 +302,11 @@ void register_loss_ops(OpTable& t) {
   };
   // As in the forward, each rank's kernel counts its own targets; the local hook rescales.
   cb.local = cross_entropy_backward_local;
-  cb.shard = [](const Metas&, const Metas&, const Attrs&) {
+  cb.shard = [](const Metas&, const Metas&, const Attrs& attrs) {
+    const bool rows = attr<CrossEntropyAttrs>(attrs).reduction == Reduction::None;
     return std::vector<ShardSignature>{
-        {{Prop::replicated(), Prop::sharded(0), Prop::sharded(0)}, {Prop::sharded(0)}}};
+        {{rows ? Prop::sharded(0) : Prop::replicated(), Prop::sharded(0), Prop::sharded(0)},
+         {Prop::sharded(0)}}};
   };
   cb.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);

@@ -153,6 +153,57 @@ TEST(CausalSelfAttention, OutputsDoNotDependOnLaterPositions) {
              "expected x of shape [B, T, 8], got [2, 5, 6]");
 }
 
+// Adds 1 to position t of every sequence of x [B, T, C] (f32).
+Tensor bump(const Tensor& x, int64_t t) {
+  Tensor y = x.clone();
+  float* p = y.data<float>();
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t c = 0; c < C; ++c) p[(b * T + t) * C + c] += 1.0f;
+  return y;
+}
+
+// Whether any output at positions [from, to) of [B, T, C] differs.
+bool any_differs(const Tensor& a, const Tensor& b, int64_t from, int64_t to) {
+  const std::vector<double> x = a.to_vector(), y = b.to_vector();
+  const int64_t B = a.size(0), T = a.size(1), C = a.size(2);
+  for (int64_t i = 0; i < B; ++i)
+    for (int64_t t = from; t < to; ++t)
+      for (int64_t c = 0; c < C; ++c)
+        if (x[static_cast<size_t>((i * T + t) * C + c)] !=
+            y[static_cast<size_t>((i * T + t) * C + c)])
+          return true;
+  return false;
+}
+
+TEST(SelfAttention, BidirectionalOutputsDependOnLaterPositions) {
+  SelfAttention attn(SelfAttentionOptions(8, 2).causal(false));
+  attn.reset_parameters(5);
+  NoGradGuard no_grad;
+  Tensor x = randn({2, 5, 8}, 1);
+  Tensor y = attn.forward(x), y2 = attn.forward(bump(x, 4));
+  EXPECT_TRUE(any_differs(y, y2, 0, 1)) << "position 0 sees position 4 when not causal";
+}
+
+TEST(SelfAttention, PaddedKeysChangeNoOtherPosition) {
+  for (bool causal : {false, true}) {
+    SelfAttention attn(SelfAttentionOptions(8, 2).causal(causal));
+    attn.reset_parameters(6);
+    NoGradGuard no_grad;
+    Tensor x = randn({2, 5, 8}, 2);
+    // Positions 3 and 4 of every sequence are padding.
+    Tensor mask = Tensor::from_vector(std::vector<double>{1, 1, 1, 0, 0, 1, 1, 1, 0, 0}, {2, 5},
+                                      TensorOptions{}.with_dtype(DType::U8));
+    Tensor y = attn.forward(x, mask), y2 = attn.forward(bump(x, 4), mask);
+    EXPECT_FALSE(any_differs(y, y2, 0, 4)) << (causal ? "causal" : "bidirectional");
+    // The masked result at the kept positions equals running the kept prefix alone.
+    Tensor prefix = attn.forward(contiguous(slice(x, 1, 0, 3)));
+    const std::vector<double> a = slice(y, 1, 0, 3).to_vector(), b = prefix.to_vector();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << i;
+  }
+}
+
 TEST(TransformerBlock, KeepsTheShapeAndIsResidualAtZeroWeights) {
   TransformerBlock block(TransformerBlockOptions(8, 2));
   Tensor x = randn({2, 3, 8}, 2);
@@ -163,6 +214,9 @@ TEST(TransformerBlock, KeepsTheShapeAndIsResidualAtZeroWeights) {
   block.mlp->proj->weight.zero_();
   block.mlp->proj->bias.zero_();
   EXPECT_TRUE(same_values(block.forward(x), x));
+  TransformerBlock wide(TransformerBlockOptions(8, 2).hidden(24).causal(false));
+  EXPECT_EQ(wide.mlp->fc->weight.shape(), (Shape{24, 8}));
+  EXPECT_FALSE(wide.attn->options().causal());
   MLP mlp(MLPOptions(8).hidden(16));
   EXPECT_EQ(mlp.fc->weight.shape(), (Shape{16, 8}));
   EXPECT_EQ(mlp.forward(x).shape(), (Shape{2, 3, 8}));

@@ -159,7 +159,7 @@ AttentionRef attention_ref(const Tensor& q, const Tensor& k, const Tensor& v, bo
 std::vector<Tensor> attention_call(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
                                    double scale = 0, double p = 0, uint64_t seed = 0,
                                    uint64_t stream = 0, LogicalSlice slice = {}) {
-  return ops::call(OpKind::Attention, {q, k, v},
+  return ops::call(OpKind::Attention, {q, k, v, Tensor()},
                    ops::AttentionAttrs{causal, scale, ops::RandomAttrs{p, seed, stream, slice}});
 }
 
@@ -541,6 +541,72 @@ TEST(NnAttention, HeadShardWithDropoutSliceEqualsSliceOfSingleDevice) {
   expect_close(shard, expect.to_vector(), 1e-14, 1e-14, "heads [1, 3)");
 }
 
+Tensor key_mask(const std::vector<double>& keep, const Shape& s) {
+  return Tensor::from_vector(keep, s, TensorOptions{}.with_dtype(DType::U8));
+}
+
+TEST(NnAttention, KeyMaskEqualsAttentionOverTheKeptKeysOnly) {
+  // Batch 0 keeps keys {0, 1, 3}; batch 1 keeps all: the masked result for batch 0 equals plain
+  // attention over the kept keys (and values) alone.
+  Tensor q = randn({2, 2, 4, 3}, 70, 0, f64()), k = randn({2, 2, 4, 3}, 71, 0, f64());
+  Tensor v = randn({2, 2, 4, 2}, 72, 0, f64());
+  Tensor mask = key_mask({1, 1, 0, 1, 1, 1, 1, 1}, {2, 4});
+  Tensor got = scaled_dot_product_attention(q, k, v, false, 0, 0, 0, 0, mask);
+  auto keep = [](const Tensor& t) {  // batch 0, keys {0, 1, 3}
+    Tensor b0 = slice(t, 0, 0, 1);
+    return concat({slice(b0, 2, 0, 2), slice(b0, 2, 3, 4)}, 2);
+  };
+  // Queries stay all four; only keys and values are kept (written out: the op takes q and k of
+  // one length).
+  Tensor s = matmul(slice(q, 0, 0, 1), transpose(keep(k), 2, 3)) * (1.0 / std::sqrt(3.0));
+  Tensor want = matmul(softmax(s, -1), keep(v));
+  expect_close(slice(got, 0, 0, 1), want.to_vector(), 1e-12, 1e-12, "batch 0, keys {0, 1, 3}");
+  Tensor plain = scaled_dot_product_attention(q, k, v, false);
+  expect_close(slice(got, 0, 1, 2), slice(plain, 0, 1, 2).to_vector(), 0, 0, "batch 1 unmasked");
+}
+
+TEST(NnAttention, AQueryWithNoKeyGetsZerosAndNoGradient) {
+  // Batch 1 pads every key; with the causal mask, batch 0's query 0 loses its only key too.
+  Tensor q = randn({2, 1, 3, 2}, 73, 0, f64(true)), k = randn({2, 1, 3, 2}, 74, 0, f64(true));
+  Tensor v = randn({2, 1, 3, 2}, 75, 0, f64(true));
+  Tensor mask = key_mask({0, 1, 1, 0, 0, 0}, {2, 3});
+  Tensor y = scaled_dot_product_attention(q, k, v, true, 0, 0, 0, 0, mask);
+  const std::vector<double> out = y.to_vector();
+  for (size_t i : {0, 1, 6, 7, 8, 9, 10, 11}) EXPECT_EQ(out[i], 0.0) << "element " << i;
+  for (double o : out) EXPECT_TRUE(std::isfinite(o));
+  sum(y * y + y).backward();
+  for (const Tensor* t : {&q, &k, &v})
+    for (double g : t->grad().to_vector()) EXPECT_TRUE(std::isfinite(g));
+  const std::vector<double> gq = q.grad().to_vector();
+  for (size_t i = 6; i < 12; ++i) EXPECT_EQ(gq[i], 0.0) << "batch 1 has no key: no gradient";
+}
+
+TEST(NnAttention, KeyMaskGradientsMatchFiniteDifferences) {
+  Tensor q = randn({2, 2, 5, 3}, 76, 0, f64(true)), k = randn({2, 2, 5, 3}, 77, 0, f64(true));
+  Tensor v = randn({2, 2, 5, 3}, 78, 0, f64(true));
+  Tensor mask = key_mask({1, 0, 1, 1, 0, 0, 1, 1, 1, 1}, {2, 5});
+  for (bool causal : {true, false})
+    for (double p : {0.0, 0.3})
+      expect_gradcheck(
+          [=](const std::vector<Tensor>& in) {
+            return scaled_dot_product_attention(in[0], in[1], in[2], causal, p, 5, 9, 0, mask);
+          },
+          {q, k, v}, std::string(causal ? "causal" : "full") + (p > 0 ? " with dropout" : ""));
+}
+
+TEST(NnAttention, KeyMaskMustBeU8OfBatchByKeys) {
+  Tensor q = randn({2, 3, 5, 4}, 79);
+  expect_mentions(error_of([&] {
+                    scaled_dot_product_attention(q, q, q, true, 0, 0, 0, 0,
+                                                 key_mask(std::vector<double>(10, 1), {5, 2}));
+                  }),
+                  {"attention", "key mask", "[5, 2]", "[2, 5]"});
+  expect_mentions(error_of([&] {
+                    scaled_dot_product_attention(q, q, q, true, 0, 0, 0, 0, randn({2, 5}, 80));
+                  }),
+                  {"attention", "key mask", "u8"});
+}
+
 TEST(NnAttention, MismatchedShapesNameTheOpAndBothShapes) {
   Tensor q = randn({2, 3, 5, 4}, 65), k = randn({2, 3, 6, 4}, 66), v = randn({2, 3, 5, 4}, 67);
   expect_mentions(error_of([&] { scaled_dot_product_attention(q, k, v); }),
@@ -555,11 +621,14 @@ TEST(NnAttention, MismatchedShapesNameTheOpAndBothShapes) {
 
 TEST(NnAttention, ShardsBatchOrHeads) {
   ops::Metas in(3, {{2, 4, 8, 16}, DType::F32});
+  in.push_back({{2, 8}, DType::U8});  // the key mask: split with the batch, whole across heads
   ops::Metas out{{{2, 4, 8, 16}, DType::F32}, {{2, 4, 8}, DType::F32}};
   auto sigs = ops::op_def(OpKind::Attention).shard(in, out, ops::AttentionAttrs{});
   ASSERT_EQ(sigs.size(), 2u);
   for (int64_t d = 0; d < 2; ++d) {
-    EXPECT_EQ(sigs[d].inputs, std::vector<ops::Prop>(3, ops::Prop::sharded(d)));
+    std::vector<ops::Prop> want(3, ops::Prop::sharded(d));
+    want.push_back(d == 0 ? ops::Prop::sharded(0) : ops::Prop::replicated());
+    EXPECT_EQ(sigs[d].inputs, want);
     EXPECT_EQ(sigs[d].outputs, std::vector<ops::Prop>(2, ops::Prop::sharded(d)));
   }
 }

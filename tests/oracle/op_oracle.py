@@ -57,7 +57,8 @@ def _gelu(inputs, attrs):
 
 def _cross_entropy(inputs, attrs):
     logits, targets = inputs
-    return F.cross_entropy(logits, targets, ignore_index=attrs["ignore_index"])
+    return F.cross_entropy(logits, targets, ignore_index=attrs["ignore_index"],
+                           label_smoothing=attrs["label_smoothing"], reduction=attrs["reduction"])
 
 
 def _attention(inputs, attrs):
@@ -68,6 +69,9 @@ def _attention(inputs, attrs):
         T = q.shape[-2]
         future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
         att = att.masked_fill(future, float("-inf"))
+    if attrs["key_mask"] is not None:  # [B, T]: 1 where a query may attend to that key
+        keep = torch.tensor(attrs["key_mask"], dtype=torch.bool)
+        att = att.masked_fill(~keep[:, None, None, :], float("-inf"))
     return att.softmax(dim=-1) @ v
 
 
@@ -144,11 +148,18 @@ OPS = {
     "layer_norm": (_layer_norm, "fff", {"eps": (_is_num, REQUIRED)}, _check_norm),
     "rms_norm": (_rms_norm, "ff", {"eps": (_is_num, REQUIRED)}, _check_norm),
     "gelu": (_gelu, "f", {"approximate": (lambda v: v in ("tanh", "none"), REQUIRED)}, None),
-    "cross_entropy": (_cross_entropy, "fi", {"ignore_index": (_is_int, -100)}, _check_cross_entropy),
+    "cross_entropy": (
+        _cross_entropy,
+        "fi",
+        {"ignore_index": (_is_int, -100), "label_smoothing": (_is_num, 0.0),
+         "reduction": (lambda v: v in ("mean", "sum", "none"), "mean")},
+        _check_cross_entropy,
+    ),
     "attention": (
         _attention,
         "fff",
-        {"causal": (lambda v: isinstance(v, bool), REQUIRED), "scale": (lambda v: v is None or _is_num(v), None)},
+        {"causal": (lambda v: isinstance(v, bool), REQUIRED), "scale": (lambda v: v is None or _is_num(v), None),
+         "key_mask": (lambda v: v is None or (isinstance(v, list) and all(isinstance(r, list) for r in v)), None)},
         _check_attention,
     ),
     "embedding": (_embedding, "fi", {}, _check_embedding),

@@ -120,6 +120,26 @@ TEST(OpOracle, CrossEntropyWithIgnoreIndexMatchesTorch) {
        [](const std::vector<Tensor>& x) { return cross_entropy(x[0], x[1], -100); }});
 }
 
+TEST(OpOracle, CrossEntropyLabelSmoothingAndReductionsMatchTorch) {
+  Tensor t = ids({23}, 17, 30);
+  int64_t* p = t.data<int64_t>();
+  p[5] = p[11] = 2;  // ignored below
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    const Reduction r = std::string(reduction) == "mean"  ? Reduction::Mean
+                        : std::string(reduction) == "sum" ? Reduction::Sum
+                                                          : Reduction::None;
+    check_against_torch(
+        {std::string("cross_entropy_smoothed_") + reduction,
+         std::string(
+             R"({"op":"cross_entropy","attrs":{"ignore_index":2,"label_smoothing":0.15,"reduction":")") +
+             reduction + "\"}}",
+         {randn({23, 17}, 31) * 2.0, t},
+         [r](const std::vector<Tensor>& x) {
+           return cross_entropy(x[0], x[1], CrossEntropyOptions{2, 0.15, r});
+         }});
+  }
+}
+
 TEST(OpOracle, AttentionCausalAndFullMatchTorch) {
   std::vector<Tensor> qkv = {randn({2, 3, 9, 5}, 14), randn({2, 3, 9, 5}, 15),
                              randn({2, 3, 9, 5}, 16)};
@@ -133,6 +153,25 @@ TEST(OpOracle, AttentionCausalAndFullMatchTorch) {
        [](const std::vector<Tensor>& x) {
          return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.0, 0, 0, 0.3);
        }});
+  // Padding: batch 0 attends to its first 6 keys, batch 1 to all but keys 1 and 4 (no query is
+  // left without a key, even causal: PyTorch gives NaN there).
+  std::vector<double> keep(18, 1.0);
+  for (int j = 6; j < 9; ++j) keep[static_cast<size_t>(j)] = 0;
+  keep[10] = keep[13] = 0;
+  const Tensor mask = Tensor::from_vector(keep, {2, 9}, TensorOptions{}.with_dtype(DType::U8));
+  const char* keys = R"("key_mask":[[1,1,1,1,1,1,0,0,0],[1,0,1,1,0,1,1,1,1]])";
+  check_against_torch({"attention_padded_full",
+                       std::string(R"({"op":"attention","attrs":{"causal":false,)") + keys + "}}",
+                       qkv, [mask](const std::vector<Tensor>& x) {
+                         return scaled_dot_product_attention(x[0], x[1], x[2], false, 0.0, 0, 0,
+                                                             0.0, mask);
+                       }});
+  check_against_torch({"attention_padded_causal",
+                       std::string(R"({"op":"attention","attrs":{"causal":true,)") + keys + "}}",
+                       qkv, [mask](const std::vector<Tensor>& x) {
+                         return scaled_dot_product_attention(x[0], x[1], x[2], true, 0.0, 0, 0, 0.0,
+                                                             mask);
+                       }});
 }
 
 TEST(OpOracle, EmbeddingMatchesTorchWithRepeatedIds) {

@@ -133,6 +133,7 @@ inline ::testing::AssertionResult close_values(const Tensor& actual, const Tenso
            << "got " << actual.str() << ", expected " << expected.str();
   std::vector<double> a = actual.to_vector(), e = expected.to_vector();
   for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == e[i]) continue;  // equal, infinities included
     double err = std::abs(a[i] - e[i]) / std::max(1.0, std::abs(e[i]));
     if (!(err <= tol))
       return ::testing::AssertionFailure() << "element " << i << ": got " << a[i] << ", expected "

@@ -123,6 +123,20 @@ std::vector<Case> cases() {
                OpKind::CrossEntropyBackward,
                {Tensor::scalar(0.7, f64()), normal({8, 9}, 38), ids({8}, 9, 3, true)},
                ops::CrossEntropyAttrs{}});
+  for (ops::Reduction r : {ops::Reduction::Sum, ops::Reduction::None})
+    for (double smoothing : {0.0, 0.2}) {
+      const ops::CrossEntropyAttrs a{-100, smoothing, r};
+      const std::string label = std::string(r == ops::Reduction::Sum ? "sum" : "none") +
+                                (smoothing > 0 ? ", label smoothing" : "");
+      c.push_back({label, OpKind::CrossEntropy, {normal({8, 9}, 80), ids({8}, 9, 5, true)}, a});
+      Tensor g = r == ops::Reduction::Sum ? Tensor::scalar(0.7, f64()) : normal({8}, 81);
+      c.push_back(
+          {label, OpKind::CrossEntropyBackward, {g, normal({8, 9}, 82), ids({8}, 9, 6, true)}, a});
+    }
+  c.push_back({"mean, label smoothing",
+               OpKind::CrossEntropy,
+               {normal({8, 9}, 83), ids({8}, 9, 7, true)},
+               ops::CrossEntropyAttrs{-100, 0.1, ops::Reduction::Mean}});
   c.push_back({"",
                OpKind::TargetLogit,
                {normal({8, 9}, 39), ids({8}, 12, 4, true)},
@@ -149,22 +163,34 @@ std::vector<Case> cases() {
                {normal({4, 2, 6}, 54), normal({4, 3, 6}, 55)},
                ops::DimAttrs{1, false}});
   c.push_back({"", OpKind::Split, {normal({4, 5, 6}, 56)}, ops::SplitAttrs{2, {2, 4}}});
+  // Key mask [B, T]: batch 0 pads its last two keys, batch 1 its first (a causal query 0 there
+  // has no key left).
+  const Tensor keys = Tensor::from_vector(std::vector<double>{1, 1, 1, 0, 0, 0, 1, 1, 1, 1}, {2, 5},
+                                          TensorOptions{}.with_dtype(DType::U8));
   for (double p : {0.0, 0.25}) {
     ops::AttentionAttrs a;
     a.causal = p == 0;
     a.dropout = {p, 77, 3, {}};
-    c.push_back({p > 0 ? "dropout" : "causal",
-                 OpKind::Attention,
-                 {normal({2, 3, 5, 4}, 57), normal({2, 3, 5, 4}, 58), normal({2, 3, 5, 4}, 59)},
-                 a});
+    c.push_back(
+        {p > 0 ? "dropout" : "causal",
+         OpKind::Attention,
+         {normal({2, 3, 5, 4}, 57), normal({2, 3, 5, 4}, 58), normal({2, 3, 5, 4}, 59), Tensor()},
+         a});
+    c.push_back(
+        {p > 0 ? "dropout, key mask" : "causal, key mask",
+         OpKind::Attention,
+         {normal({2, 3, 5, 4}, 57), normal({2, 3, 5, 4}, 58), normal({2, 3, 5, 4}, 59), keys},
+         a});
   }
-  {
+  for (bool masked : {false, true}) {
     ops::AttentionAttrs a;
+    a.causal = !masked;
     Tensor q = normal({2, 3, 5, 4}, 60), k = normal({2, 3, 5, 4}, 61), v = normal({2, 3, 5, 4}, 62);
-    std::vector<Tensor> out = call(OpKind::Attention, {q, k, v}, a);
-    c.push_back({"",
+    const Tensor mask = masked ? keys : Tensor();
+    std::vector<Tensor> out = call(OpKind::Attention, {q, k, v, mask}, a);
+    c.push_back({masked ? "key mask" : "",
                  OpKind::AttentionBackward,
-                 {q, k, v, out[0], out[1], normal({2, 3, 5, 4}, 63), Tensor()},
+                 {q, k, v, out[0], out[1], normal({2, 3, 5, 4}, 63), Tensor(), mask},
                  a});
   }
   {
