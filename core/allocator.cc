@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <string>
 
 #include "core/error.h"
 
@@ -40,8 +41,27 @@ Cache& cache() {
 
 }  // namespace
 
-void* cpu_alloc(size_t nbytes) {
-  size_t n = round_size(std::max<size_t>(nbytes, 1));
+namespace {
+
+// HAP_POISON_ALLOC=1: every allocation starts as 0xFF bytes (NaN in every floating dtype), so a
+// kernel that leaves part of its output unwritten shows at once instead of reading whatever the
+// block held before.
+bool poison_allocations() {
+  static const bool on = [] {
+    const char* v = std::getenv("HAP_POISON_ALLOC");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return on;
+}
+
+void* fresh_block(size_t nbytes) {
+  void* p = std::aligned_alloc(kAlign, nbytes);
+  HAP_CHECK(p != nullptr, "out of host memory: could not allocate ", nbytes, " bytes");
+  return p;
+}
+
+// A block of n bytes (a rounded size): a cached one of that size, or a fresh one.
+void* take_block(size_t n) {
   Cache& c = cache();
   if (n >= kCacheMin) {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -56,11 +76,19 @@ void* cpu_alloc(size_t nbytes) {
       return p;
     }
   }
-  void* p = std::aligned_alloc(kAlign, n);
-  HAP_CHECK(p != nullptr, "out of host memory: could not allocate ", n, " bytes");
+  void* p = fresh_block(n);
   std::lock_guard<std::mutex> lock(c.mu);
   c.stats.allocated_bytes += n;
   c.stats.peak_allocated_bytes = std::max(c.stats.peak_allocated_bytes, c.stats.allocated_bytes);
+  return p;
+}
+
+}  // namespace
+
+void* cpu_alloc(size_t nbytes) {
+  const size_t n = round_size(std::max<size_t>(nbytes, 1));
+  void* p = take_block(n);
+  if (poison_allocations()) std::memset(p, 0xFF, n);
   return p;
 }
 

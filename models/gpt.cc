@@ -124,37 +124,6 @@ Tensor GPT::loss(const Batch& batch) {
 
 namespace {
 
-constexpr double kMaxDimension = 2147483647.0;  // 2^31 - 1: every dimension fits in 32 bits
-constexpr double kMaxTensorElements =
-    1099511627776.0;  // 2^40: 4 TiB of f32, far beyond any machine
-
-template <typename T>
-std::string number_text(T v) {
-  char buf[64];
-  auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
-
-struct Factor {
-  const char* key;
-  int64_t value;
-};
-
-// Throws on `key` when the product of `factors` (the elements of `tensor`) exceeds 2^40, naming
-// every factor with its value: nothing derived from the sizes may overflow.
-void check_elements(const char* key, const char* tensor, std::initializer_list<Factor> factors) {
-  double product = 1;
-  for (const Factor& f : factors) product *= static_cast<double>(f.value);
-  if (product <= kMaxTensorElements) return;
-  std::string names, values;
-  for (const Factor& f : factors) {
-    names += (names.empty() ? "" : " x ") + std::string(f.key);
-    values += (values.empty() ? "" : " x ") + number_text(f.value);
-  }
-  throw OptionError(key, "an integer with " + names + " <= 2^40 (the elements of " + tensor +
-                             "; here " + values + " = " + number_text(product) + ")");
-}
-
 GPTConfig gpt_config_of(const Options& o, uint64_t seed) {
   GPTConfig c;
   c.vocab_size = o.integer("vocab_size");

@@ -1,5 +1,7 @@
 #include "models/layers.h"
 
+#include <cmath>
+
 #include "ops/functional.h"
 
 namespace hap::nn {
@@ -34,6 +36,42 @@ Tensor Linear::forward(const Tensor& x) const {
 
 std::optional<ParamInit> Linear::init_rule(const std::string& name, const Tensor&) const {
   if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
+  if (name == "bias") return ParamInit::zeros();
+  return std::nullopt;
+}
+
+// ---- Conv2d ----
+Conv2d::Conv2d(const Conv2dOptions& o) : Module("Conv2d"), options_(o) {
+  HAP_CHECK(o.in_channels() >= 1 && o.out_channels() >= 1 && o.kernel_size() >= 1,
+            "Conv2d: in_channels, out_channels and kernel_size must be >= 1, got ", o.in_channels(),
+            ", ", o.out_channels(), " and ", o.kernel_size());
+  HAP_CHECK(o.stride() >= 1 && o.dilation() >= 1 && o.padding() >= 0, "Conv2d: stride (",
+            o.stride(), ") and dilation (", o.dilation(), ") must be >= 1, padding (", o.padding(),
+            ") >= 0");
+  HAP_CHECK(
+      o.groups() >= 1 && o.in_channels() % o.groups() == 0 && o.out_channels() % o.groups() == 0,
+      "Conv2d: groups (", o.groups(), ") must divide in_channels (", o.in_channels(),
+      ") and out_channels (", o.out_channels(), ")");
+  weight = register_parameter("weight", make_param(*this, "weight",
+                                                   {o.out_channels(), o.in_channels() / o.groups(),
+                                                    o.kernel_size(), o.kernel_size()}));
+  if (o.bias()) bias = register_parameter("bias", make_param(*this, "bias", {o.out_channels()}));
+}
+
+Tensor Conv2d::forward(const Tensor& x) const {
+  auto scope = enter_scope();
+  const Conv2dOptions& o = options_;
+  return conv2d(x, weight, bias, {o.stride(), o.stride()}, {o.padding(), o.padding()},
+                {o.dilation(), o.dilation()}, o.groups());
+}
+
+std::optional<ParamInit> Conv2d::init_rule(const std::string& name, const Tensor&) const {
+  const Conv2dOptions& o = options_;
+  if (name == "weight") {
+    const double fan_out =
+        static_cast<double>(o.out_channels() / o.groups() * o.kernel_size() * o.kernel_size());
+    return ParamInit::normal(0.0, std::sqrt(2.0 / fan_out));
+  }
   if (name == "bias") return ParamInit::zeros();
   return std::nullopt;
 }

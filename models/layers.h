@@ -38,6 +38,35 @@ class Linear : public Module {
   LinearOptions options_;
 };
 
+// ---- Conv2d: images [N, C, H, W] -> [N, O, OH, OW], weight [O, C / groups, KH, KW] ----
+// Weights ~ N(0, 2 / (O / groups x KH x KW)) (He, fan-out, for ReLU networks), biases 0.
+struct Conv2dOptions {
+  Conv2dOptions(int64_t in_channels, int64_t out_channels, int64_t kernel_size)
+      : in_channels_(in_channels), out_channels_(out_channels), kernel_size_(kernel_size) {}
+  HAP_ARG(int64_t, in_channels);
+  HAP_ARG(int64_t, out_channels);
+  HAP_ARG(int64_t, kernel_size);  // square kernels
+  HAP_ARG(int64_t, stride) = 1;
+  HAP_ARG(int64_t, padding) = 0;
+  HAP_ARG(int64_t, dilation) = 1;
+  HAP_ARG(int64_t, groups) = 1;
+  HAP_ARG(bool, bias) = true;
+};
+
+class Conv2d : public Module {
+ public:
+  explicit Conv2d(const Conv2dOptions& options);
+  Tensor forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const Conv2dOptions& options() const { return options_; }
+
+  Tensor weight;  // [out, in / groups, k, k]
+  Tensor bias;    // [out], undefined without bias
+
+ private:
+  Conv2dOptions options_;
+};
+
 // ---- Embedding: rows of weight [num_embeddings, embedding_dim] picked by i64 ids ----
 struct EmbeddingOptions {
   EmbeddingOptions(int64_t num_embeddings, int64_t embedding_dim)

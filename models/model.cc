@@ -23,4 +23,18 @@ const Tensor& input_of(const Batch& batch, const std::string& name, DType dtype,
   return t;
 }
 
+void check_class_indices(const Tensor& ids, std::int64_t classes, const std::string& model,
+                         const char* what, std::optional<std::int64_t> ignore_index) {
+  if (!ids.has_storage()) return;
+  Tensor c = ids.contiguous();
+  const std::int64_t* p = c.data<std::int64_t>();
+  for (std::int64_t i = 0; i < c.numel(); ++i) {
+    if (ignore_index && p[i] == *ignore_index) continue;
+    HAP_CHECK(p[i] >= 0 && p[i] < classes, model, ": ", what, " ", p[i], " at flat position ", i,
+              " is outside [0, ", classes, ")",
+              ignore_index ? " and is not the ignore index " + std::to_string(*ignore_index)
+                           : std::string());
+  }
+}
+
 }  // namespace hap::nn

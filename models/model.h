@@ -19,6 +19,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,5 +68,11 @@ class Model : public Module {
 // naming the model and the input.
 const Tensor& input_of(const Batch& batch, const std::string& name, DType dtype, std::int64_t rank,
                        const std::string& model);
+
+// Checks that every element of `ids` (i64) is a class index in [0, classes), or `ignore_index`
+// where allowed; throws naming the model, what the ids are ("label", "target") and the first bad
+// one with its position. Tensors without values (traced shapes) pass.
+void check_class_indices(const Tensor& ids, std::int64_t classes, const std::string& model,
+                         const char* what, std::optional<std::int64_t> ignore_index = std::nullopt);
 
 }  // namespace hap::nn

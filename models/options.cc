@@ -1,6 +1,7 @@
 #include "models/options.h"
 
 #include <algorithm>
+#include <charconv>
 #include <sstream>
 
 namespace hap::nn {
@@ -167,6 +168,32 @@ void check_options(const std::vector<OptionSpec>& specs, const Options& values) 
   }
   for (const OptionSpec& s : specs)
     if (!values.has(s.name)) throw OptionError(s.name, "a value (the option is required)");
+}
+
+std::string number_text(std::int64_t v) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string number_text(double v) {
+  char buf[64];
+  auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+void check_elements(const char* key, const char* tensor,
+                    std::initializer_list<SizeFactor> factors) {
+  double product = 1;
+  for (const SizeFactor& f : factors) product *= static_cast<double>(f.value);
+  if (product <= kMaxTensorElements) return;
+  std::string names, values;
+  for (const SizeFactor& f : factors) {
+    names += (names.empty() ? "" : " x ") + std::string(f.key);
+    values += (values.empty() ? "" : " x ") + number_text(f.value);
+  }
+  throw OptionError(key, "an integer with " + names + " <= 2^40 (the elements of " + tensor +
+                             "; here " + values + " = " + number_text(product) + ")");
 }
 
 }  // namespace hap::nn

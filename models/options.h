@@ -8,6 +8,7 @@
 //    OptionSpec::number("dropout", 0.0, 0.0, 1.0, "dropout probability").max_open()}
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <optional>
 #include <string>
@@ -97,5 +98,23 @@ class Options {
 // value has its declared type and range, every required option is set, no unknown name. Throws
 // OptionError naming the first problem.
 void check_options(const std::vector<OptionSpec>& specs, const Options& values);
+
+// ---- bounds a model's check() puts on its sizes ----
+inline constexpr double kMaxDimension = 2147483647.0;  // 2^31 - 1: every dimension fits in 32 bits
+inline constexpr double kMaxTensorElements = 1099511627776.0;  // 2^40: 4 TiB of f32
+
+// The shortest decimal text of a number ("0.1", "4096").
+std::string number_text(std::int64_t v);
+std::string number_text(double v);
+
+// One factor of a tensor's size: the option (or other quantity) it comes from and its value.
+struct SizeFactor {
+  const char* key;
+  std::int64_t value;
+};
+
+// Throws OptionError on `key` when the product of `factors` (the elements of `tensor`) exceeds
+// 2^40, naming every factor with its value: nothing derived from the sizes may overflow.
+void check_elements(const char* key, const char* tensor, std::initializer_list<SizeFactor> factors);
 
 }  // namespace hap::nn

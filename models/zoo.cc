@@ -2,6 +2,7 @@
 
 #include "models/gpt.h"
 #include "models/named_registry.h"
+#include "models/vgg.h"
 
 namespace hap::nn {
 
@@ -9,8 +10,9 @@ namespace {
 
 NamedRegistry<ModelEntry>& registry() {
   // The built-in models, one line each.
-  static auto* r = new NamedRegistry<ModelEntry>(
-      "model", [] { return std::vector<ModelEntry>{gpt_model_entry()}; });
+  static auto* r = new NamedRegistry<ModelEntry>("model", [] {
+    return std::vector<ModelEntry>{gpt_model_entry(), vgg_model_entry()};
+  });
   return *r;
 }
 

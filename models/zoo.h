@@ -26,6 +26,8 @@ struct ModelEntry {
   // Builds the model with its parameters drawn with `seed` (Module::reset_parameters) and its
   // dropout bound to `seed` (set_random_seed). Under a MetaGuard the parameters are shape-only.
   std::function<std::shared_ptr<Model>(const Options& options, std::uint64_t seed)> build;
+  // The dataset a run config uses when its data section names none (train/dataset.h).
+  std::string data = "bytes";
 };
 
 // The entry called `name`; throws hap::Error listing the registered names.

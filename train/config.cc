@@ -251,12 +251,15 @@ void check_model(const ModelSection& m, std::int64_t batch_size) {
   }
 }
 
-DataConfig read_data(const Origin& origin, SectionReader& document, const YAML::Node& root) {
+// The data section; without a name it is the model's dataset (nn::ModelEntry::data), and it may
+// be left out when that dataset needs no option.
+DataConfig read_data(const Origin& origin, SectionReader& document, const YAML::Node& root,
+                     const std::string& model_data) {
   DataConfig d;
-  d.name = entry_name(origin, root, "data", d.name, dataset_names());
+  d.name = entry_name(origin, root, "data", model_data, dataset_names());
   const DatasetEntry& entry = find_dataset(d.name);
   const std::vector<std::string_view> keys = entry_keys(entry.options);
-  SectionReader s = document.section("data", keys);
+  SectionReader s = document.section("data", keys, /*optional=*/true);
   s.string("name", d.name, false);
   d.options = read_options(s, entry.options);
   s.finish();
@@ -324,7 +327,7 @@ RunConfig load_run_config(const std::string& path, const std::vector<ConfigOverr
   // once the train section is read.
   ModelSection model = read_model(origin, document, root);
   config.model = model.config;
-  config.data = read_data(origin, document, root);
+  config.data = read_data(origin, document, root, nn::find_model(config.model.name).data);
   SectionReader train = document.section("train", kTrainKeys);
   config.train = read_train(train);
   check_model(model, config.train.batch_size);

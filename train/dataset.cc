@@ -1,6 +1,7 @@
 #include "train/dataset.h"
 
 #include "models/named_registry.h"
+#include "train/image_data.h"
 #include "train/text_corpus.h"
 
 namespace hap::train {
@@ -9,8 +10,9 @@ namespace {
 
 nn::NamedRegistry<DatasetEntry>& registry() {
   // The built-in datasets, one line each.
-  static auto* r = new nn::NamedRegistry<DatasetEntry>(
-      "dataset", [] { return std::vector<DatasetEntry>{bytes_dataset_entry()}; });
+  static auto* r = new nn::NamedRegistry<DatasetEntry>("dataset", [] {
+    return std::vector<DatasetEntry>{bytes_dataset_entry(), images_dataset_entry()};
+  });
   return *r;
 }
 

@@ -2,7 +2,10 @@
 // reused for the same size, and releasing the cache returns them.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "core/allocator.h"
 #include "core/tensor.h"
@@ -107,6 +110,20 @@ TEST(Allocator, BlocksAre64ByteAligned) {
   }
   Tensor z = Tensor::empty({0});
   EXPECT_NE(z.raw_data(), nullptr);
+}
+
+// Under HAP_POISON_ALLOC=1 (the poisoned_* tests run whole suites so) every block, fresh or taken
+// from the cache, starts as 0xFF bytes: NaN as a float, so unwritten outputs cannot pass.
+TEST(Allocator, PoisonedBlocksStartAsNaN) {
+  const char* v = std::getenv("HAP_POISON_ALLOC");
+  if (v == nullptr || std::string(v) == "0" || *v == '\0')
+    GTEST_SKIP() << "runs under HAP_POISON_ALLOC=1 (ctest poisoned_core)";
+  for (int round = 0; round < 2; ++round) {  // the second round reuses the cached block
+    Tensor t = Tensor::empty({1 << 16});
+    const float* p = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); i += 997) EXPECT_TRUE(std::isnan(p[i])) << i;
+    t.fill_(1.0f);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+// The zoo's models against their PyTorch twins (tests/oracle/model_oracle.py, computing in f64
+// from our f32 initial weights and inputs): the loss within 1e-5 and every parameter's gradient
+// within 1e-4 (norm-wise relative). Each model is built by name at a small size whose dimensions
+// divide nothing evenly; its inputs are drawn from its declared InputSpecs.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "models/zoo.h"
+#include "oracle_util.h"
+
+namespace hap {
+namespace {
+
+using oracle::rel_norm_error;
+
+struct OracleCase {
+  std::string model;
+  std::map<std::string, nn::OptionValue> options;  // over the entry's defaults
+  int64_t batch;
+};
+
+// A batch for `inputs`: floats N(0, 1), class indices uniform over their classes.
+NamedTensors draw_inputs(const std::vector<nn::InputSpec>& inputs, uint64_t seed) {
+  NamedTensors out;
+  uint64_t stream = 0;
+  for (const nn::InputSpec& in : inputs) {
+    Tensor u = rand(in.shape, seed, stream++);
+    if (in.dtype == DType::F32) {
+      out.push_back({in.name, randn(in.shape, seed, stream++)});
+      continue;
+    }
+    EXPECT_EQ(in.dtype, DType::I64) << in.name;
+    EXPECT_GT(in.num_classes, 0) << in.name;
+    std::vector<int64_t> ids;
+    for (double r : u.to_vector())
+      ids.push_back(std::min<int64_t>(static_cast<int64_t>(r * static_cast<double>(in.num_classes)),
+                                      in.num_classes - 1));
+    out.push_back({in.name, Tensor::from_vector(ids, in.shape)});
+  }
+  return out;
+}
+
+nlohmann::json options_json(const nn::Options& o) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, v] : o.values()) std::visit([&, key = k](const auto& x) { j[key] = x; }, v);
+  return j;
+}
+
+class ModelOracle : public ::testing::TestWithParam<OracleCase> {};
+
+TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
+  const OracleCase& c = GetParam();
+  const nn::ModelEntry& entry = nn::find_model(c.model);
+  nn::Options options(entry.options);
+  for (const auto& [k, v] : c.options) options.set(k, v);
+  auto model = nn::build_model(entry, options, c.batch, 4242);
+  model->train();
+  const NamedTensors batch = draw_inputs(model->inputs(c.batch), 99);
+
+  const std::string dir = oracle::temp_dir(c.model).string();
+  NamedTensors in = model->named_parameters();
+  in.insert(in.end(), batch.begin(), batch.end());
+  save_tensors(dir + "/in.hapt", in);
+  const nlohmann::json cfg = {
+      {"model", c.model}, {"options", options_json(options)}, {"dtype", "float64"}};
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+  ASSERT_EQ(oracle::run_script("model_oracle.py",
+                               {dir + "/in.hapt", dir + "/config.json", dir + "/out.hapt"}),
+            0);
+  const std::map<std::string, Tensor> ref = oracle::load_map(dir + "/out.hapt");
+  std::filesystem::remove_all(dir);
+
+  Tensor loss = model->loss(nn::Batch(batch.begin(), batch.end()));
+  loss.backward();
+  const double ref_loss = ref.at("loss").item();
+  EXPECT_LE(std::abs(loss.item() - ref_loss) / std::abs(ref_loss), 1e-5)
+      << loss.item() << " vs " << ref_loss;
+  for (auto& [name, p] : model->named_parameters()) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(p.grad().defined());
+    ASSERT_TRUE(ref.count("grad." + name));
+    EXPECT_LE(rel_norm_error(p.grad(), ref.at("grad." + name)), 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Zoo, ModelOracle,
+                         ::testing::Values(OracleCase{"vgg19",
+                                                      {{"width", int64_t{3}},
+                                                       {"hidden", int64_t{13}},
+                                                       {"num_classes", int64_t{7}}},
+                                                      5},
+                                           OracleCase{"vgg19",
+                                                      {{"depth", int64_t{11}},
+                                                       {"image_size", int64_t{64}},
+                                                       {"in_channels", int64_t{2}},
+                                                       {"width", int64_t{5}},
+                                                       {"hidden", int64_t{9}},
+                                                       {"num_classes", int64_t{3}}},
+                                                      3}),
+                         [](const auto& info) {
+                           return info.param.model + "_" + std::to_string(info.index);
+                         });
+
+}  // namespace
+}  // namespace hap

@@ -1,0 +1,138 @@
+// Exactness against one device (DESIGN contract 1), shared by the executor and model tests: plan
+// a traced graph with a strategy on this world's ranks, train it beside the same model on one
+// device, and compare losses, gradients and parameters.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "models/clip.h"
+#include "models/module.h"
+#include "models/optim.h"
+#include "parallel/executor.h"
+#include "parallel/shard.h"
+#include "parallel_test_util.h"
+#include "synth/synthesizer.h"
+
+namespace hap::parallel::testing {
+
+inline synth::Cluster cluster_for(int n) {
+  // Shares 0.5/0.3/0.2 for 3 ranks; other sizes get uneven FLOP/s as well. The devices are slow
+  // (MFLOP/s) so that splitting the work pays even for these tiny models and hap distributes;
+  // with GFLOP/s devices their microseconds of compute cost less than one collective's latency
+  // and replicating everything is (rightly) the cheapest plan.
+  std::vector<double> flops = {5, 3, 2, 1.5};
+  synth::Cluster c;
+  c.name = "test";
+  std::vector<synth::Device> devs;
+  for (int i = 0; i < n; ++i)
+    devs.push_back({"d" + std::to_string(i), "cpu", flops[i] * 1e6, int64_t{1} << 32, -1});
+  c.add_node("n0", {1e9, 1e-5}, devs);
+  return c;
+}
+
+// The box `slice` of a full tensor (all of it for an empty slice), as a fresh tensor.
+inline Tensor box(const Tensor& full, const Shape& local, const LogicalSlice& slice) {
+  return box_of(full, local, slice).clone();
+}
+
+// ||a - b|| / ||b||.
+inline double rel_err(const Tensor& a, const Tensor& b) {
+  std::vector<double> x = a.to_vector(), y = b.to_vector();
+  double num = 0, den = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    num += (x[i] - y[i]) * (x[i] - y[i]);
+    den += y[i] * y[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// The default final check of compare_with_one_device.
+inline void close_parameters(const std::string& name, const Tensor& got, const Tensor& expected) {
+  EXPECT_LE(rel_err(got, expected), 1e-4) << name;
+}
+
+// The plan must really distribute: tp shards some parameter, dp an input, hap either or slices
+// a tensor to work on shards.
+inline void expect_distributed(const synth::Graph& g, const synth::DistributedProgram& plan,
+                               synth::Strategy strategy) {
+  if (world().size() < 2) return;
+  bool sharded = false;
+  for (const synth::GraphTensor& t : g.tensors) {
+    bool param = t.role == synth::TensorRole::Parameter, input = t.role == synth::TensorRole::Input;
+    bool wanted = strategy == synth::Strategy::Tp    ? param
+                  : strategy == synth::Strategy::Hap ? param || input
+                                                     : input;
+    if (wanted) sharded = sharded || plan.storage[t.id].kind == ops::PropKind::Sharded;
+  }
+  // hap may also read an input whole and slice it for free (Replicated -> Sharded).
+  if (strategy == synth::Strategy::Hap)
+    for (const synth::Instruction& in : plan.instructions)
+      sharded = sharded || in.kind == synth::InstrKind::Slice;
+  EXPECT_TRUE(sharded) << "the " << plan.strategy << " plan keeps everything replicated";
+}
+
+// Plans `g` with `strategy` on this world and trains it for `steps` AdamW steps beside `ref` on one
+// device (global-norm clipping at `clip` when > 0), checking the loss at every step, every
+// gradient at the first, and every parameter at the end (final_check(name, distributed, one
+// device); by default a relative error of at most 1e-4).
+inline void compare_with_one_device(
+    const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments, nn::Module& ref,
+    const std::function<Tensor()>& ref_loss, const std::map<std::string, Tensor>& data, int steps,
+    double lr, double clip,
+    const std::function<void(const std::string&, const Tensor&, const Tensor&)>& final_check,
+    const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
+  synth::SynthesisOptions opt;
+  opt.strategy = strategy;
+  opt.segments = segments;
+  synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+  expect_distributed(g, plan, strategy);
+  if (check_plan) check_plan(plan);
+
+  Executor ex(g, plan, world());
+  auto named = ref.named_parameters();
+  ex.materialize_parameters(
+      [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
+        for (auto& [n, p] : named)
+          if (n == name) return box(p, local, s);
+        ADD_FAILURE() << "unknown parameter " << name;
+        return Tensor();
+      });
+  auto inputs = [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
+    return box(data.at(name), local, s);
+  };
+  optim::AdamW dist_opt(optim::weight_decay_groups(ex.parameters(), 0.1),
+                        {lr, {0.9, 0.95}, 1e-8, 0.1});
+  optim::AdamW ref_opt(optim::weight_decay_groups(named, 0.1), {lr, {0.9, 0.95}, 1e-8, 0.1});
+  for (int step = 0; step < steps; ++step) {
+    Tensor local = ex.forward(
+        inputs, {.random_offset = static_cast<uint64_t>(step) * nn::kRandomStreamsPerStep});
+    double loss = ex.global_loss(local);
+    dist_opt.zero_grad();
+    ex.backward(local);
+    ref_opt.zero_grad();
+    Tensor expected = ref_loss();
+    expected.backward();
+    EXPECT_LE(std::abs(loss - expected.item()) / std::abs(expected.item()), 1e-5)
+        << "step " << step;
+    if (step == 0) {
+      for (auto& [name, p] : named) {
+        EXPECT_LE(rel_err(ex.gathered_grad(name), p.grad()), 1e-4) << name;
+      }
+    }
+    if (clip > 0) {
+      double norm = ex.global_grad_norm();
+      double ref_norm = nn::clip_grad_norm_(ref.parameters(), clip);
+      EXPECT_LE(std::abs(norm - ref_norm) / ref_norm, 1e-4) << "step " << step;
+      if (norm > clip) ex.scale_grads(clip / (norm + 1e-6));
+    }
+    dist_opt.step();
+    ref_opt.step();
+  }
+  for (auto& [name, p] : named) final_check(name, ex.gathered_value(name), p);
+}
+
+}  // namespace hap::parallel::testing
