@@ -3,6 +3,7 @@
 #include "models/gpt.h"
 #include "models/named_registry.h"
 #include "models/vgg.h"
+#include "models/vit.h"
 
 namespace hap::nn {
 
@@ -11,7 +12,7 @@ namespace {
 NamedRegistry<ModelEntry>& registry() {
   // The built-in models, one line each.
   static auto* r = new NamedRegistry<ModelEntry>("model", [] {
-    return std::vector<ModelEntry>{gpt_model_entry(), vgg_model_entry()};
+    return std::vector<ModelEntry>{gpt_model_entry(), vgg_model_entry(), vit_model_entry()};
   });
   return *r;
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "models/vgg.h"
+#include "models/vit.h"
 #include "models/zoo.h"
 #include "ops/functional.h"
 #include "tests/test_util.h"
@@ -109,6 +110,66 @@ TEST(Vgg, TheLossIsTheCrossEntropyOfTheLogitsAndRejectsBadLabels) {
   EXPECT_HAS(m1, "vgg19");
   EXPECT_HAS(m1, "4");
   EXPECT_HAS(error_of([&] { vgg.forward(randn({3, 3, 16, 16}, 5, 0)); }), "[B, 3, 32, 32]");
+}
+
+TEST(Vit, ThePaperSizeHas64PatchTokensPlusAClassTokenAndTwelveBlocksOfWidth768) {
+  MetaGuard meta;
+  auto m = build_model(find_model("vit"), options_of("vit", {}), 32, 1);
+  auto& vit = dynamic_cast<ViT&>(*m);
+  EXPECT_EQ(parameter_count(*m), 85152010);
+  EXPECT_EQ(vit.blocks->size(), 12u);
+  EXPECT_EQ(vit.pos_embed.shape(), (Shape{1, 65, 768}));
+  EXPECT_EQ(vit.cls_token.shape(), (Shape{1, 1, 768}));
+  EXPECT_EQ(vit.patch->weight.shape(), (Shape{768, 3, 4, 4}));
+  EXPECT_EQ(vit.blocks->at<TransformerBlock>(0)->mlp->fc->weight.shape(), (Shape{3072, 768}));
+  EXPECT_FALSE(vit.blocks->at<TransformerBlock>(0)->attn->options().causal());
+  EXPECT_EQ(find_model("vit").data, "images");
+}
+
+TEST(Vit, OptionsOutsideWhatTheModelCanTakeNameTheKey) {
+  const ModelEntry& e = find_model("vit");
+  auto key_of = [&](std::map<std::string, OptionValue> set) -> std::string {
+    try {
+      build_model(e, options_of("vit", set), 4, 1);
+    } catch (const OptionError& err) {
+      return err.key() + ": " + err.expectation();
+    }
+    return "no error";
+  };
+  EXPECT_HAS(key_of({{"patch_size", int64_t{5}}}),
+             "patch_size: a divisor of model.image_size = 32");
+  EXPECT_HAS(key_of({{"n_head", int64_t{7}}}), "n_embd: a multiple of model.n_head = 7");
+}
+
+TEST(Vit, EveryPositionSeesEveryOtherAndTheHeadReadsTheClassToken) {
+  auto m = build_model(find_model("vit"),
+                       options_of("vit", {{"image_size", int64_t{8}},
+                                          {"patch_size", int64_t{4}},
+                                          {"n_layer", int64_t{1}},
+                                          {"n_head", int64_t{2}},
+                                          {"n_embd", int64_t{8}},
+                                          {"hidden", int64_t{16}},
+                                          {"num_classes", int64_t{3}}}),
+                       2, 3);
+  auto& vit = dynamic_cast<ViT&>(*m);
+  m->eval();
+  Tensor images = randn({2, 3, 8, 8}, 4, 0);
+  const std::vector<double> before = vit.forward(images).to_vector();
+  // Changing only the last patch (bottom right) of the first image changes the class token's
+  // logits of that image alone: attention is bidirectional and examples are independent.
+  std::vector<double> px = images.to_vector();
+  for (int c = 0; c < 3; ++c)
+    for (int y = 4; y < 8; ++y)
+      for (int x = 4; x < 8; ++x) px[(c * 8 + y) * 8 + x] += 1.0;
+  std::vector<float> pf(px.begin(), px.end());
+  const std::vector<double> after = vit.forward(Tensor::from_vector(pf, {2, 3, 8, 8})).to_vector();
+  double changed = 0;
+  for (int k = 0; k < 3; ++k) changed += std::abs(after[k] - before[k]);
+  EXPECT_GT(changed, 1e-4);
+  for (int k = 3; k < 6; ++k) EXPECT_EQ(after[k], before[k]);
+  Tensor labels = Tensor::from_vector(std::vector<int64_t>{2, 0}, {2});
+  EXPECT_NEAR(m->loss({{"images", images}, {"labels", labels}}).item(),
+              cross_entropy(vit.forward(images), labels).item(), 1e-6);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ the ones the C++ model registers. Dropout must be 0 (the oracle has no access to
 """
 
 import json
+import math
 import os
 import sys
 from collections import OrderedDict
@@ -68,8 +69,87 @@ def vgg_loss(p, inputs, o):
     return F.cross_entropy(logits, inputs["labels"])
 
 
+# ---------------------------------------------------------------------------------------------
+# Transformer blocks shared by vit and bert: pre-norm, x + attn(ln1(x)), x + mlp(ln2(x)).
+
+LN_EPS = 1e-5
+
+
+def self_attention(x, p, prefix, n_head, causal):
+    B, T, C = x.shape
+    D = C // n_head
+    qkv = F.linear(x, p[prefix + "qkv.weight"], p[prefix + "qkv.bias"])
+    q, k, v = (t.view(B, T, n_head, D).transpose(1, 2) for t in qkv.split(C, dim=2))
+    att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool).triu(diagonal=1)
+        att = att.masked_fill(future, float("-inf"))
+    y = (att.softmax(dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+    return F.linear(y, p[prefix + "proj.weight"], p[prefix + "proj.bias"])
+
+
+def block(x, p, prefix, n_head, causal):
+    C = x.shape[-1]
+    h = F.layer_norm(x, (C,), p[prefix + "ln1.weight"], p[prefix + "ln1.bias"], LN_EPS)
+    x = x + self_attention(h, p, prefix + "attn.", n_head, causal)
+    h = F.layer_norm(x, (C,), p[prefix + "ln2.weight"], p[prefix + "ln2.bias"], LN_EPS)
+    h = F.gelu(F.linear(h, p[prefix + "mlp.fc.weight"], p[prefix + "mlp.fc.bias"]), approximate="tanh")
+    return x + F.linear(h, p[prefix + "mlp.proj.weight"], p[prefix + "mlp.proj.bias"])
+
+
+def block_shapes(shapes, prefix, C, hidden):
+    shapes[prefix + "ln1.weight"] = (C,)
+    shapes[prefix + "ln1.bias"] = (C,)
+    shapes[prefix + "attn.qkv.weight"] = (3 * C, C)
+    shapes[prefix + "attn.qkv.bias"] = (3 * C,)
+    shapes[prefix + "attn.proj.weight"] = (C, C)
+    shapes[prefix + "attn.proj.bias"] = (C,)
+    shapes[prefix + "ln2.weight"] = (C,)
+    shapes[prefix + "ln2.bias"] = (C,)
+    shapes[prefix + "mlp.fc.weight"] = (hidden, C)
+    shapes[prefix + "mlp.fc.bias"] = (hidden,)
+    shapes[prefix + "mlp.proj.weight"] = (C, hidden)
+    shapes[prefix + "mlp.proj.bias"] = (C,)
+
+
+# ---------------------------------------------------------------------------------------------
+# vit: patch convolution (stride = kernel = patch), class token, positions, bidirectional
+# blocks, final LayerNorm, head on the class token. Inputs images, labels as vgg19.
+
+
+def vit_parameter_shapes(o):
+    C, P = o["n_embd"], o["patch_size"]
+    N = (o["image_size"] // P) ** 2
+    shapes = OrderedDict()
+    shapes["patch.weight"] = (C, o["in_channels"], P, P)
+    shapes["patch.bias"] = (C,)
+    shapes["cls_token"] = (1, 1, C)
+    shapes["pos_embed"] = (1, N + 1, C)
+    for i in range(o["n_layer"]):
+        block_shapes(shapes, f"blocks.{i}.", C, o["hidden"])
+    shapes["ln_f.weight"] = (C,)
+    shapes["ln_f.bias"] = (C,)
+    shapes["head.weight"] = (o["num_classes"], C)
+    shapes["head.bias"] = (o["num_classes"],)
+    return shapes
+
+
+def vit_loss(p, inputs, o):
+    images = inputs["images"]
+    B, C = images.shape[0], o["n_embd"]
+    x = F.conv2d(images, p["patch.weight"], p["patch.bias"], stride=o["patch_size"])
+    x = x.reshape(B, C, -1).transpose(1, 2)
+    x = torch.cat([p["cls_token"].expand(B, 1, C), x], dim=1) + p["pos_embed"]
+    for i in range(o["n_layer"]):
+        x = block(x, p, f"blocks.{i}.", o["n_head"], causal=False)
+    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
+    logits = F.linear(x[:, 0], p["head.weight"], p["head.bias"])
+    return F.cross_entropy(logits, inputs["labels"])
+
+
 MODELS = {
     "vgg19": (vgg_parameter_shapes, vgg_loss, ("images", "labels")),
+    "vit": (vit_parameter_shapes, vit_loss, ("images", "labels")),
 }
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}

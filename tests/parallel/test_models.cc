@@ -22,7 +22,6 @@
 namespace hap::parallel {
 namespace {
 
-using testing::close_parameters;
 using testing::compare_with_one_device;
 using testing::world;
 
@@ -71,7 +70,7 @@ void check_model(const ModelCase& c, synth::Strategy strategy, int steps, double
   ref->train();
   compare_with_one_device(
       g, strategy, synth::SegmentMode::PerBlock, *ref, [&] { return ref->loss(batch); }, tensors,
-      steps, 2e-3, 0.5, close_parameters);
+      steps, 2e-3, 0.5, testing::close_parameters_with_attention(2e-3, steps));
 }
 
 // Width 4 (not 2): with two channels per stage, ReLUs die and the activations that reach the
@@ -79,11 +78,27 @@ void check_model(const ModelCase& c, synth::Strategy strategy, int steps, double
 const ModelCase kVgg{
     "vgg19", {{"width", int64_t{4}}, {"hidden", int64_t{12}}, {"num_classes", int64_t{5}}}, 7};
 
+const ModelCase kVit{"vit",
+                     {{"image_size", int64_t{12}},
+                      {"patch_size", int64_t{3}},
+                      {"in_channels", int64_t{2}},
+                      {"num_classes", int64_t{5}},
+                      {"n_layer", int64_t{2}},
+                      {"n_head", int64_t{3}},
+                      {"n_embd", int64_t{18}},
+                      {"hidden", int64_t{20}}},
+                     7};
+
 class Models : public ::testing::TestWithParam<synth::Strategy> {};
 
 TEST_P(Models, Vgg19MatchesOneDevice) { check_model(kVgg, GetParam(), 1, 0.0); }
 TEST_P(Models, Vgg19ParametersMatchAfterTenAdamWStepsWithDropout) {
   check_model(kVgg, GetParam(), 10, 0.1);
+}
+
+TEST_P(Models, VitMatchesOneDevice) { check_model(kVit, GetParam(), 1, 0.0); }
+TEST_P(Models, VitParametersMatchAfterTenAdamWStepsWithDropout) {
+  check_model(kVit, GetParam(), 10, 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Models,

@@ -45,7 +45,9 @@ TEST_P(ShippedConfig, TrainsOutOfTheBoxAndTheValidationLossFalls) {
   EXPECT_LT(val, c.fall * first) << c.file << ": first loss " << first << ", val loss " << val;
 }
 
-INSTANTIATE_TEST_SUITE_P(Zoo, ShippedConfig, ::testing::Values(ConfigCase{"vgg19.yaml", 60, 0.85}),
+INSTANTIATE_TEST_SUITE_P(Zoo, ShippedConfig,
+                         ::testing::Values(ConfigCase{"vgg19.yaml", 60, 0.85},
+                                           ConfigCase{"vit.yaml", 40, 0.7}),
                          [](const auto& info) {
                            std::string n = info.param.file.substr(0, info.param.file.find('.'));
                            for (char& ch : n)
