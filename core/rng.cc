@@ -48,6 +48,16 @@ void for_each_logical(const Tensor& out, const LogicalSlice& slice, F&& f) {
   }
 }
 
+}  // namespace
+
+void for_each_logical_index(const Shape& shape, const LogicalSlice& slice,
+                            const std::function<void(int64_t, uint64_t)>& f) {
+  Tensor probe = Tensor::meta(shape, DType::U8);
+  for_each_logical(probe, slice, f);
+}
+
+namespace {
+
 template <typename G>
 void fill_with(const Tensor& out, const LogicalSlice& slice, const char* what, G&& gen) {
   if (!out.has_storage()) return;  // shape-only (MetaGuard)

@@ -2,6 +2,7 @@
 // (seed, stream, i); a shard draws exactly its slice of the logical tensor's numbers.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "core/tensor.h"
 
@@ -21,6 +22,11 @@ void fill_normal(const Tensor& out, uint64_t seed, uint64_t stream, double mean,
 // 1 with probability keep_prob, else 0 (dropout masks).
 void fill_bernoulli(const Tensor& out, uint64_t seed, uint64_t stream, double keep_prob,
                     const LogicalSlice& slice = {});
+
+// Calls f(i, logical) for every element i (row-major) of a tensor of `shape` that holds the box
+// `slice` of a logical tensor, with i's flat index in the logical tensor (slice empty: i itself).
+void for_each_logical_index(const Shape& shape, const LogicalSlice& slice,
+                            const std::function<void(int64_t, uint64_t)>& f);
 
 Tensor randn(const Shape& shape, uint64_t seed, uint64_t stream = 0, TensorOptions opt = {});
 Tensor rand(const Shape& shape, uint64_t seed, uint64_t stream = 0, TensorOptions opt = {});

@@ -1,5 +1,6 @@
 #include "models/zoo.h"
 
+#include "models/bert.h"
 #include "models/gpt.h"
 #include "models/named_registry.h"
 #include "models/vgg.h"
@@ -12,7 +13,8 @@ namespace {
 NamedRegistry<ModelEntry>& registry() {
   // The built-in models, one line each.
   static auto* r = new NamedRegistry<ModelEntry>("model", [] {
-    return std::vector<ModelEntry>{gpt_model_entry(), vgg_model_entry(), vit_model_entry()};
+    return std::vector<ModelEntry>{bert_model_entry(), gpt_model_entry(), vgg_model_entry(),
+                                   vit_model_entry()};
   });
   return *r;
 }

@@ -39,6 +39,21 @@ struct RandomAttrs {
   uint64_t stream = 0;
   LogicalSlice slice;
 };
+// MaskTokens: BERT's masked-language-model corruption of token ids. Each logical position is
+// chosen with probability p; a chosen id becomes mask_id (80%), a token drawn uniformly from
+// [0, vocab) (10%) or stays itself (10%). With `targets` the op gives the original id at chosen
+// positions and ignore_index elsewhere, so the two calls with the same (seed, stream) pair up.
+// The draws for logical element i depend only on (seed, stream, i), so shards draw their slice.
+struct MaskTokensAttrs {
+  double p = 0.15;
+  int64_t mask_id = 0;
+  int64_t vocab = 1;
+  int64_t ignore_index = -100;
+  bool targets = false;
+  uint64_t seed = 0;
+  uint64_t stream = 0;
+  LogicalSlice slice;
+};
 struct ShapeAttrs {  // Reshape, Expand, SumTo
   Shape shape;
 };
@@ -118,7 +133,7 @@ struct OptimizerAttrs {
 using Attrs = std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs,
                            RandomAttrs, ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs,
                            CrossEntropyAttrs, TargetAttrs, AttentionAttrs, TopKAttrs, ScatterAttrs,
-                           CastAttrs, OptimizerAttrs, Conv2dAttrs, Pool2dAttrs>;
+                           CastAttrs, OptimizerAttrs, Conv2dAttrs, Pool2dAttrs, MaskTokensAttrs>;
 
 // Human-readable "key=value" list, for graph dumps and error messages.
 std::string attrs_str(const Attrs& attrs);

@@ -187,6 +187,14 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
   return call1(OpKind::Dropout, {x}, ops::RandomAttrs{p, seed, stream, slice});
 }
 
+std::pair<Tensor, Tensor> mask_tokens(const Tensor& ids, double p, int64_t mask_id, int64_t vocab,
+                                      uint64_t seed, uint64_t stream, int64_t ignore_index) {
+  ops::MaskTokensAttrs a{p, mask_id, vocab, ignore_index, false, seed, stream, {}};
+  Tensor inputs = call1(OpKind::MaskTokens, {ids}, a);
+  a.targets = true;
+  return {inputs, call1(OpKind::MaskTokens, {ids}, a)};
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }

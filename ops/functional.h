@@ -99,6 +99,11 @@ Tensor embedding(const Tensor& weight, const Tensor& ids);
 Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t stream,
                const LogicalSlice& slice = {});
 
+// BERT's masked-LM corruption (ops::MaskTokensAttrs): ids i64 [...] -> (corrupted ids, targets:
+// the original id where a position was chosen, ignore_index elsewhere). Not differentiable.
+std::pair<Tensor, Tensor> mask_tokens(const Tensor& ids, double p, int64_t mask_id, int64_t vocab,
+                                      uint64_t seed, uint64_t stream, int64_t ignore_index = -100);
+
 // ---- losses and attention ----
 // logits: [N, V], targets: i64 [N]; mean over targets != ignore_index. When no target counts
 // (all ignored, or N = 0) the mean is 0 with zero gradients; PyTorch gives nan there.

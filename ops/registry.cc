@@ -116,6 +116,11 @@ struct AttrPrinter {
     os << "kernel=" << pair(a.kernel) << " stride=" << pair(a.stride)
        << " padding=" << pair(a.padding);
   }
+  void operator()(const MaskTokensAttrs& a) {
+    os << "p=" << a.p << " mask_id=" << a.mask_id << " vocab=" << a.vocab
+       << " ignore_index=" << a.ignore_index << (a.targets ? " targets" : " inputs")
+       << " seed=" << a.seed << " stream=" << a.stream;
+  }
   static std::string pair(const std::array<int64_t, 2>& v) { return vec_str({v[0], v[1]}); }
 };
 }  // namespace

@@ -34,8 +34,9 @@ class Engine {
   virtual void scale_grads(double factor) = 0;
   // One optimizer update of what this rank stores.
   virtual void update(optim::Optimizer& optimizer) = 0;
-  // The global loss of validation batch `index`, without dropout or gradients.
-  virtual double eval_loss(uint64_t index) = 0;
+  // The global loss of validation batch `index`, without dropout or gradients; random ops that
+  // stay on in evaluation (a masked-LM's masking) draw from (seed, step 0's streams).
+  virtual double eval_loss(uint64_t index, uint64_t random_seed) = 0;
 
   // Checkpoints hold logical tensors: the full tensor of a local one laid out like parameter
   // `name` (a collective on ranks: every rank calls it, in the same order), and this rank's part

@@ -73,9 +73,10 @@ class LocalEngine : public Engine {
 
   void update(optim::Optimizer& optimizer) override { optimizer.step(); }
 
-  double eval_loss(uint64_t index) override {
+  double eval_loss(uint64_t index, uint64_t random_seed) override {
     NoGradGuard no_grad;
     model_->eval();
+    if (model_->random_seed() != random_seed) model_->set_random_seed(random_seed);
     nn::Batch batch = data_->read(Split::kVal, index, 0, config_.batch_size);
     check_batch(batch, inputs_, 0, config_.batch_size);
     const double loss = model_->loss(batch).item();

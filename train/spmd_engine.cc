@@ -73,10 +73,10 @@ class SpmdEngine : public Engine {
     executor_->update([&](const std::vector<Tensor>& params) { optimizer.step(params); });
   }
 
-  double eval_loss(uint64_t index) override {
+  double eval_loss(uint64_t index, uint64_t random_seed) override {
     NoGradGuard no_grad;
-    return executor_->global_loss(
-        executor_->forward(source(Split::kVal, index), {.training = false}));
+    return executor_->global_loss(executor_->forward(
+        source(Split::kVal, index), {.random_seed = random_seed, .training = false}));
   }
 
   Tensor logical(const std::string& name, const Tensor& local) const override {

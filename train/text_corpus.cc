@@ -87,11 +87,17 @@ namespace {
 
 class ByteDataset : public Dataset {
  public:
-  ByteDataset(TextCorpus corpus, std::string path, int64_t seq_len, uint64_t seed)
-      : corpus_(std::move(corpus)), path_(std::move(path)), seq_len_(seq_len), seed_(seed) {}
+  ByteDataset(TextCorpus corpus, std::string path, int64_t seq_len, uint64_t seed,
+              bool with_targets)
+      : corpus_(std::move(corpus)),
+        path_(std::move(path)),
+        seq_len_(seq_len),
+        seed_(seed),
+        with_targets_(with_targets) {}
 
   nn::Batch read(Split split, uint64_t index, int64_t row_begin, int64_t row_end) const override {
     TextWindows w = corpus_.batch(split, seq_len_, seed_, index, row_begin, row_end);
+    if (!with_targets_) return {{"idx", w.idx}};
     return {{"idx", w.idx}, {"targets", w.targets}};
   }
 
@@ -106,19 +112,22 @@ class ByteDataset : public Dataset {
   std::string path_;
   int64_t seq_len_;
   uint64_t seed_;
+  bool with_targets_;
 };
 
-// The window length the model's inputs ask for; throws naming what does not fit.
-int64_t window_length(const std::vector<nn::InputSpec>& inputs) {
+// The window length the model's inputs ask for (idx, and targets unless the model makes its own,
+// as a masked-LM does); throws naming what does not fit.
+int64_t window_length(const std::vector<nn::InputSpec>& inputs, bool* with_targets) {
   std::string needed;
   for (const nn::InputSpec& in : inputs) needed += (needed.empty() ? "" : ", ") + nn::input_str(in);
   const std::string offer =
-      "data 'bytes' gives the inputs idx and targets, i64 [batch, T] with batch dim 0 and token "
-      "ids "
-      "in [0, 256); the model needs ";
-  HAP_CHECK(inputs.size() == 2, offer, needed);
+      "data 'bytes' gives the inputs idx and (optionally) targets, i64 [batch, T] with batch dim 0 "
+      "and token ids in [0, 256); the model needs ";
+  HAP_CHECK(inputs.size() == 1 || inputs.size() == 2, offer, needed);
+  *with_targets = inputs.size() == 2;
   int64_t T = -1;
   for (const std::string name : {"idx", "targets"}) {
+    if (name == "targets" && !*with_targets) break;
     auto it = std::find_if(inputs.begin(), inputs.end(),
                            [&](const nn::InputSpec& s) { return s.name == name; });
     HAP_CHECK(it != inputs.end(), offer, needed);
@@ -148,10 +157,11 @@ DatasetEntry bytes_dataset_entry() {
   };
   e.open = [](const nn::Options& o, const std::vector<nn::InputSpec>& inputs,
               uint64_t seed) -> std::shared_ptr<Dataset> {
-    const int64_t T = window_length(inputs);
+    bool with_targets = true;
+    const int64_t T = window_length(inputs, &with_targets);
     const std::string& path = o.string("path");
     return std::make_shared<ByteDataset>(TextCorpus::load(path, o.number("val_fraction"), T), path,
-                                         T, seed);
+                                         T, seed, with_targets);
   };
   return e;
 }

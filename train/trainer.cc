@@ -102,7 +102,7 @@ Tensor Trainer::parameter(const std::string& name) const {
 double Trainer::evaluate() {
   double sum = 0;
   for (int64_t b = 0; b < config_.eval_batches; ++b)
-    sum += engine_->eval_loss(static_cast<uint64_t>(b));
+    sum += engine_->eval_loss(static_cast<uint64_t>(b), random_seed_);
   return sum / static_cast<double>(config_.eval_batches);
 }
 

@@ -6,6 +6,8 @@
 #include <limits>
 #include <string>
 
+#include "core/philox.h"
+#include "core/rng.h"
 #include "ops/cpu/loops.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
@@ -596,6 +598,66 @@ void def_embedding(OpTable& t) {
   };
 }
 
+// ---- MaskTokens: the masked-LM corruption of token ids (MaskTokensAttrs) ----
+
+// The draw for logical position `i`: chosen or not, and what a chosen input becomes.
+int64_t masked_token(const MaskTokensAttrs& a, int64_t id, uint64_t i) {
+  const auto w = philox_words(a.seed, a.stream, i);
+  constexpr double kWord = 1.0 / 4294967296.0;
+  const bool chosen = static_cast<double>(w[0]) * kWord < a.p;
+  if (a.targets) return chosen ? id : a.ignore_index;
+  if (!chosen) return id;
+  const double u = static_cast<double>(w[1]) * kWord;
+  if (u < 0.8) return a.mask_id;
+  if (u < 0.9) return static_cast<int64_t>(w[2] % static_cast<uint32_t>(a.vocab));
+  return id;
+}
+
+// A shard draws its slice of the logical positions with the step's streams and the run's seed.
+std::vector<Tensor> mask_tokens_local(ShardContext& ctx, const std::vector<Tensor>& inputs,
+                                      const Attrs& attrs) {
+  MaskTokensAttrs a = attr<MaskTokensAttrs>(attrs);
+  a.stream += ctx.random_offset();
+  if (ctx.random_seed()) a.seed = *ctx.random_seed();
+  a.slice = ctx.input_slice(0);
+  return {call1(OpKind::MaskTokens, inputs, a)};
+}
+
+void def_mask_tokens(OpTable& t) {
+  OpDef& d = def_of(t, OpKind::MaskTokens);
+  d.name = "mask_tokens";
+  d.num_inputs = 1;
+  d.infer = [](const Metas& in, const Attrs& attrs) {
+    const MaskTokensAttrs& a = attr<MaskTokensAttrs>(attrs);
+    HAP_CHECK(in[0].dtype == DType::I64, "mask_tokens: ids must be i64, got ",
+              dtype_name(in[0].dtype));
+    HAP_CHECK(a.p >= 0 && a.p <= 1, "mask_tokens: probability must be in [0, 1], got ", a.p);
+    HAP_CHECK(a.vocab >= 1 && a.vocab <= (int64_t{1} << 32),
+              "mask_tokens: vocab must be in [1, 2^32], got ", a.vocab);
+    return Metas{{in[0].shape, DType::I64}};
+  };
+  d.flops = [](const Metas&, const Metas&, const Attrs&) { return 0.0; };
+  d.shard = [](const Metas& in, const Metas&, const Attrs&) {
+    std::vector<ShardSignature> sigs;
+    for (int64_t dim = 0; dim < static_cast<int64_t>(in[0].shape.size()); ++dim)
+      sigs.push_back({{Prop::sharded(dim)}, {Prop::sharded(dim)}});
+    return sigs;
+  };
+  d.local = mask_tokens_local;
+  d.saves_inputs = false;
+  d.cpu = [](const KernelContext& c) {
+    const MaskTokensAttrs& a = attr<MaskTokensAttrs>(c.attrs);
+    Tensor ids = c.inputs[0].contiguous();
+    Tensor out = c.alloc(0);
+    const int64_t* pi = ids.data<int64_t>();
+    int64_t* po = out.data<int64_t>();
+    for_each_logical_index(ids.shape(), a.slice, [&](int64_t i, uint64_t logical) {
+      po[i] = masked_token(a, pi[i], logical);
+    });
+    return std::vector<Tensor>{out};
+  };
+}
+
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
@@ -604,6 +666,7 @@ void register_nn_ops(OpTable& t) {
   def_norm<false>(t);
   def_norm<true>(t);
   def_embedding(t);
+  def_mask_tokens(t);
 }
 
 }  // namespace hap::ops

@@ -36,7 +36,7 @@ TEST(Zoo, GptIsRegisteredWithItsOptions) {
   for (const OptionSpec& s : e.options) names.push_back(s.name);
   EXPECT_EQ(names, (std::vector<std::string>{"vocab_size", "block_size", "seq_len", "n_layer",
                                              "n_head", "n_embd", "dropout", "bias"}));
-  EXPECT_EQ(model_names().front(), "gpt");
+  EXPECT_EQ(model_names(), (std::vector<std::string>{"bert", "gpt", "vgg19", "vit"}));
 }
 
 TEST(Zoo, AnUnknownNameListsTheRegisteredOnes) {
@@ -124,6 +124,22 @@ TEST(Zoo, AProgramRegistersItsOwnModelOnce) {
   ModelEntry nameless = e;
   nameless.name = "";
   EXPECT_HAS(error_of([&] { register_model(nameless); }), "name is empty");
+}
+
+// Ranks build models shape-only and draw their shards of each parameter from its init rule, so
+// every parameter of every model in the zoo needs one.
+TEST(Zoo, EveryParameterOfEveryModelHasAnInitRule) {
+  for (const std::string& name : model_names()) {
+    if (name == "line-test") continue;
+    const ModelEntry& e = find_model(name);
+    Options o(e.options);
+    for (const OptionSpec& s : e.options)
+      if (!o.has(s.name) && s.type == OptionType::Integer) o.set(s.name, int64_t{4});
+    MetaGuard meta;
+    auto m = build_model(e, o, 2, 1);
+    for (const auto& [param, t] : m->named_parameters())
+      EXPECT_NE(m->init_rule_of(param).kind, ParamInit::Kind::Keep) << name << ": " << param;
+  }
 }
 
 TEST(Module, PathsFollowTheTreeAndTheFirstRegistration) {

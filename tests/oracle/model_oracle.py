@@ -147,9 +147,56 @@ def vit_loss(p, inputs, o):
     return F.cross_entropy(logits, inputs["labels"])
 
 
+# ---------------------------------------------------------------------------------------------
+# bert: token + position embeddings, embedding LayerNorm, blocks (causal unless mlm), final
+# LayerNorm, head dense -> gelu -> LayerNorm -> tied decoder + bias. Inputs: idx, targets
+# (causal); under mlm the C++ test passes the corrupted ids and targets the model drew
+# (`mlm.inputs`, `mlm.targets`: the oracle cannot replay our generator) beside idx.
+
+
+def bert_parameter_shapes(o):
+    C, H = o["n_embd"], o["hidden"]
+    V = o["vocab_size"] + (1 if o["objective"] == "mlm" else 0)
+    shapes = OrderedDict()
+    shapes["wte.weight"] = (V, C)
+    shapes["wpe.weight"] = (o["seq_len"], C)
+    shapes["ln_emb.weight"] = (C,)
+    shapes["ln_emb.bias"] = (C,)
+    for i in range(o["n_layer"]):
+        block_shapes(shapes, f"blocks.{i}.", C, H)
+    shapes["ln_f.weight"] = (C,)
+    shapes["ln_f.bias"] = (C,)
+    shapes["head.bias"] = (V,)
+    shapes["head.dense.weight"] = (C, C)
+    shapes["head.dense.bias"] = (C,)
+    shapes["head.ln.weight"] = (C,)
+    shapes["head.ln.bias"] = (C,)
+    return shapes
+
+
+def bert_inputs(o):
+    return ("idx", "mlm.inputs", "mlm.targets") if o["objective"] == "mlm" else ("idx", "targets")
+
+
+def bert_loss(p, inputs, o):
+    mlm = o["objective"] == "mlm"
+    idx, targets = (inputs["mlm.inputs"], inputs["mlm.targets"]) if mlm else (inputs["idx"], inputs["targets"])
+    C = o["n_embd"]
+    x = F.embedding(idx, p["wte.weight"]) + p["wpe.weight"]
+    x = F.layer_norm(x, (C,), p["ln_emb.weight"], p["ln_emb.bias"], LN_EPS)
+    for i in range(o["n_layer"]):
+        x = block(x, p, f"blocks.{i}.", o["n_head"], causal=not mlm)
+    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
+    x = F.gelu(F.linear(x, p["head.dense.weight"], p["head.dense.bias"]), approximate="tanh")
+    x = F.layer_norm(x, (C,), p["head.ln.weight"], p["head.ln.bias"], LN_EPS)
+    logits = F.linear(x, p["wte.weight"], p["head.bias"])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+
+
 MODELS = {
-    "vgg19": (vgg_parameter_shapes, vgg_loss, ("images", "labels")),
-    "vit": (vit_parameter_shapes, vit_loss, ("images", "labels")),
+    "vgg19": (vgg_parameter_shapes, vgg_loss, lambda o: ("images", "labels")),
+    "vit": (vit_parameter_shapes, vit_loss, lambda o: ("images", "labels")),
+    "bert": (bert_parameter_shapes, bert_loss, bert_inputs),
 }
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -181,9 +228,10 @@ def read_config(path):
 
 def run(in_path, config_path, out_path):
     name, options, dtype = read_config(config_path)
-    shapes_of, loss_of, input_names = MODELS[name]
+    shapes_of, loss_of, inputs_of = MODELS[name]
     try:
         shapes = shapes_of(options)
+        input_names = inputs_of(options)
     except KeyError as e:
         raise OracleError(f"{config_path}: option {e} is missing for model {name}") from None
     try:

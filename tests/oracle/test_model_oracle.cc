@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/rng.h"
+#include "models/bert.h"
 #include "models/zoo.h"
 #include "oracle_util.h"
 
@@ -18,7 +19,16 @@ struct OracleCase {
   std::string model;
   std::map<std::string, nn::OptionValue> options;  // over the entry's defaults
   int64_t batch;
+  // Tensors the twin needs beside the parameters and inputs (what the model draws from our
+  // generator, which the oracle cannot replay).
+  std::function<NamedTensors(nn::Model&, const NamedTensors& batch)> extra = {};
 };
+
+// A masked-LM's corrupted ids and targets for this step, as its loss will draw them.
+NamedTensors bert_masks(nn::Model& m, const NamedTensors& batch) {
+  auto [inputs, targets] = dynamic_cast<nn::BERT&>(m).masked(batch.at(0).second);
+  return {{"mlm.inputs", inputs}, {"mlm.targets", targets}};
+}
 
 // A batch for `inputs`: floats N(0, 1), class indices uniform over their classes.
 NamedTensors draw_inputs(const std::vector<nn::InputSpec>& inputs, uint64_t seed) {
@@ -61,6 +71,10 @@ TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
   const std::string dir = oracle::temp_dir(c.model).string();
   NamedTensors in = model->named_parameters();
   in.insert(in.end(), batch.begin(), batch.end());
+  if (c.extra) {
+    const NamedTensors more = c.extra(*model, batch);
+    in.insert(in.end(), more.begin(), more.end());
+  }
   save_tensors(dir + "/in.hapt", in);
   const nlohmann::json cfg = {
       {"model", c.model}, {"options", options_json(options)}, {"dtype", "float64"}};
@@ -107,9 +121,32 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ModelOracle,
                                                        {"n_head", int64_t{3}},
                                                        {"n_embd", int64_t{18}},
                                                        {"hidden", int64_t{20}}},
-                                                      3}),
+                                                      3},
+                                           OracleCase{"bert",
+                                                      {{"vocab_size", int64_t{37}},
+                                                       {"seq_len", int64_t{9}},
+                                                       {"n_layer", int64_t{2}},
+                                                       {"n_head", int64_t{3}},
+                                                       {"n_embd", int64_t{18}},
+                                                       {"hidden", int64_t{22}}},
+                                                      3},
+                                           OracleCase{"bert",
+                                                      {{"vocab_size", int64_t{37}},
+                                                       {"seq_len", int64_t{9}},
+                                                       {"n_layer", int64_t{2}},
+                                                       {"n_head", int64_t{3}},
+                                                       {"n_embd", int64_t{18}},
+                                                       {"hidden", int64_t{22}},
+                                                       {"objective", std::string("mlm")},
+                                                       {"mask_prob", 0.3}},
+                                                      3,
+                                                      bert_masks}),
                          [](const auto& info) {
-                           return info.param.model + "_" + std::to_string(info.index);
+                           std::string objective;
+                           if (info.param.options.count("objective"))
+                             objective =
+                                 "_" + std::get<std::string>(info.param.options.at("objective"));
+                           return info.param.model + objective + "_" + std::to_string(info.index);
                          });
 
 }  // namespace

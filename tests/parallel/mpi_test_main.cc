@@ -5,7 +5,8 @@
 // exits non-zero on every rank if any rank failed. An exception escaping a test body on one rank
 // would leave the other ranks waiting in that test's next collective, so it aborts the job at
 // once (after printing it). A watchdog ends a rank that hangs anyway (a mismatched collective)
-// with a message naming the test, instead of waiting for ctest's timeout.
+// with a message naming the test, instead of waiting for ctest's timeout; it is re-armed at the
+// start of every test, so it bounds one test, not the whole run.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -21,7 +22,7 @@ namespace {
 using hap::parallel::Communicator;
 using hap::parallel::ReduceOp;
 
-constexpr unsigned kWatchdogSeconds = 100;
+constexpr unsigned kWatchdogSeconds = 60;  // per test
 char g_current_test[256] = "(none)";
 
 void on_watchdog(int) {
@@ -55,6 +56,7 @@ class RankAgreement : public ::testing::EmptyTestEventListener {
   void OnTestStart(const ::testing::TestInfo& info) override {
     std::snprintf(g_current_test, sizeof g_current_test, "%s.%s", info.test_suite_name(),
                   info.name());
+    alarm(kWatchdogSeconds);
   }
   void OnTestPartResult(const ::testing::TestPartResult& r) override {
     if (!r.failed() || std::strstr(r.message(), "thrown in the test body") == nullptr) return;

@@ -89,6 +89,17 @@ const ModelCase kVit{"vit",
                       {"hidden", int64_t{20}}},
                      7};
 
+const std::map<std::string, nn::OptionValue> kBertSize = {
+    {"vocab_size", int64_t{256}}, {"seq_len", int64_t{9}}, {"n_layer", int64_t{2}},
+    {"n_head", int64_t{3}},       {"n_embd", int64_t{18}}, {"hidden", int64_t{22}}};
+const ModelCase kBert{"bert", kBertSize, 7};
+ModelCase bert_mlm() {
+  ModelCase c{"bert", kBertSize, 7};
+  c.options["objective"] = std::string("mlm");
+  c.options["mask_prob"] = 0.3;
+  return c;
+}
+
 class Models : public ::testing::TestWithParam<synth::Strategy> {};
 
 TEST_P(Models, Vgg19MatchesOneDevice) { check_model(kVgg, GetParam(), 1, 0.0); }
@@ -99,6 +110,15 @@ TEST_P(Models, Vgg19ParametersMatchAfterTenAdamWStepsWithDropout) {
 TEST_P(Models, VitMatchesOneDevice) { check_model(kVit, GetParam(), 1, 0.0); }
 TEST_P(Models, VitParametersMatchAfterTenAdamWStepsWithDropout) {
   check_model(kVit, GetParam(), 10, 0.1);
+}
+
+TEST_P(Models, BertMatchesOneDevice) { check_model(kBert, GetParam(), 1, 0.0); }
+TEST_P(Models, BertParametersMatchAfterTenAdamWStepsWithDropout) {
+  check_model(kBert, GetParam(), 10, 0.1);
+}
+TEST_P(Models, BertMaskedLmMatchesOneDevice) { check_model(bert_mlm(), GetParam(), 1, 0.0); }
+TEST_P(Models, BertMaskedLmParametersMatchAfterTenAdamWStepsWithDropout) {
+  check_model(bert_mlm(), GetParam(), 10, 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Models,

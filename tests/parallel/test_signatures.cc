@@ -76,6 +76,11 @@ std::vector<Case> cases() {
   }
   c.push_back({"", OpKind::Cast, {normal(s, 16)}, ops::CastAttrs{DType::F32}});
   c.push_back({"", OpKind::Dropout, {normal({4, 6, 5}, 17)}, ops::RandomAttrs{0.3, 99, 7, {}}});
+  for (const bool targets : {false, true})
+    c.push_back({targets ? "targets" : "inputs",
+                 OpKind::MaskTokens,
+                 {ids({4, 9}, 11, 8)},
+                 ops::MaskTokensAttrs{0.4, 11, 11, -100, targets, 99, 7, {}}});
   c.push_back({"3-D by 2-D", OpKind::MatMul, {normal({3, 4, 5}, 18), normal({5, 6}, 19)}, {}});
   c.push_back({"batched", OpKind::MatMul, {normal({2, 3, 4}, 20), normal({2, 4, 5}, 21)}, {}});
   c.push_back({"with bias",
