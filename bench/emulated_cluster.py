@@ -1,6 +1,9 @@
 #!/usr/bin/python3
 """Measured speed-ups on emulated mixed clusters: hap vs dp-ev, dp-cp, tp and PyTorch DDP.
 
+Any zoo model: --config names its run config (GPT by default; vgg19, vit and bert train their
+PyTorch twins from tests/oracle/model_oracle.py under DDP, bench/torch_ddp_zoo.py).
+
 For each emulated cluster (default: emu-mixed4 and emu-2node), in one run:
   1. hap-profile measures the cluster under scripts/hap-emulate and writes
      bench/results/profiled-<cluster>.yaml (compute rates, memory, fitted links);
@@ -41,7 +44,12 @@ def read_config(path):
     import yaml
     with open(os.path.join(ROOT, path)) as f:
         cfg = yaml.safe_load(f)
+    name = cfg["model"].get("name", "gpt")
+    if name != "gpt":
+        options = {k: v for k, v in cfg["model"].items() if k != "name"}
+        return {"name": name, "options": options, "batch_size": int(cfg["train"]["batch_size"])}
     out = {k: int(cfg["model"][k]) for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")}
+    out["name"] = "gpt"
     # seq_len 0 (or absent) means block_size, as in the gpt model's options.
     out["seq_len"] = int(cfg["model"].get("seq_len", 0)) or out["block_size"]
     out["batch_size"] = int(cfg["train"]["batch_size"])
@@ -86,16 +94,17 @@ def main(argv):
     emulate = os.path.join(ROOT, "scripts", "hap-emulate")
     train = os.path.join(args.build, "hap-train")
     profile = os.path.join(args.build, "hap-profile")
-    work = os.path.join(ROOT, "runs", "bench-emulated")
-    os.makedirs(work, exist_ok=True)
     model = read_config(args.config)
+    work = os.path.join(ROOT, "runs", "bench-emulated", model["name"])
+    os.makedirs(work, exist_ok=True)
     results = {"config": args.config, "steps": args.steps, "skipped_warmup_steps": args.skip,
                "machine_cores": len(os.sched_getaffinity(0)),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
 
     for name in args.clusters.split(","):
         declared = f"configs/clusters/{name}.yaml"
-        profiled = f"bench/results/profiled-{name}.yaml"
+        tag = "" if model["name"] == "gpt" else f"-{model['name']}"
+        profiled = f"bench/results/profiled-{name}{tag}.yaml"
         run([emulate, declared, "--", profile, "--config", args.config, "--out", profiled,
              "--raw", os.path.join(work, f"profile-{name}.json")], os.path.join(work, f"profile-{name}.log"))
         entry = {"declared_cluster": declared, "profiled_cluster": profiled, "strategies": {}}
@@ -127,11 +136,16 @@ def main(argv):
                   flush=True)
         if not args.no_ddp:
             out = os.path.join(work, f"{name}-ddp.json")
-            run([emulate, declared, "--", "/usr/bin/python3", "bench/torch_ddp_gpt.py",
-                 "--n-layer", str(model["n_layer"]), "--n-head", str(model["n_head"]),
-                 "--n-embd", str(model["n_embd"]), "--vocab", str(model["vocab_size"]),
-                 "--block-size", str(model["block_size"]), "--batch", str(model["batch_size"]),
-                 "--seq", str(model["seq_len"]), "--steps", str(args.steps - args.skip),
+            if model["name"] == "gpt":
+                peer = ["bench/torch_ddp_gpt.py",
+                        "--n-layer", str(model["n_layer"]), "--n-head", str(model["n_head"]),
+                        "--n-embd", str(model["n_embd"]), "--vocab", str(model["vocab_size"]),
+                        "--block-size", str(model["block_size"]), "--seq", str(model["seq_len"])]
+            else:
+                peer = ["bench/torch_ddp_zoo.py", "--model",
+                        json.dumps({"model": model["name"], "options": model["options"]})]
+            run([emulate, declared, "--", "/usr/bin/python3"] + peer +
+                ["--batch", str(model["batch_size"]), "--steps", str(args.steps - args.skip),
                  "--warmup", str(args.skip), "--json", out], os.path.join(work, f"{name}-ddp.log"))
             with open(out) as f:
                 ddp = json.load(f)
@@ -188,7 +202,7 @@ def chart(results, path):
         ax.set_ylabel("ms per training step")
         ax.set_title(f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev")
         ax.legend()
-    fig.suptitle(f"GPT ({results['config']}) on emulated mixed clusters, {results['steps']} steps per run")
+    fig.suptitle(f"{results['config']} on emulated mixed clusters, {results['steps']} steps per run")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
