@@ -114,6 +114,31 @@ std::optional<ParamInit> LayerNorm::init_rule(const std::string& name, const Ten
   return std::nullopt;
 }
 
+// ---- BatchNorm ----
+BatchNorm::BatchNorm(const BatchNormOptions& options) : Module("BatchNorm"), options_(options) {
+  HAP_CHECK(options.num_features() >= 1, "BatchNorm: num_features must be >= 1, got ",
+            options.num_features());
+  HAP_CHECK(options.eps() > 0, "BatchNorm: eps must be > 0, got ", options.eps());
+  if (options.affine()) {
+    weight = register_parameter("weight", make_param(*this, "weight", {options.num_features()}));
+    bias = register_parameter("bias", make_param(*this, "bias", {options.num_features()}));
+  }
+}
+
+Tensor BatchNorm::forward(const Tensor& x) const {
+  auto scope = enter_scope();
+  HAP_CHECK(x.defined() && x.dim() >= 2 && x.size(1) == options_.num_features(),
+            "BatchNorm: x must be [N, ", options_.num_features(), ", ...], got ",
+            x.defined() ? x.str() : "undefined");
+  return batch_norm(x, weight, bias, options_.eps());
+}
+
+std::optional<ParamInit> BatchNorm::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::ones();
+  if (name == "bias") return ParamInit::zeros();
+  return std::nullopt;
+}
+
 // ---- RMSNorm ----
 RMSNorm::RMSNorm(const RMSNormOptions& options) : Module("RMSNorm"), options_(options) {
   HAP_CHECK(options.dim() >= 1, "RMSNorm: dim must be >= 1, got ", options.dim());

@@ -111,6 +111,32 @@ class LayerNorm : public Module {
   LayerNormOptions options_;
 };
 
+// ---- BatchNorm over channels (dim 1) of [N, C, ...], with the batch's statistics ----
+// Training and evaluation both normalise by the current batch's statistics (PyTorch's
+// track_running_stats=False): the statistics are global over the logical batch under every
+// sharding, so a distributed run equals one device's. Running statistics for evaluation are not
+// kept yet.
+struct BatchNormOptions {
+  explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
+  HAP_ARG(int64_t, num_features);
+  HAP_ARG(double, eps) = 1e-5;
+  HAP_ARG(bool, affine) = true;  // a learned per-channel weight and bias
+};
+
+class BatchNorm : public Module {
+ public:
+  explicit BatchNorm(const BatchNormOptions& options);
+  Tensor forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+  const BatchNormOptions& options() const { return options_; }
+
+  Tensor weight;  // [C], undefined without affine
+  Tensor bias;    // [C], undefined without affine
+
+ private:
+  BatchNormOptions options_;
+};
+
 // ---- RMSNorm over the last dim ----
 struct RMSNormOptions {
   explicit RMSNormOptions(int64_t dim) : dim_(dim) {}

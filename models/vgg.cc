@@ -44,10 +44,19 @@ VGG::VGG(const VGGConfig& config) : Model("VGG"), config_(config) {
   for (size_t s = 0; s < layers.size(); ++s) {
     auto stage = std::make_shared<ModuleList>();
     const int64_t out = config.width * kStageWidth[s];
+    norms.emplace_back();
     for (int64_t j = 0; j < layers[s]; ++j) {
-      stage->push_back(std::make_shared<Conv2d>(Conv2dOptions(channels, out, 3).padding(1)));
+      // Before a BatchNorm a convolution's bias would be cancelled by the normalisation (its
+      // gradient is zero), so it has none.
+      stage->push_back(std::make_shared<Conv2d>(
+          Conv2dOptions(channels, out, 3).padding(1).bias(!config.batch_norm)));
       channels = out;
     }
+    // The stage's norms sit beside its convolutions ("norm{j}"), in the stage's segment.
+    if (config.batch_norm)
+      for (int64_t j = 0; j < layers[s]; ++j)
+        norms.back().push_back(stage->register_module(
+            "norm" + std::to_string(j), std::make_shared<BatchNorm>(BatchNormOptions(out))));
     features->push_back(stage);
   }
   const int64_t side = config.image_size / 32;
@@ -80,7 +89,11 @@ Tensor VGG::forward(const Tensor& images) {
   Tensor x = images;
   for (size_t s = 0; s < features->size(); ++s) {
     auto stage = features->at<ModuleList>(s);
-    for (size_t j = 0; j < stage->size(); ++j) x = relu(stage->at<Conv2d>(j)->forward(x));
+    for (size_t j = 0; j < stage->size(); ++j) {
+      x = stage->at<Conv2d>(j)->forward(x);
+      if (config_.batch_norm) x = norms[s][j]->forward(x);
+      x = relu(x);
+    }
     x = max_pool2d(x, {2, 2});
   }
   x = reshape(x, {x.size(0), -1});  // [B, channels x side x side]
@@ -121,6 +134,8 @@ ModelEntry vgg_model_entry() {
       OptionSpec::integer("width", 64, 1, 65536, "channels of the first stage (x1, 2, 4, 8, 8)"),
       OptionSpec::integer("hidden", 4096, 1, kMaxDimension, "the classifier's hidden width"),
       OptionSpec::number("dropout", 0.0, 0.0, 1.0, "dropout in the classifier").max_open(),
+      OptionSpec::boolean("batch_norm", false,
+                          "BatchNorm after every convolution (batch statistics; VGG19-BN)"),
   };
   e.check = [](const Options& o, int64_t B) {
     const int64_t depth = o.integer("depth"), S = o.integer("image_size");
@@ -154,6 +169,7 @@ ModelEntry vgg_model_entry() {
     c.width = o.integer("width");
     c.hidden = o.integer("hidden");
     c.dropout = o.number("dropout");
+    c.batch_norm = o.boolean("batch_norm");
     c.seed = seed;
     return std::make_shared<VGG>(c);
   };

@@ -4,7 +4,9 @@
 // with width x {1, 2, 4, 8, 8} channels, and the classifier (width x 8 x (S/32)^2) -> hidden ->
 // hidden -> classes; HAP's setting is width 64, hidden 4096, 10 classes on 32x32x3 images.
 //
-// Parameter names: features.{s}.{j}.weight [out, in, 3, 3] / .bias [out] (stage s, layer j),
+// Parameter names: features.{s}.{j}.weight [out, in, 3, 3] / .bias [out] (stage s, layer j), with
+// batch_norm also features.{s}.norm{j}.weight / .bias [out] (convolution without bias ->
+// BatchNorm -> ReLU),
 // classifier.fc1, classifier.fc2, classifier.head (.weight, .bias). Each stage is a segment of
 // the plan (its own ratios under per-block synthesis). Initialisation: convolutions He fan-out
 // normal, linear weights N(0, 0.01), biases 0 (torchvision's VGG).
@@ -24,9 +26,10 @@ struct VGGConfig {
   int64_t num_classes = 10;
   int64_t image_size = 32;  // square images, a multiple of 32 (five 2x2 poolings)
   int64_t in_channels = 3;
-  int64_t width = 64;     // channels of the first stage
-  int64_t hidden = 4096;  // the classifier's hidden width
-  double dropout = 0.0;   // before each hidden linear layer of the classifier
+  int64_t width = 64;       // channels of the first stage
+  int64_t hidden = 4096;    // the classifier's hidden width
+  double dropout = 0.0;     // before each hidden linear layer of the classifier
+  bool batch_norm = false;  // BatchNorm after each convolution (VGG19-BN)
   uint64_t seed = 1337;
 
   void validate() const;
@@ -49,6 +52,8 @@ class VGG : public Model {
   const VGGConfig& config() const { return config_; }
 
   std::shared_ptr<ModuleList> features;  // ModuleList per stage, of Conv2d
+  // With batch_norm: per stage, its BatchNorm layers (registered as features.{s}.norm{j}).
+  std::vector<std::vector<std::shared_ptr<BatchNorm>>> norms;
   std::shared_ptr<Linear> fc1, fc2, head;
 
  private:

@@ -177,6 +177,27 @@ Tensor causal_mask(int64_t T) {
     for (int64_t j = i + 1; j < T; ++j) p[i * T + j] = 1;
   return m;
 }
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  HAP_CHECK(x.defined() && x.dim() >= 2, "batch_norm: x must be [N, C, ...], got ",
+            x.defined() ? x.str() : "undefined");
+  HAP_CHECK(eps > 0, "batch_norm: eps must be > 0, got ", eps);
+  const int64_t C = x.size(1);
+  std::vector<int64_t> dims;
+  Shape channel(static_cast<size_t>(x.dim()), 1);
+  channel[1] = C;
+  for (int64_t d = 0; d < x.dim(); ++d)
+    if (d != 1) dims.push_back(d);
+  for (const Tensor* p : {&weight, &bias})
+    HAP_CHECK(!p->defined() || p->shape() == Shape{C}, "batch_norm: weight and bias must be [", C,
+              "] for x ", shape_str(x.shape()), ", got ", shape_str(p->shape()));
+  Tensor centered = x - mean(x, dims, /*keepdim=*/true);
+  Tensor var = mean(centered * centered, dims, /*keepdim=*/true);
+  Tensor y = centered * rsqrt(var + eps);
+  if (weight.defined()) y = y * reshape(weight, channel);
+  if (bias.defined()) y = y + reshape(bias, channel);
+  return y;
+}
+
 Tensor embedding(const Tensor& weight, const Tensor& ids) {
   return call1(OpKind::Embedding, {weight, ids});
 }

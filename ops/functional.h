@@ -57,6 +57,12 @@ Tensor softmax(const Tensor& x, int64_t dim = -1);
 Tensor log_softmax(const Tensor& x, int64_t dim = -1);
 // Over the last dim; weight and bias ([C]) may be undefined.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Batch normalisation with the batch's statistics: each channel (dim 1) of x [N, C, ...] is
+// normalised by the mean and (biased) variance over every other dim, then scaled by weight [C] and
+// shifted by bias [C] (either may be undefined). Composed of reductions and elementwise ops, so
+// that under any sharding of x the statistics are those of the whole logical batch (a batch split
+// reduces them across ranks) and the result equals one device's.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
 // ---- reductions (empty dims = all) ----

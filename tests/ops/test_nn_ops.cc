@@ -14,6 +14,7 @@
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "ops/op.h"
+#include "tests/test_util.h"
 
 namespace hap {
 namespace {
@@ -222,6 +223,53 @@ TEST(NnSoftmax, ShardsEveryDimButTheNormalisedOne) {
   ASSERT_EQ(sigs.size(), 2u);
   EXPECT_EQ(sigs[0].inputs[0], ops::Prop::sharded(0));
   EXPECT_EQ(sigs[1].outputs[0], ops::Prop::sharded(2));
+}
+
+// ---------------- batch_norm (batch statistics) ----------------
+
+TEST(NnBatchNorm, EveryChannelIsNormalisedOverTheBatchAndTheOtherDims) {
+  Tensor x = randn({6, 3, 4, 5}, 21, 0, f64()) * 2.0 + 3.0;
+  Tensor w = Tensor::from_vector(std::vector<double>{1.0, 2.0, -0.5}, {3}, f64());
+  Tensor b = Tensor::from_vector(std::vector<double>{0.0, 1.0, 4.0}, {3}, f64());
+  const std::vector<double> y = batch_norm(x, w, b, 1e-5).to_vector(), xv = x.to_vector();
+  for (int c = 0; c < 3; ++c) {
+    double mean = 0, var = 0, ym = 0, yv = 0;
+    std::vector<size_t> at;
+    for (size_t n = 0; n < 6; ++n)
+      for (size_t k = 0; k < 20; ++k) at.push_back((n * 3 + static_cast<size_t>(c)) * 20 + k);
+    for (size_t i : at) mean += xv[i] / 120.0;
+    for (size_t i : at) var += (xv[i] - mean) * (xv[i] - mean) / 120.0;
+    for (size_t i : at) {
+      const double expect =
+          (xv[i] - mean) / std::sqrt(var + 1e-5) * w.to_vector()[c] + b.to_vector()[c];
+      EXPECT_NEAR(y[i], expect, 1e-12) << c << " " << i;
+      ym += y[i] / 120.0;
+    }
+    for (size_t i : at) yv += (y[i] - ym) * (y[i] - ym) / 120.0;
+    EXPECT_NEAR(ym, b.to_vector()[c], 1e-12);
+    EXPECT_NEAR(yv, w.to_vector()[c] * w.to_vector()[c] * var / (var + 1e-5), 1e-9);
+  }
+}
+
+TEST(NnBatchNorm, GradientsMatchFiniteDifferences) {
+  Tensor x = randn({4, 3, 2, 3}, 22, 0, f64(true));
+  Tensor w = randn({3}, 23, 0, f64(true)), b = randn({3}, 24, 0, f64(true));
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return batch_norm(in[0], in[1], in[2], 1e-5); },
+      {x, w, b}, "batch_norm x, weight, bias");
+  Tensor flat = randn({7, 4}, 25, 0, f64(true));
+  expect_gradcheck(
+      [](const std::vector<Tensor>& in) { return batch_norm(in[0], Tensor(), Tensor(), 1e-3); },
+      {flat}, "batch_norm [N, C] without parameters");
+}
+
+TEST(NnBatchNorm, BadShapesAreNamed) {
+  EXPECT_HAS(error_of([] { batch_norm(randn({5}, 1), Tensor(), Tensor()); }), "[N, C, ...]");
+  EXPECT_HAS(error_of([] {
+               batch_norm(randn({2, 3, 4}, 1), randn({4}, 2), Tensor());
+             }),
+             "must be [3]");
+  EXPECT_HAS(error_of([] { batch_norm(randn({2, 3}, 1), Tensor(), Tensor(), 0.0); }), "eps");
 }
 
 // ---------------- layer_norm / rms_norm ----------------

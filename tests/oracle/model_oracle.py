@@ -44,7 +44,11 @@ def vgg_parameter_shapes(o):
         out = o["width"] * VGG_WIDTH[s]
         for j in range(layers):
             shapes[f"features.{s}.{j}.weight"] = (out, channels, 3, 3)
-            shapes[f"features.{s}.{j}.bias"] = (out,)
+            if not o.get("batch_norm", False):  # a bias before BatchNorm would be cancelled
+                shapes[f"features.{s}.{j}.bias"] = (out,)
+            else:
+                shapes[f"features.{s}.norm{j}.weight"] = (out,)
+                shapes[f"features.{s}.norm{j}.bias"] = (out,)
             channels = out
     side = o["image_size"] // 32
     shapes["classifier.fc1.weight"] = (o["hidden"], channels * side * side)
@@ -60,7 +64,11 @@ def vgg_loss(p, inputs, o):
     x = inputs["images"]
     for s, layers in enumerate(VGG_STAGES[o["depth"]]):
         for j in range(layers):
-            x = F.relu(F.conv2d(x, p[f"features.{s}.{j}.weight"], p[f"features.{s}.{j}.bias"], padding=1))
+            x = F.conv2d(x, p[f"features.{s}.{j}.weight"], p.get(f"features.{s}.{j}.bias"), padding=1)
+            if o.get("batch_norm", False):  # batch statistics (track_running_stats=False)
+                x = F.batch_norm(x, None, None, p[f"features.{s}.norm{j}.weight"],
+                                 p[f"features.{s}.norm{j}.bias"], training=True, eps=1e-5)
+            x = F.relu(x)
         x = F.max_pool2d(x, 2)
     x = x.reshape(x.shape[0], -1)
     x = F.relu(F.linear(x, p["classifier.fc1.weight"], p["classifier.fc1.bias"]))

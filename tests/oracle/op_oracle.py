@@ -45,6 +45,11 @@ def _layer_norm(inputs, attrs):
     return F.layer_norm(x, (x.shape[-1],), weight, bias, attrs["eps"])
 
 
+def _batch_norm(inputs, attrs):
+    x, weight, bias = inputs
+    return F.batch_norm(x, None, None, weight, bias, training=True, eps=attrs["eps"])
+
+
 def _rms_norm(inputs, attrs):
     x, weight = inputs
     return x / torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + attrs["eps"]) * weight
@@ -147,6 +152,7 @@ OPS = {
     "log_softmax": (_log_softmax, "f", {"dim": (_is_int, REQUIRED)}, None),
     "layer_norm": (_layer_norm, "fff", {"eps": (_is_num, REQUIRED)}, _check_norm),
     "rms_norm": (_rms_norm, "ff", {"eps": (_is_num, REQUIRED)}, _check_norm),
+    "batch_norm": (_batch_norm, "fff", {"eps": (_is_num, REQUIRED)}, None),
     "gelu": (_gelu, "f", {"approximate": (lambda v: v in ("tanh", "none"), REQUIRED)}, None),
     "cross_entropy": (
         _cross_entropy,

@@ -90,6 +90,19 @@ TEST(OpOracle, LayerNormMatchesTorch) {
        [](const std::vector<Tensor>& x) { return layer_norm(x[0], x[1], x[2], 1e-5); }});
 }
 
+TEST(OpOracle, BatchNormWithBatchStatisticsMatchesTorch) {
+  check_against_torch(
+      {"batch_norm4d",
+       R"({"op":"batch_norm","attrs":{"eps":1e-5}})",
+       {randn({5, 3, 4, 6}, 10) * 2.0 + 1.5, randn({3}, 11), randn({3}, 12)},
+       [](const std::vector<Tensor>& x) { return batch_norm(x[0], x[1], x[2], 1e-5); }});
+  check_against_torch(
+      {"batch_norm2d",
+       R"({"op":"batch_norm","attrs":{"eps":1e-3}})",
+       {randn({9, 4}, 13) - 3.0, randn({4}, 14), randn({4}, 15)},
+       [](const std::vector<Tensor>& x) { return batch_norm(x[0], x[1], x[2], 1e-3); }});
+}
+
 TEST(OpOracle, RmsNormMatchesTorch) {
   check_against_torch({"rms_norm",
                        R"({"op":"rms_norm","attrs":{"eps":1e-6}})",

@@ -28,6 +28,8 @@ run_case() {
 
 run_case vgg19 --config "$SRC/configs/vgg19.yaml" --set model.width=4 --set model.hidden=32 \
   --set train.batch_size=8 --set model.dropout=0.1
+run_case vgg19_bn --config "$SRC/configs/vgg19.yaml" --set model.width=4 --set model.hidden=32 \
+  --set train.batch_size=8 --set model.batch_norm=true
 run_case vit --config "$SRC/configs/vit.yaml" --set model.n_embd=32 --set model.hidden=48 \
   --set train.batch_size=8 --set model.dropout=0.1
 run_case bert --config "$SRC/configs/bert.yaml" --set model.seq_len=16 --set train.batch_size=6 \
