@@ -54,6 +54,12 @@ struct MaskTokensAttrs {
   uint64_t stream = 0;
   LogicalSlice slice;
 };
+// MoeDispatch, MoeCombine, MoeGateGrad (ops/defs/moe.cc): the number of experts and the slots
+// each expert has per routing group.
+struct MoeAttrs {
+  int64_t experts = 1;
+  int64_t capacity = 1;
+};
 struct ShapeAttrs {  // Reshape, Expand, SumTo
   Shape shape;
 };
@@ -130,10 +136,11 @@ struct OptimizerAttrs {
   bool nesterov = false;                          // SGD
 };
 
-using Attrs = std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs,
-                           RandomAttrs, ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs,
-                           CrossEntropyAttrs, TargetAttrs, AttentionAttrs, TopKAttrs, ScatterAttrs,
-                           CastAttrs, OptimizerAttrs, Conv2dAttrs, Pool2dAttrs, MaskTokensAttrs>;
+using Attrs =
+    std::variant<NoAttrs, ScalarAttrs, GeluAttrs, DimAttrs, ReduceAttrs, NormAttrs, RandomAttrs,
+                 ShapeAttrs, PermuteAttrs, SliceAttrs, SplitAttrs, CrossEntropyAttrs, TargetAttrs,
+                 AttentionAttrs, TopKAttrs, ScatterAttrs, CastAttrs, OptimizerAttrs, Conv2dAttrs,
+                 Pool2dAttrs, MaskTokensAttrs, MoeAttrs>;
 
 // Human-readable "key=value" list, for graph dumps and error messages.
 std::string attrs_str(const Attrs& attrs);

@@ -216,6 +216,17 @@ std::pair<Tensor, Tensor> mask_tokens(const Tensor& ids, double p, int64_t mask_
   return {inputs, call1(OpKind::MaskTokens, {ids}, a)};
 }
 
+Tensor moe_dispatch(const Tensor& tokens, const Tensor& expert_ids, const Tensor& weights,
+                    int64_t experts, int64_t capacity) {
+  return call1(OpKind::MoeDispatch, {tokens, expert_ids, weights},
+               ops::MoeAttrs{experts, capacity});
+}
+
+Tensor moe_combine(const Tensor& buffers, const Tensor& expert_ids, const Tensor& gates,
+                   int64_t experts, int64_t capacity) {
+  return call1(OpKind::MoeCombine, {buffers, expert_ids, gates}, ops::MoeAttrs{experts, capacity});
+}
+
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index) {
   return call1(OpKind::CrossEntropy, {logits, targets}, ops::CrossEntropyAttrs{ignore_index});
 }

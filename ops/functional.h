@@ -110,6 +110,14 @@ Tensor dropout(const Tensor& x, double p, bool training, uint64_t seed, uint64_t
 std::pair<Tensor, Tensor> mask_tokens(const Tensor& ids, double p, int64_t mask_id, int64_t vocab,
                                       uint64_t seed, uint64_t stream, int64_t ignore_index = -100);
 
+// ---- mixture of experts (ops/defs/moe.cc: GShard routing per group) ----
+// tokens [G, T, C], expert ids i64 [G, T, k], optional weights [G, T, k] -> [G, E, capacity, C].
+Tensor moe_dispatch(const Tensor& tokens, const Tensor& expert_ids, const Tensor& weights,
+                    int64_t experts, int64_t capacity);
+// expert outputs [G, E, capacity, C], expert ids, optional gates -> [G, T, C].
+Tensor moe_combine(const Tensor& buffers, const Tensor& expert_ids, const Tensor& gates,
+                   int64_t experts, int64_t capacity);
+
 // ---- losses and attention ----
 // logits: [N, V], targets: i64 [N]; mean over targets != ignore_index. When no target counts
 // (all ignored, or N = 0) the mean is 0 with zero gradients; PyTorch gives nan there.

@@ -22,7 +22,7 @@ namespace hap::ops {
   X(Reshape) X(Permute) X(Slice) X(Expand) X(Concat) X(Split) X(Contiguous) X(MaskedFill)     \
   X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast) X(LogSumExp) X(TargetLogit)         \
   X(CountTargets) X(SumOfSquares) X(SgdUpdate) X(AdamWUpdate) X(Conv2d) X(MaxPool2d)         \
-  X(AvgPool2d) X(MaskTokens)                                                                 \
+  X(AvgPool2d) X(MaskTokens) X(MoeDispatch) X(MoeCombine) X(MoeGateGrad)                                                                 \
   X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
   X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
   X(AttentionBackward) X(SliceBackward) X(IndexBackward) X(TargetLogitBackward)              \
@@ -112,6 +112,7 @@ void register_loss_ops(OpTable& t);
 void register_attention_ops(OpTable& t);
 void register_optim_ops(OpTable& t);
 void register_conv_ops(OpTable& t);
+void register_moe_ops(OpTable& t);
 
 inline OpDef& def_of(OpTable& t, OpKind k) { return t[static_cast<size_t>(k)]; }
 

@@ -24,6 +24,7 @@ OpTable build_table() {
   register_attention_ops(t);
   register_optim_ops(t);
   register_conv_ops(t);
+  register_moe_ops(t);
   for (size_t i = 0; i < kNumOps; ++i) {
     HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr, "op ",
                kOpNames[i], " has no complete registry entry");
@@ -120,6 +121,9 @@ struct AttrPrinter {
     os << "p=" << a.p << " mask_id=" << a.mask_id << " vocab=" << a.vocab
        << " ignore_index=" << a.ignore_index << (a.targets ? " targets" : " inputs")
        << " seed=" << a.seed << " stream=" << a.stream;
+  }
+  void operator()(const MoeAttrs& a) {
+    os << "experts=" << a.experts << " capacity=" << a.capacity;
   }
   static std::string pair(const std::array<int64_t, 2>& v) { return vec_str({v[0], v[1]}); }
 };

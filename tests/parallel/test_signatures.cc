@@ -76,6 +76,16 @@ std::vector<Case> cases() {
   }
   c.push_back({"", OpKind::Cast, {normal(s, 16)}, ops::CastAttrs{DType::F32}});
   c.push_back({"", OpKind::Dropout, {normal({4, 6, 5}, 17)}, ops::RandomAttrs{0.3, 99, 7, {}}});
+  {
+    // Routing groups of 5 tokens, 2 choices, 3 experts of capacity 3 (some choices dropped).
+    const ops::MoeAttrs a{3, 3};
+    Tensor x = normal({4, 5, 6}, 90), e = ids({4, 5, 2}, 3, 91), w = normal({4, 5, 2}, 92);
+    Tensor b = normal({4, 3, 3, 6}, 93);
+    c.push_back({"weighted", OpKind::MoeDispatch, {x, e, w}, a});
+    c.push_back({"unweighted", OpKind::MoeDispatch, {x, e, Tensor()}, a});
+    c.push_back({"gated", OpKind::MoeCombine, {b, e, w}, a});
+    c.push_back({"", OpKind::MoeGateGrad, {x, b, e}, a});
+  }
   for (const bool targets : {false, true})
     c.push_back({targets ? "targets" : "inputs",
                  OpKind::MaskTokens,
