@@ -16,6 +16,13 @@ void BERTConfig::validate() const {
   HAP_CHECK(dropout >= 0.0 && dropout < 1.0, "BERTConfig: dropout must be in [0, 1), got ",
             dropout);
   HAP_CHECK(layer_norm_eps > 0.0, "BERTConfig: layer_norm_eps must be > 0, got ", layer_norm_eps);
+  if (num_experts > 0) {
+    HAP_CHECK(top_k >= 1 && top_k <= num_experts,
+              "BERTConfig: top_k must be in [1, num_experts = ", num_experts, "], got ", top_k);
+    HAP_CHECK(capacity_factor > 0, "BERTConfig: capacity_factor must be > 0, got ",
+              capacity_factor);
+    HAP_CHECK(aux_loss_coef >= 0, "BERTConfig: aux_loss_coef must be >= 0, got ", aux_loss_coef);
+  }
 }
 
 BERT::BERT(const BERTConfig& config) : Model("BERT"), config_(config) {
@@ -27,13 +34,21 @@ BERT::BERT(const BERTConfig& config) : Model("BERT"), config_(config) {
       "ln_emb", std::make_shared<LayerNorm>(LayerNormOptions(C).eps(config.layer_norm_eps)));
   drop = register_module("drop", std::make_shared<Dropout>(config.dropout));
   blocks = register_module("blocks", std::make_shared<ModuleList>());
-  for (int64_t i = 0; i < config.n_layer; ++i)
-    blocks->push_back(
-        std::make_shared<TransformerBlock>(TransformerBlockOptions(C, config.n_head)
-                                               .causal(!config.mlm())
-                                               .hidden(config.hidden)
-                                               .dropout(config.dropout)
-                                               .layer_norm_eps(config.layer_norm_eps)));
+  for (int64_t i = 0; i < config.n_layer; ++i) {
+    const auto block = TransformerBlockOptions(C, config.n_head)
+                           .causal(!config.mlm())
+                           .hidden(config.hidden)
+                           .dropout(config.dropout)
+                           .layer_norm_eps(config.layer_norm_eps);
+    if (config.num_experts > 0 && i % 2 == 1)
+      blocks->push_back(
+          std::make_shared<MoEBlock>(block, MoEOptions(C, config.hidden, config.num_experts)
+                                                .top_k(config.top_k)
+                                                .capacity_factor(config.capacity_factor)
+                                                .dropout(config.dropout)));
+    else
+      blocks->push_back(std::make_shared<TransformerBlock>(block));
+  }
   ln_f = register_module(
       "ln_f", std::make_shared<LayerNorm>(LayerNormOptions(C).eps(config.layer_norm_eps)));
   head = register_module("head", std::make_shared<Module>("BERTHead"));
@@ -59,7 +74,12 @@ Tensor BERT::forward(const Tensor& idx) {
   if (idx.has_storage()) check_class_indices(idx, V, "bert", "token id");
   Tensor x = wte->forward(idx) + wpe->weight;  // [B, T, C]
   x = drop->forward(ln_emb->forward(x));
-  for (size_t i = 0; i < blocks->size(); ++i) x = blocks->at<TransformerBlock>(i)->forward(x);
+  for (size_t i = 0; i < blocks->size(); ++i) {
+    if (auto moe = std::dynamic_pointer_cast<MoEBlock>((*blocks)[i]))
+      x = moe->forward(x);
+    else
+      x = blocks->at<TransformerBlock>(i)->forward(x);
+  }
   x = ln_f->forward(x);
   x = head_ln->forward(gelu(head_dense->forward(x)));
   Tensor logits = linear(x, wte->weight, head_bias);  // [B, T, V]
@@ -89,24 +109,30 @@ Tensor BERT::loss(const Batch& batch) {
   if (config_.mlm()) {
     if (idx.has_storage()) check_class_indices(idx, config_.vocab_size, "bert", "token id");
     auto [corrupted, targets] = masked(idx);
-    return cross_entropy(reshape(forward(corrupted), {-1, V}), reshape(targets, {-1}), -100);
+    return with_aux_loss(
+        cross_entropy(reshape(forward(corrupted), {-1, V}), reshape(targets, {-1}), -100));
   }
   const Tensor& targets = input_of(batch, "targets", DType::I64, 2, "bert");
   HAP_CHECK(targets.shape() == idx.shape(), "bert: targets ", shape_str(targets.shape()),
             " and idx ", shape_str(idx.shape()), " differ in shape");
   if (targets.has_storage())
     check_class_indices(targets, config_.vocab_size, "bert", "target", int64_t{-100});
-  return cross_entropy(reshape(forward(idx), {-1, V}), reshape(targets, {-1}), -100);
+  return with_aux_loss(cross_entropy(reshape(forward(idx), {-1, V}), reshape(targets, {-1}), -100));
 }
 
-ModelEntry bert_model_entry() {
-  ModelEntry e;
-  e.name = "bert";
-  e.summary =
-      "BERT encoder: causal next-token (the paper's setting) or bidirectional masked-LM "
-      "(inputs idx [, targets]: i64 [batch, seq_len])";
-  e.data = "bytes";
-  e.options = {
+Tensor BERT::with_aux_loss(const Tensor& loss) const {
+  if (config_.num_experts == 0 || config_.aux_loss_coef == 0) return loss;
+  Tensor total = loss;
+  for (size_t i = 0; i < blocks->size(); ++i)
+    if (auto moe = std::dynamic_pointer_cast<MoEBlock>((*blocks)[i]))
+      total = total + moe->moe->aux_loss() * config_.aux_loss_coef;
+  return total;
+}
+
+namespace {
+
+std::vector<OptionSpec> bert_options() {
+  return {
       OptionSpec::integer("vocab_size", 256, 1, kMaxDimension, "tokens in the vocabulary"),
       OptionSpec::integer("seq_len", 128, 1, kMaxDimension, "tokens per sequence"),
       OptionSpec::integer("n_layer", 12, 1, 10000, "transformer blocks"),
@@ -121,31 +147,84 @@ ModelEntry bert_model_entry() {
       OptionSpec::number("mask_prob", 0.15, 0.0, 1.0, "mlm: share of positions predicted")
           .min_open(),
   };
+}
+
+void check_bert(const Options& o, int64_t B) {
+  const int64_t C = o.integer("n_embd"), H = o.integer("hidden"), T = o.integer("seq_len");
+  const int64_t V = o.integer("vocab_size") + (o.string("objective") == "mlm" ? 1 : 0);
+  if (C % o.integer("n_head") != 0)
+    throw OptionError("n_embd", "a multiple of model.n_head = " + number_text(o.integer("n_head")));
+  check_elements("n_embd", "the token embedding", {{"model.vocab_size", V}, {"model.n_embd", C}});
+  check_elements("hidden", "an MLP weight", {{"model.hidden", H}, {"model.n_embd", C}});
+  check_elements("hidden", "the MLP's hidden activation",
+                 {{"train.batch_size", B}, {"model.seq_len", T}, {"model.hidden", H}});
+  check_elements("vocab_size", "the logits",
+                 {{"train.batch_size", B}, {"model.seq_len", T}, {"model.vocab_size", V}});
+}
+
+BERTConfig bert_config_of(const Options& o, uint64_t seed) {
+  BERTConfig c;
+  c.vocab_size = o.integer("vocab_size");
+  c.seq_len = o.integer("seq_len");
+  c.n_layer = o.integer("n_layer");
+  c.n_head = o.integer("n_head");
+  c.n_embd = o.integer("n_embd");
+  c.hidden = o.integer("hidden");
+  c.dropout = o.number("dropout");
+  c.objective = o.string("objective");
+  c.mask_prob = o.number("mask_prob");
+  c.seed = seed;
+  return c;
+}
+
+}  // namespace
+
+ModelEntry bert_model_entry() {
+  ModelEntry e;
+  e.name = "bert";
+  e.summary =
+      "BERT encoder: causal next-token (the paper's setting) or bidirectional masked-LM "
+      "(inputs idx [, targets]: i64 [batch, seq_len])";
+  e.data = "bytes";
+  e.options = bert_options();
+  e.check = check_bert;
+  e.build = [](const Options& o, uint64_t seed) -> std::shared_ptr<Model> {
+    return std::make_shared<BERT>(bert_config_of(o, seed));
+  };
+  return e;
+}
+
+ModelEntry bert_moe_model_entry() {
+  ModelEntry e;
+  e.name = "bert_moe";
+  e.summary =
+      "BERT with a top-k mixture of experts in every second block (GShard routing per "
+      "sequence, capacity, load-balancing loss)";
+  e.data = "bytes";
+  e.options = bert_options();
+  e.options.push_back(OptionSpec::integer("num_experts", 8, 1, 65536,
+                                          "experts per MoE block (the paper: 2 x devices)"));
+  e.options.push_back(
+      OptionSpec::integer("top_k", 2, 1, 65536, "experts each token is sent to, <= num_experts"));
+  e.options.push_back(OptionSpec::number("capacity_factor", 2.5, 0.0, 1e6,
+                                         "slots per expert = ceil(seq_len x this / num_experts)")
+                          .min_open());
+  e.options.push_back(
+      OptionSpec::number("aux_loss_coef", 0.01, 0.0, 1e6, "weight of the load-balancing loss"));
   e.check = [](const Options& o, int64_t B) {
-    const int64_t C = o.integer("n_embd"), H = o.integer("hidden"), T = o.integer("seq_len");
-    const int64_t V = o.integer("vocab_size") + (o.string("objective") == "mlm" ? 1 : 0);
-    if (C % o.integer("n_head") != 0)
-      throw OptionError("n_embd",
-                        "a multiple of model.n_head = " + number_text(o.integer("n_head")));
-    check_elements("n_embd", "the token embedding", {{"model.vocab_size", V}, {"model.n_embd", C}});
-    check_elements("hidden", "an MLP weight", {{"model.hidden", H}, {"model.n_embd", C}});
-    check_elements("hidden", "the MLP's hidden activation",
-                   {{"train.batch_size", B}, {"model.seq_len", T}, {"model.hidden", H}});
-    check_elements("vocab_size", "the logits",
-                   {{"train.batch_size", B}, {"model.seq_len", T}, {"model.vocab_size", V}});
+    check_bert(o, B);
+    const int64_t E = o.integer("num_experts"), C = o.integer("n_embd"), H = o.integer("hidden");
+    if (o.integer("top_k") > E)
+      throw OptionError("top_k", "at most model.num_experts = " + number_text(E));
+    check_elements("num_experts", "an MoE block's expert weights",
+                   {{"model.num_experts", E}, {"model.n_embd", C}, {"model.hidden", H}});
   };
   e.build = [](const Options& o, uint64_t seed) -> std::shared_ptr<Model> {
-    BERTConfig c;
-    c.vocab_size = o.integer("vocab_size");
-    c.seq_len = o.integer("seq_len");
-    c.n_layer = o.integer("n_layer");
-    c.n_head = o.integer("n_head");
-    c.n_embd = o.integer("n_embd");
-    c.hidden = o.integer("hidden");
-    c.dropout = o.number("dropout");
-    c.objective = o.string("objective");
-    c.mask_prob = o.number("mask_prob");
-    c.seed = seed;
+    BERTConfig c = bert_config_of(o, seed);
+    c.num_experts = o.integer("num_experts");
+    c.top_k = o.integer("top_k");
+    c.capacity_factor = o.number("capacity_factor");
+    c.aux_loss_coef = o.number("aux_loss_coef");
     return std::make_shared<BERT>(c);
   };
   return e;

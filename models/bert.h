@@ -23,6 +23,7 @@
 
 #include "models/layers.h"
 #include "models/model.h"
+#include "models/moe.h"
 #include "models/zoo.h"
 
 namespace hap::nn {
@@ -39,6 +40,12 @@ struct BERTConfig {
   double mask_prob = 0.15;           // mlm: share of positions chosen for prediction
   double layer_norm_eps = 1e-5;
   uint64_t seed = 1337;
+  // BERT-MoE (models/moe.h): with num_experts > 0 every second block (1, 3, ...) has a top-k
+  // mixture of experts for its MLP, and the loss adds aux_loss_coef x their load-balancing losses.
+  int64_t num_experts = 0;
+  int64_t top_k = 2;
+  double capacity_factor = 2.5;
+  double aux_loss_coef = 0.01;
 
   void validate() const;
   bool mlm() const { return objective == "mlm"; }
@@ -66,7 +73,7 @@ class BERT : public Model {
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<LayerNorm> ln_emb;
   std::shared_ptr<Dropout> drop;
-  std::shared_ptr<ModuleList> blocks;  // TransformerBlock "0" .. "n_layer-1"
+  std::shared_ptr<ModuleList> blocks;  // TransformerBlock (or MoEBlock) "0" .. "n_layer-1"
   std::shared_ptr<LayerNorm> ln_f;
   std::shared_ptr<Module> head;  // dense, ln and the output bias
   std::shared_ptr<Linear> head_dense;
@@ -74,11 +81,17 @@ class BERT : public Model {
   Tensor head_bias;  // [table_size()]
 
  private:
+  // loss + aux_loss_coef x the MoE blocks' load-balancing losses of the last forward.
+  Tensor with_aux_loss(const Tensor& loss) const;
+
   BERTConfig config_;
 };
 
 // The zoo entry "bert" (options vocab_size, seq_len, n_layer, n_head, n_embd, hidden, dropout,
 // objective, mask_prob; default data "bytes").
 ModelEntry bert_model_entry();
+// The zoo entry "bert_moe": bert's options and num_experts, top_k, capacity_factor,
+// aux_loss_coef.
+ModelEntry bert_moe_model_entry();
 
 }  // namespace hap::nn

@@ -13,8 +13,8 @@ namespace {
 NamedRegistry<ModelEntry>& registry() {
   // The built-in models, one line each.
   static auto* r = new NamedRegistry<ModelEntry>("model", [] {
-    return std::vector<ModelEntry>{bert_model_entry(), gpt_model_entry(), vgg_model_entry(),
-                                   vit_model_entry()};
+    return std::vector<ModelEntry>{bert_model_entry(), bert_moe_model_entry(), gpt_model_entry(),
+                                   vgg_model_entry(), vit_model_entry()};
   });
   return *r;
 }

@@ -412,6 +412,15 @@ void register_reduce_ops(OpTable& t) {
     });
     return std::vector<Tensor>{vals, idx};
   };
+  // Any dim but the one searched may be split: each shard's rows are searched alone.
+  tk.shard = [](const Metas& in, const Metas&, const Attrs& a) {
+    const int64_t nd = static_cast<int64_t>(in[0].shape.size());
+    const int64_t dim = wrap_dim(attr<TopKAttrs>(a).dim, nd, "topk dim");
+    std::vector<ShardSignature> sigs;
+    for (int64_t d = 0; d < nd; ++d)
+      if (d != dim) sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(d), Prop::sharded(d)}});
+    return sigs;
+  };
   tk.saves_outputs = true;
   tk.backward = [](const BackwardContext& c) {
     int64_t dim = wrap_dim(attr<TopKAttrs>(c.attrs).dim, c.inputs[0].dim(), "topk dim");
@@ -425,6 +434,22 @@ void register_reduce_ops(OpTable& t) {
   ib.infer = [](const Metas& in, const Attrs& a) {
     HAP_CHECK(in[1].dtype == DType::I64, "index_backward: indices must be i64");
     return Metas{{attr<ScatterAttrs>(a).shape, in[0].dtype}};
+  };
+  // Any dim but the scatter dim may be split (gradient and indices alike); a shard scatters into
+  // its own part of the input's shape (the local hook narrows attrs.shape).
+  ib.shard = [](const Metas& in, const Metas&, const Attrs& a) {
+    const ScatterAttrs& s = attr<ScatterAttrs>(a);
+    std::vector<ShardSignature> sigs;
+    for (int64_t d = 0; d < static_cast<int64_t>(in[0].shape.size()); ++d)
+      if (d != s.dim) sigs.push_back({{Prop::sharded(d), Prop::sharded(d)}, {Prop::sharded(d)}});
+    return sigs;
+  };
+  ib.local = [](ShardContext& ctx, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+    ScatterAttrs a = attr<ScatterAttrs>(attrs);
+    const Prop out = ctx.output_prop(0);
+    if (out.kind == PropKind::Sharded)
+      a.shape[static_cast<size_t>(out.dim)] = inputs[0].size(out.dim);
+    return std::vector<Tensor>{call1(OpKind::IndexBackward, inputs, a)};
   };
   ib.cpu = [](const KernelContext& c) {
     const ScatterAttrs& a = attr<ScatterAttrs>(c.attrs);

@@ -8,6 +8,7 @@
 
 #include "core/rng.h"
 #include "models/bert.h"
+#include "models/moe.h"
 #include "models/zoo.h"
 #include "ops/functional.h"
 #include "tests/test_util.h"
@@ -128,6 +129,63 @@ TEST(Bert, BadOptionsAndInputsAreNamed) {
   EXPECT_HAS(error_of([&] { model->loss({{"idx", idx}}); }), "no input 'targets'");
   Tensor bad = Tensor::from_vector(std::vector<int64_t>(24, 300), {2, 12});
   EXPECT_HAS(error_of([&] { model->loss({{"idx", bad}, {"targets", idx}}); }), "300");
+}
+
+TEST(BertMoe, EverySecondBlockIsAMixtureOfExpertsWithTheCapacityOfItsOptions) {
+  const ModelEntry& e = find_model("bert_moe");
+  Options o(e.options);
+  for (auto& [k, v] : kSmall) o.set(k, v);
+  o.set("n_layer", int64_t{4});
+  o.set("num_experts", int64_t{3});
+  o.set("capacity_factor", 1.5);
+  auto model = build_model(e, o, 2, 5);
+  auto& b = dynamic_cast<BERT&>(*model);
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_EQ(std::dynamic_pointer_cast<MoEBlock>((*b.blocks)[i]) != nullptr, i % 2 == 1) << i;
+  auto block = std::dynamic_pointer_cast<MoEBlock>((*b.blocks)[1]);
+  EXPECT_EQ(block->moe->w1.shape(), (Shape{3, 8, 16}));
+  EXPECT_EQ(block->moe->w2.shape(), (Shape{3, 16, 8}));
+  EXPECT_EQ(block->moe->gate->weight.shape(), (Shape{3, 8}));
+  EXPECT_EQ(block->moe->capacity(12), 6) << "ceil(12 x 1.5 / 3)";
+  EXPECT_EQ(block->moe->capacity(1), 1);
+  // The loss adds the load-balancing losses (each E x sum_e share_e x mean prob_e >= ~1).
+  Tensor idx = byte_ids(2, 12, 4);
+  model->train();
+  const double with_aux = model->loss({{"idx", idx}, {"targets", idx}}).item();
+  const double aux = block->moe->aux_loss().item() +
+                     std::dynamic_pointer_cast<MoEBlock>((*b.blocks)[3])->moe->aux_loss().item();
+  EXPECT_GT(aux, 0.5);
+  o.set("aux_loss_coef", 0.0);
+  auto plain = build_model(e, o, 2, 5);
+  EXPECT_NEAR(with_aux - plain->loss({{"idx", idx}, {"targets", idx}}).item(), 0.01 * aux, 1e-6);
+}
+
+TEST(BertMoe, ATokenWithEveryChoiceDroppedPassesThroughTheResidualAlone) {
+  MoE moe(MoEOptions(4, 6, 2).top_k(1).capacity_factor(0.25));  // capacity 1 for 4 tokens
+  moe.reset_parameters(3);
+  Tensor x = randn({1, 4, 4}, 6);
+  const std::vector<double> y = moe.forward(x).to_vector();
+  int zero_rows = 0;
+  for (int t = 0; t < 4; ++t) {
+    bool zero = true;
+    for (int c = 0; c < 4; ++c) zero = zero && y[t * 4 + c] == 0.0;
+    zero_rows += zero;
+  }
+  EXPECT_GE(zero_rows, 2) << "2 experts x 1 slot keep at most 2 of 4 tokens";
+}
+
+TEST(BertMoe, OptionsTheLayerCannotTakeNameTheKey) {
+  const ModelEntry& e = find_model("bert_moe");
+  auto error_for = [&](std::map<std::string, OptionValue> set) {
+    Options o(e.options);
+    for (auto& [k, v] : kSmall) o.set(k, v);
+    for (auto& [k, v] : set) o.set(k, v);
+    return error_of([&] { build_model(e, o, 2, 1); });
+  };
+  EXPECT_HAS(error_for({{"num_experts", int64_t{2}}, {"top_k", int64_t{3}}}), "top_k");
+  EXPECT_HAS(error_for({{"capacity_factor", 0.0}}), "capacity_factor");
+  EXPECT_HAS(error_for({{"num_experts", int64_t{0}}}), "num_experts");
+  EXPECT_HAS(error_for({{"num_experts", int64_t{70000}}}), "num_experts");
 }
 
 }  // namespace

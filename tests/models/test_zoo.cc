@@ -36,7 +36,7 @@ TEST(Zoo, GptIsRegisteredWithItsOptions) {
   for (const OptionSpec& s : e.options) names.push_back(s.name);
   EXPECT_EQ(names, (std::vector<std::string>{"vocab_size", "block_size", "seq_len", "n_layer",
                                              "n_head", "n_embd", "dropout", "bias"}));
-  EXPECT_EQ(model_names(), (std::vector<std::string>{"bert", "gpt", "vgg19", "vit"}));
+  EXPECT_EQ(model_names(), (std::vector<std::string>{"bert", "bert_moe", "gpt", "vgg19", "vit"}));
 }
 
 TEST(Zoo, AnUnknownNameListsTheRegisteredOnes) {

@@ -105,6 +105,41 @@ def block(x, p, prefix, n_head, causal):
     return x + F.linear(h, p[prefix + "mlp.proj.weight"], p[prefix + "mlp.proj.bias"])
 
 
+def moe_layer(x, p, prefix, o):
+    """Top-k MoE with GShard routing per sequence (models/moe.h); returns (y, aux loss)."""
+    B, T, C = x.shape
+    E, k = o["num_experts"], o["top_k"]
+    cap = max(1, math.ceil(T * o["capacity_factor"] / E))
+    probs = F.linear(x, p[prefix + "gate.weight"]).softmax(dim=-1)
+    top, idx = probs.topk(k, dim=-1)
+    gates = top / top.sum(dim=-1, keepdim=True)
+    route = torch.zeros(B, T, k, E, cap, dtype=x.dtype)  # 1 where choice (t, j) sits in (e, slot)
+    for b in range(B):
+        used = [0] * E
+        for j in range(k):
+            for t in range(T):
+                e = int(idx[b, t, j])
+                if used[e] < cap:
+                    route[b, t, j, e, used[e]] = 1
+                    used[e] += 1
+    buf = torch.einsum("btjes,btc->besc", route, x)
+    h = F.gelu(buf @ p[prefix + "w1"] + p[prefix + "b1"][:, None, :], approximate="tanh")
+    out = h @ p[prefix + "w2"] + p[prefix + "b2"][:, None, :]
+    y = torch.einsum("btjes,btj,besc->btc", route, gates, out)
+    share = F.one_hot(idx[..., 0], E).to(x.dtype).mean(dim=(0, 1))
+    aux = E * (probs.mean(dim=(0, 1)) * share).sum()
+    return y, aux
+
+
+def moe_block(x, p, prefix, o, causal):
+    C = x.shape[-1]
+    h = F.layer_norm(x, (C,), p[prefix + "ln1.weight"], p[prefix + "ln1.bias"], LN_EPS)
+    x = x + self_attention(h, p, prefix + "attn.", o["n_head"], causal)
+    h = F.layer_norm(x, (C,), p[prefix + "ln2.weight"], p[prefix + "ln2.bias"], LN_EPS)
+    y, aux = moe_layer(h, p, prefix + "moe.", o)
+    return x + y, aux
+
+
 def block_shapes(shapes, prefix, C, hidden):
     shapes[prefix + "ln1.weight"] = (C,)
     shapes[prefix + "ln1.bias"] = (C,)
@@ -170,8 +205,25 @@ def bert_parameter_shapes(o):
     shapes["wpe.weight"] = (o["seq_len"], C)
     shapes["ln_emb.weight"] = (C,)
     shapes["ln_emb.bias"] = (C,)
+    E = o.get("num_experts", 0)
     for i in range(o["n_layer"]):
-        block_shapes(shapes, f"blocks.{i}.", C, H)
+        pre = f"blocks.{i}."
+        if E and i % 2 == 1:
+            for n in ("ln1.weight", "ln1.bias"):
+                shapes[pre + n] = (C,)
+            shapes[pre + "attn.qkv.weight"] = (3 * C, C)
+            shapes[pre + "attn.qkv.bias"] = (3 * C,)
+            shapes[pre + "attn.proj.weight"] = (C, C)
+            shapes[pre + "attn.proj.bias"] = (C,)
+            for n in ("ln2.weight", "ln2.bias"):
+                shapes[pre + n] = (C,)
+            shapes[pre + "moe.gate.weight"] = (E, C)
+            shapes[pre + "moe.w1"] = (E, C, H)
+            shapes[pre + "moe.b1"] = (E, H)
+            shapes[pre + "moe.w2"] = (E, H, C)
+            shapes[pre + "moe.b2"] = (E, C)
+        else:
+            block_shapes(shapes, pre, C, H)
     shapes["ln_f.weight"] = (C,)
     shapes["ln_f.bias"] = (C,)
     shapes["head.bias"] = (V,)
@@ -192,19 +244,26 @@ def bert_loss(p, inputs, o):
     C = o["n_embd"]
     x = F.embedding(idx, p["wte.weight"]) + p["wpe.weight"]
     x = F.layer_norm(x, (C,), p["ln_emb.weight"], p["ln_emb.bias"], LN_EPS)
+    aux = 0.0
     for i in range(o["n_layer"]):
-        x = block(x, p, f"blocks.{i}.", o["n_head"], causal=not mlm)
+        if o.get("num_experts", 0) and i % 2 == 1:
+            x, a = moe_block(x, p, f"blocks.{i}.", o, causal=not mlm)
+            aux = aux + a
+        else:
+            x = block(x, p, f"blocks.{i}.", o["n_head"], causal=not mlm)
     x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
     x = F.gelu(F.linear(x, p["head.dense.weight"], p["head.dense.bias"]), approximate="tanh")
     x = F.layer_norm(x, (C,), p["head.ln.weight"], p["head.ln.bias"], LN_EPS)
     logits = F.linear(x, p["wte.weight"], p["head.bias"])
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+    return loss + o.get("aux_loss_coef", 0.0) * aux
 
 
 MODELS = {
     "vgg19": (vgg_parameter_shapes, vgg_loss, lambda o: ("images", "labels")),
     "vit": (vit_parameter_shapes, vit_loss, lambda o: ("images", "labels")),
     "bert": (bert_parameter_shapes, bert_loss, bert_inputs),
+    "bert_moe": (bert_parameter_shapes, bert_loss, bert_inputs),
 }
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}

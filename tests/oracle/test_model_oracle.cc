@@ -146,7 +146,17 @@ INSTANTIATE_TEST_SUITE_P(Zoo, ModelOracle,
                                                        {"objective", std::string("mlm")},
                                                        {"mask_prob", 0.3}},
                                                       3,
-                                                      bert_masks}),
+                                                      bert_masks},
+                                           OracleCase{"bert_moe",
+                                                      {{"vocab_size", int64_t{37}},
+                                                       {"seq_len", int64_t{9}},
+                                                       {"n_layer", int64_t{2}},
+                                                       {"n_head", int64_t{3}},
+                                                       {"n_embd", int64_t{18}},
+                                                       {"hidden", int64_t{22}},
+                                                       {"num_experts", int64_t{5}},
+                                                       {"capacity_factor", 1.2}},
+                                                      3}),
                          [](const auto& info) {
                            std::string objective;
                            if (info.param.options.count("objective"))

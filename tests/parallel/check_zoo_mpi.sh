@@ -34,5 +34,7 @@ run_case vit --config "$SRC/configs/vit.yaml" --set model.n_embd=32 --set model.
   --set train.batch_size=8 --set model.dropout=0.1
 run_case bert --config "$SRC/configs/bert.yaml" --set model.seq_len=16 --set train.batch_size=6 \
   --set model.dropout=0.1
+run_case bert_moe --config "$SRC/configs/bert_moe.yaml" --set model.seq_len=16 \
+  --set train.batch_size=6 --set model.dropout=0.1 --set model.num_experts=5
 run_case bert_mlm --config "$SRC/configs/bert.yaml" --set model.objective=mlm \
   --set model.seq_len=16 --set train.batch_size=6 --set model.dropout=0.1

@@ -113,6 +113,15 @@ ModelCase vgg_bn() {
   return c;
 }
 
+// BERT-MoE: 5 experts (dividing no rank count), capacity 3 slots per expert for 9 tokens and 2
+// choices each, so some choices are dropped.
+ModelCase bert_moe() {
+  ModelCase c{"bert_moe", kBertSize, 7};
+  c.options["num_experts"] = int64_t{5};
+  c.options["capacity_factor"] = 1.2;
+  return c;
+}
+
 class Models : public ::testing::TestWithParam<synth::Strategy> {};
 
 TEST_P(Models, Vgg19MatchesOneDevice) { check_model(kVgg, GetParam(), 1, 0.0); }
@@ -137,6 +146,11 @@ TEST_P(Models, BertMaskedLmParametersMatchAfterTenAdamWStepsWithDropout) {
 TEST_P(Models, VggBatchNormMatchesOneDevice) { check_model(vgg_bn(), GetParam(), 1, 0.0); }
 TEST_P(Models, VggBatchNormParametersMatchAfterTenAdamWStepsWithDropout) {
   check_model(vgg_bn(), GetParam(), 10, 0.1);
+}
+
+TEST_P(Models, MixtureOfExpertsMatchesOneDevice) { check_model(bert_moe(), GetParam(), 1, 0.0); }
+TEST_P(Models, MixtureOfExpertsParametersMatchAfterTenAdamWStepsWithDropout) {
+  check_model(bert_moe(), GetParam(), 10, 0.1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Models,

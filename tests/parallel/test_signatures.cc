@@ -165,6 +165,15 @@ std::vector<Case> cases() {
   c.push_back({"two dims", OpKind::Mean, {normal({4, 5, 6}, 44)}, ops::ReduceAttrs{{0, 2}, true}});
   c.push_back({"", OpKind::LogSumExp, {normal({4, 5, 6}, 45)}, {}});
   c.push_back({"", OpKind::Max, {normal({4, 5, 6}, 46)}, ops::DimAttrs{1, false}});
+  c.push_back({"", OpKind::TopK, {normal({4, 5, 6}, 47)}, ops::TopKAttrs{2, -1, true}});
+  {
+    Tensor x = normal({4, 5, 6}, 48);
+    Tensor idx = call(OpKind::TopK, {x}, ops::TopKAttrs{2, 1, true})[1];
+    c.push_back({"",
+                 OpKind::IndexBackward,
+                 {normal({4, 2, 6}, 49), idx},
+                 ops::ScatterAttrs{1, 0, {4, 5, 6}}});
+  }
   c.push_back({"", OpKind::Argmax, {normal({4, 5, 6}, 47)}, ops::DimAttrs{2, true}});
   c.push_back({"merge", OpKind::Reshape, {normal({4, 3, 6}, 48)}, ops::ShapeAttrs{{12, 6}}});
   c.push_back(

@@ -387,9 +387,9 @@ TEST_F(ConfigFileTest, TheMovedKeyTrainSeqLenSaysWhereItWent) {
 
 TEST_F(ConfigFileTest, AnUnknownModelNameListsTheRegisteredModels) {
   const std::string path = write(kValidRun);
-  expect_contains(
-      load_error(path, {"model.name=gtp"}),
-      {path, "model.name", "expected one of 'bert', 'gpt', 'vgg19', 'vit'", "got 'gtp'"});
+  expect_contains(load_error(path, {"model.name=gtp"}),
+                  {path, "model.name", "expected one of 'bert', 'bert_moe', 'gpt', 'vgg19', 'vit'",
+                   "got 'gtp'"});
   expect_contains(load_error(path, {"data.name=imagez"}),
                   {path, "data.name", "expected one of 'bytes', 'images'", "got 'imagez'"});
 }

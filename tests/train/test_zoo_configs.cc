@@ -50,7 +50,8 @@ INSTANTIATE_TEST_SUITE_P(
     Zoo, ShippedConfig,
     ::testing::Values(ConfigCase{"vgg19.yaml", "", 60, 0.85}, ConfigCase{"vit.yaml", "", 40, 0.7},
                       ConfigCase{"bert.yaml", "", 60, 0.7},
-                      ConfigCase{"bert.yaml", "--set model.objective=mlm", 60, 0.7}),
+                      ConfigCase{"bert.yaml", "--set model.objective=mlm", 60, 0.7},
+                      ConfigCase{"bert_moe.yaml", "", 60, 0.7}),
     [](const auto& info) {
       const std::string& set = info.param.set;
       std::string n = info.param.file.substr(0, info.param.file.find('.')) +
