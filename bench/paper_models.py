@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The paper's models on the paper's cluster: predicted step times of hap and the baselines.
 
-For each model of HAP's evaluation that the zoo has (vgg19, vit, bert; bert_moe when it exists) at
+For each model of HAP's evaluation (vgg19, vit, bert, bert_moe with 2 x devices experts) at
 the paper's settings (fp32, global batch 32 x devices, AdamW, gradient clipping 0.5), on the
 paper's heterogeneous cluster (configs/clusters/hap-paper.yaml: 2 machines of 8 V100 and 6 of 8
 P100, about 10.4 Gbit/s between machines) and on its scalability subsets (1, 2, 4 and 8 GPUs per
@@ -32,6 +32,10 @@ MODELS = {
                                  "model.hidden=3072"]),
     "bert": ("configs/bert.yaml", ["model.n_layer=12", "model.n_head=12", "model.n_embd=768",
                                    "model.hidden=3072", "model.seq_len=128"]),
+    # 2 x devices experts (added per device count below), capacity factor 2.5.
+    "bert_moe": ("configs/bert_moe.yaml", ["model.n_layer=12", "model.n_head=12", "model.n_embd=768",
+                                           "model.hidden=3072", "model.seq_len=128",
+                                           "model.capacity_factor=2.5"]),
 }
 PAPER_SETTINGS = ["train.optimizer=adamw", "train.lr=5e-4", "train.grad_clip=0.5"]
 
@@ -58,6 +62,8 @@ def plan(build, config, overrides, cluster, strategy, out_json):
         message = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else f"exit {r.returncode}"
         if "no program fits in memory" in message:
             return {"fits": False, "error": message}
+        if "search budget" in message or "without reaching the loss" in message:
+            return {"fits": False, "error": message, "search_budget_exceeded": True}
         raise SystemExit(f"paper_models: {' '.join(cmd)} failed: {r.stderr[-2000:]}")
     with open(out_json) as f:
         p = json.load(f)
@@ -83,6 +89,8 @@ def main(argv):
                 n = 8 * k
                 cluster = subset_cluster(os.path.join(ROOT, results["cluster"]), k, tmp)
                 overrides = sizes + PAPER_SETTINGS + [f"train.batch_size={32 * n}"]
+                if model == "bert_moe":
+                    overrides = overrides + [f"model.num_experts={2 * n}"]
                 row = {}
                 for s in STRATEGIES:
                     row[s] = plan(args.build, config, overrides, cluster, s, os.path.join(tmp, "p.json"))
@@ -94,9 +102,10 @@ def main(argv):
                                                            hap["compute_lower_bound_s"])
                 entry["devices"][str(n)] = row
                 line = f"{model} on {n} devices: hap {hap['predicted_step_s'] * 1e3:.1f} ms" if hap["fits"] \
-                    else f"{model} on {n} devices: hap does not fit"
+                    else f"{model} on {n} devices: hap found no program ({hap['error'][:80]})"
                 for s in STRATEGIES[1:]:
                     line += (f", {s} {row[s]['predicted_step_s'] * 1e3:.1f} ms" if row[s]["fits"]
+                             else f", {s} search budget exceeded" if row[s].get("search_budget_exceeded")
                              else f", {s} out of memory")
                 if hap["fits"]:
                     line += (f"; hap {hap['speedup_over'].get('dp-ev', float('nan')):.2f}x over dp-ev, "

@@ -74,10 +74,14 @@ Tensor BERT::forward(const Tensor& idx) {
   if (idx.has_storage()) check_class_indices(idx, V, "bert", "token id");
   Tensor x = wte->forward(idx) + wpe->weight;  // [B, T, C]
   x = drop->forward(ln_emb->forward(x));
+  aux_total_ = Tensor();
   for (size_t i = 0; i < blocks->size(); ++i) {
-    if (auto moe = std::dynamic_pointer_cast<MoEBlock>((*blocks)[i]))
+    if (auto moe = std::dynamic_pointer_cast<MoEBlock>((*blocks)[i])) {
       x = moe->forward(x);
-    else
+      // A running sum, so that one scalar (not one per MoE block) stays live to the loss.
+      const Tensor& aux = moe->moe->aux_loss();
+      aux_total_ = aux_total_.defined() ? aux_total_ + aux : aux;
+    } else
       x = blocks->at<TransformerBlock>(i)->forward(x);
   }
   x = ln_f->forward(x);
@@ -121,12 +125,8 @@ Tensor BERT::loss(const Batch& batch) {
 }
 
 Tensor BERT::with_aux_loss(const Tensor& loss) const {
-  if (config_.num_experts == 0 || config_.aux_loss_coef == 0) return loss;
-  Tensor total = loss;
-  for (size_t i = 0; i < blocks->size(); ++i)
-    if (auto moe = std::dynamic_pointer_cast<MoEBlock>((*blocks)[i]))
-      total = total + moe->moe->aux_loss() * config_.aux_loss_coef;
-  return total;
+  if (!aux_total_.defined() || config_.aux_loss_coef == 0) return loss;
+  return loss + aux_total_ * config_.aux_loss_coef;
 }
 
 namespace {

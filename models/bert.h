@@ -85,6 +85,7 @@ class BERT : public Model {
   Tensor with_aux_loss(const Tensor& loss) const;
 
   BERTConfig config_;
+  Tensor aux_total_;  // the MoE blocks' load-balancing losses of the last forward, summed
 };
 
 // The zoo entry "bert" (options vocab_size, seq_len, n_layer, n_head, n_embd, hidden, dropout,

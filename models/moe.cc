@@ -41,13 +41,9 @@ Tensor MoE::forward(const Tensor& x) {
             options_.dim(), "], got ", x.defined() ? x.str() : "undefined");
   const int64_t B = x.size(0), T = x.size(1), E = options_.experts(), H = options_.hidden();
   const int64_t C = options_.dim(), cap = capacity(T);
-  Tensor probs = softmax(gate->forward(x), -1);               // [B, T, E]
-  auto [top, experts] = topk(probs, options_.top_k(), -1);    // [B, T, k]
-  Tensor gates = top / sum(top, {-1}, /*keepdim=*/true);      // renormalised over the kept k
-  Tensor buf = moe_dispatch(x, experts, Tensor(), E, cap);    // [B, E, cap, C]
-  Tensor h = gelu(matmul(buf, w1) + reshape(b1, {E, 1, H}));  // [B, E, cap, H]
-  Tensor out = matmul(h, w2) + reshape(b2, {E, 1, C});        // [B, E, cap, C]
-  Tensor y = moe_combine(out, experts, gates, E, cap);        // [B, T, C]
+  Tensor probs = softmax(gate->forward(x), -1);             // [B, T, E]
+  auto [top, experts] = topk(probs, options_.top_k(), -1);  // [B, T, k]
+  Tensor gates = top / sum(top, {-1}, /*keepdim=*/true);    // renormalised over the kept k
   // Load balance: the share of first choices per expert (ones scattered at each token's first
   // choice: a one-hot [B, T, E] without gradient) against the mean gate probability.
   Tensor ones = slice(top, 2, 0, 1) * 0.0 + 1.0;  // [B, T, 1]
@@ -55,6 +51,12 @@ Tensor MoE::forward(const Tensor& x) {
                               ops::ScatterAttrs{2, 0, {B, T, E}});
   Tensor share = mean(one_hot, {0, 1});  // [E]
   aux_loss_ = sum(mean(probs, {0, 1}) * share) * static_cast<double>(E);
+  // (Computed before the experts run, so that the gate probabilities are no longer live: fewer
+  // live tensors keep the program search small.)
+  Tensor buf = moe_dispatch(x, experts, Tensor(), E, cap);    // [B, E, cap, C]
+  Tensor h = gelu(matmul(buf, w1) + reshape(b1, {E, 1, H}));  // [B, E, cap, H]
+  Tensor out = matmul(h, w2) + reshape(b2, {E, 1, C});        // [B, E, cap, C]
+  Tensor y = moe_combine(out, experts, gates, E, cap);        // [B, T, C]
   return drop->forward(y);
 }
 
