@@ -1,6 +1,6 @@
 // hap-plan: synthesize (and explain) a distributed program offline, for any cluster size.
 //   hap-plan --config configs/gpt.yaml --cluster configs/clusters/hap-paper.yaml
-//            [--strategy hap|dp-ev|dp-cp|tp] [--segments per-block|single] [--json FILE]
+//            [--strategy hap|dp-ev|dp-cp|tp|dp-ep] [--segments per-block|single] [--json FILE]
 //            [--search-budget STATES] [--set key.path=value]...
 //   hap-plan --config configs/gpt.yaml --dump-graph
 //   hap-plan --cluster FILE --describe-cluster   (the validated cluster as JSON: scripts read it)
@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   cli.add_option("--config", config_path, "run config (YAML): the model and the global batch");
   cli.add_option("--cluster", cluster_path, "cluster description (YAML)");
   cli.add_option("--strategy", strategy,
-                 "hap, dp-ev, dp-cp or tp (default: the config's parallel.strategy)");
+                 "hap, dp-ev, dp-cp, tp or dp-ep (default: the config's parallel.strategy)");
   cli.add_option("--segments", segments,
                  "per-block or single (default: the config's parallel.segments)");
   cli.add_option("--search-budget", search_budget,
@@ -116,9 +116,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<hap::synth::DistributedProgram> baselines;
-    for (auto s :
-         {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp}) {
+    for (auto s : {hap::synth::Strategy::DpEv, hap::synth::Strategy::DpCp, hap::synth::Strategy::Tp,
+                   hap::synth::Strategy::DpEp}) {
       if (s == strat) continue;
+      // dp-ep differs from dp-ev only where there are expert weights to split.
+      if (s == hap::synth::Strategy::DpEp && !hap::synth::has_expert_weights(graph)) continue;
       hap::synth::SynthesisOptions b = opt;
       b.strategy = s;
       try {

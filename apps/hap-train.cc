@@ -1,7 +1,7 @@
 // hap-train: train a model from a YAML run config, on one process or on a cluster.
 //   hap-train --config configs/gpt.yaml [--set key.path=value]... [--resume CKPT] [--save CKPT]
 //   mpirun -np N hap-train --config configs/gpt.yaml --cluster configs/clusters/X.yaml
-//          [--set parallel.strategy=hap|dp-ev|dp-cp|tp] [--plan FILE] [--plan-json FILE]
+//          [--set parallel.strategy=hap|dp-ev|dp-cp|tp|dp-ep] [--plan FILE] [--plan-json FILE]
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
                "collective, per rank)");
   cli.add_option("--cluster", cluster_path,
                  "train on MPI ranks: the cluster they form (YAML); the config's parallel section "
-                 "(--set parallel.strategy=hap|dp-ev|dp-cp|tp) says how");
+                 "(--set parallel.strategy=hap|dp-ev|dp-cp|tp|dp-ep) says how");
   cli.add_option("--plan-json", plan_json, "with --cluster: write the plan (rank 0)");
   cli.add_option("--plan", plan_file, "with --cluster: run this plan (from hap-plan --json)");
   try {

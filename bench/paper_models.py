@@ -92,18 +92,19 @@ def main(argv):
                 if model == "bert_moe":
                     overrides = overrides + [f"model.num_experts={2 * n}"]
                 row = {}
-                for s in STRATEGIES:
+                strategies = STRATEGIES + (["dp-ep"] if model == "bert_moe" else [])
+                for s in strategies:
                     row[s] = plan(args.build, config, overrides, cluster, s, os.path.join(tmp, "p.json"))
                 hap = row["hap"]
                 if hap["fits"]:
                     hap["speedup_over"] = {s: row[s]["predicted_step_s"] / hap["predicted_step_s"]
-                                           for s in STRATEGIES[1:] if row[s]["fits"]}
+                                           for s in strategies[1:] if row[s]["fits"]}
                     hap["ratio_to_compute_lower_bound"] = (hap["predicted_step_s"] /
                                                            hap["compute_lower_bound_s"])
                 entry["devices"][str(n)] = row
                 line = f"{model} on {n} devices: hap {hap['predicted_step_s'] * 1e3:.1f} ms" if hap["fits"] \
                     else f"{model} on {n} devices: hap found no program ({hap['error'][:80]})"
-                for s in STRATEGIES[1:]:
+                for s in strategies[1:]:
                     line += (f", {s} {row[s]['predicted_step_s'] * 1e3:.1f} ms" if row[s]["fits"]
                              else f", {s} search budget exceeded" if row[s].get("search_budget_exceeded")
                              else f", {s} out of memory")
@@ -131,9 +132,11 @@ def chart(results, path):
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
     for ax, (name, e) in zip(axes[0], models):
         counts = sorted(e["devices"], key=int)
-        for s in STRATEGIES[1:]:
+        for s in STRATEGIES[1:] + ["dp-ep"]:
             ys = [e["devices"][n]["hap"].get("speedup_over", {}).get(s) for n in counts]
             xs = [int(n) for n, y in zip(counts, ys) if y is not None]
+            if not xs:
+                continue
             ax.plot(xs, [y for y in ys if y is not None], marker="o", label=f"hap over {s}")
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_xscale("log", base=2)

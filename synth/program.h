@@ -43,7 +43,7 @@ struct Instruction {
 };
 
 struct DistributedProgram {
-  std::string strategy;                     // hap, dp-ev, dp-cp, tp
+  std::string strategy;                     // hap, dp-ev, dp-cp, tp, dp-ep
   std::vector<Instruction> instructions;    // in execution order
   std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
   std::vector<int> node_segment;            // graph node id -> segment

@@ -58,6 +58,7 @@ class Expander {
       : cm_(cm), g_(cm.graph()), ratios_(ratios), seg_(node_segment), space_(space) {
     last_use_.assign(g_.tensors.size(), -1);
     linear_weight_.assign(g_.tensors.size(), false);
+    expert_weight_.assign(g_.tensors.size(), false);
     for (const GraphNode& n : g_.nodes) {
       for (int t : n.inputs)
         if (t >= 0) last_use_[t] = n.id;
@@ -65,6 +66,10 @@ class Expander {
       if (product && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
           g_.tensors[n.inputs[1]].role == TensorRole::Parameter)
         linear_weight_[n.inputs[1]] = true;
+      if (n.kind == ops::OpKind::MatMul && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
+          g_.tensors[n.inputs[1]].role == TensorRole::Parameter &&
+          g_.tensors[n.inputs[1]].shape.size() >= 3)
+        expert_weight_[n.inputs[1]] = true;
     }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
@@ -283,6 +288,8 @@ class Expander {
     if (t.role == TensorRole::Parameter) {
       if (space_.linear_weights_must_shard && linear_weight_[t.id])
         return q.kind == PropKind::Sharded;
+      if (space_.expert_weights_must_shard && expert_weight_[t.id])
+        return q.kind == PropKind::Sharded && q.dim == 0;
       return q.kind == PropKind::Replicated || space_.shard_parameters;
     }
     if (t.role == TensorRole::Input) {
@@ -382,6 +389,7 @@ class Expander {
   const std::vector<int>& seg_;
   const SearchSpace& space_;
   std::vector<bool> linear_weight_;  // the weight (input 1) of a Linear or MatMul
+  std::vector<bool> expert_weight_;  // a parameter of >= 3 dims: a batched MatMul weight
   std::vector<int> last_use_;
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {

@@ -28,6 +28,9 @@ struct SearchSpace {
   // Tensor parallelism proper (the tp baseline): the weight of every Linear/MatMul is stored
   // Sharded (column- or row-parallel), never Replicated.
   bool linear_weights_must_shard = false;
+  // Expert parallelism (the dp-ep baseline): expert weights (parameters of 3 or more dims used as
+  // a matrix product's second operand) are stored Sharded(0), whatever shard_parameters says.
+  bool expert_weights_must_shard = false;
   int64_t max_states = 2'000'000;  // expansion budget; exceeding it is an error
   bool dominance_pruning = true;   // drop children a recent state of their group dominates
   // Where memory binds, also run the memory-aware pass after a fast pass that found a program

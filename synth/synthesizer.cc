@@ -27,6 +27,8 @@ const char* strategy_name(Strategy s) {
       return "dp-cp";
     case Strategy::Tp:
       return "tp";
+    case Strategy::DpEp:
+      return "dp-ep";
   }
   return "?";
 }
@@ -36,7 +38,17 @@ Strategy parse_strategy(const std::string& name) {
   if (name == "dp-ev") return Strategy::DpEv;
   if (name == "dp-cp") return Strategy::DpCp;
   if (name == "tp") return Strategy::Tp;
-  HAP_CHECK(false, "unknown strategy '", name, "' (expected one of hap, dp-ev, dp-cp, tp)");
+  if (name == "dp-ep") return Strategy::DpEp;
+  HAP_CHECK(false, "unknown strategy '", name, "' (expected one of hap, dp-ev, dp-cp, tp, dp-ep)");
+}
+
+bool has_expert_weights(const Graph& graph) {
+  for (const GraphNode& n : graph.nodes)
+    if (n.kind == ops::OpKind::MatMul && n.inputs.size() > 1 && n.inputs[1] >= 0) {
+      const GraphTensor& w = graph.tensors[n.inputs[1]];
+      if (w.role == TensorRole::Parameter && w.shape.size() >= 3) return true;
+    }
+  return false;
 }
 
 std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_segments) {
@@ -266,6 +278,11 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
     case Strategy::DpCp:
       sp.inputs_must_shard_dim0 = true;
       sp.shard_parameters = false;
+      break;
+    case Strategy::DpEp:
+      sp.inputs_must_shard_dim0 = true;
+      sp.shard_parameters = false;
+      sp.expert_weights_must_shard = true;
       break;
     case Strategy::Tp:
       sp.shard_inputs = false;

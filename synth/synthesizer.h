@@ -10,10 +10,16 @@
 
 namespace hap::synth {
 
-enum class Strategy { Hap, DpEv, DpCp, Tp };
+// dp-ep: DeepSpeed-MoE's expert parallelism: even data parallelism, except that expert weights
+// (parameters used as the batched weight of a matrix product, [E, ...]) are stored split evenly
+// along the experts (dim 0), with all-to-all between the batch split and the expert split.
+enum class Strategy { Hap, DpEv, DpCp, Tp, DpEp };
 const char* strategy_name(Strategy s);
-// "hap", "dp-ev", "dp-cp", "tp"; throws hap::Error listing the valid names.
+// "hap", "dp-ev", "dp-cp", "tp", "dp-ep"; throws hap::Error listing the valid names.
 Strategy parse_strategy(const std::string& name);
+// Whether the graph has expert weights (what dp-ep splits): a parameter of 3 or more dims used as
+// the second operand of a matrix product.
+bool has_expert_weights(const Graph& graph);
 
 // How nodes are grouped into segments, each with its own ratio vector. PerBlock: one segment per
 // numbered module ("blocks.3", "layers.7") plus segment 0 for everything else.

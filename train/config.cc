@@ -60,10 +60,11 @@ bool is_section(std::string_view name) {
   return std::find(kSections.begin(), kSections.end(), name) != kSections.end();
 }
 
-constexpr std::array<Choice<synth::Strategy>, 4> kStrategies = {{{"hap", synth::Strategy::Hap},
+constexpr std::array<Choice<synth::Strategy>, 5> kStrategies = {{{"hap", synth::Strategy::Hap},
                                                                  {"dp-ev", synth::Strategy::DpEv},
                                                                  {"dp-cp", synth::Strategy::DpCp},
-                                                                 {"tp", synth::Strategy::Tp}}};
+                                                                 {"tp", synth::Strategy::Tp},
+                                                                 {"dp-ep", synth::Strategy::DpEp}}};
 constexpr std::array<Choice<synth::SegmentMode>, 2> kSegmentModes = {
     {{"per-block", synth::SegmentMode::PerBlock}, {"single", synth::SegmentMode::Single}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {

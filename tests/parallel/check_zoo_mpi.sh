@@ -36,5 +36,8 @@ run_case bert --config "$SRC/configs/bert.yaml" --set model.seq_len=16 --set tra
   --set model.dropout=0.1
 run_case bert_moe --config "$SRC/configs/bert_moe.yaml" --set model.seq_len=16 \
   --set train.batch_size=6 --set model.dropout=0.1 --set model.num_experts=5
+run_case bert_moe_dp_ep --config "$SRC/configs/bert_moe.yaml" --set model.seq_len=16 \
+  --set train.batch_size=6 --set model.dropout=0.1 --set model.num_experts=5 \
+  --set parallel.strategy=dp-ep
 run_case bert_mlm --config "$SRC/configs/bert.yaml" --set model.objective=mlm \
   --set model.seq_len=16 --set train.batch_size=6 --set model.dropout=0.1

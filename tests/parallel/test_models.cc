@@ -69,9 +69,25 @@ void check_model(const ModelCase& c, synth::Strategy strategy, int steps, double
   std::map<std::string, Tensor> tensors(batch.begin(), batch.end());
 
   ref->train();
+  // dp-ep: expert weights (3-dim parameters of batched products) split by expert, the rest whole.
+  auto check_plan = [&](const synth::DistributedProgram& plan) {
+    if (strategy != synth::Strategy::DpEp || world().size() < 2) return;
+    int experts = 0;
+    for (const synth::GraphTensor& t : g.tensors) {
+      if (t.role != synth::TensorRole::Parameter) continue;
+      const ops::Prop& p = plan.storage[t.id];
+      if (t.shape.size() >= 3) {
+        ++experts;
+        EXPECT_TRUE(p.kind == ops::PropKind::Sharded && p.dim == 0) << t.name;
+      } else {
+        EXPECT_EQ(p.kind, ops::PropKind::Replicated) << t.name;
+      }
+    }
+    EXPECT_GT(experts, 0);
+  };
   compare_with_one_device(
       g, strategy, synth::SegmentMode::PerBlock, *ref, [&] { return ref->loss(batch); }, tensors,
-      steps, c.lr, 0.5, testing::close_parameters_with_attention(c.lr, steps));
+      steps, c.lr, 0.5, testing::close_parameters_with_attention(c.lr, steps), check_plan);
 }
 
 // Width 4 (not 2): with two channels per stage, ReLUs die and the activations that reach the
@@ -148,20 +164,34 @@ TEST_P(Models, VggBatchNormParametersMatchAfterTenAdamWStepsWithDropout) {
   check_model(vgg_bn(), GetParam(), 10, 0.1);
 }
 
-TEST_P(Models, MixtureOfExpertsMatchesOneDevice) { check_model(bert_moe(), GetParam(), 1, 0.0); }
-TEST_P(Models, MixtureOfExpertsParametersMatchAfterTenAdamWStepsWithDropout) {
+// Models with experts also run under dp-ep (DeepSpeed-MoE's expert parallelism), whose plan
+// stores the expert weights split by expert and every other parameter whole.
+class ExpertModels : public ::testing::TestWithParam<synth::Strategy> {};
+
+TEST_P(ExpertModels, MixtureOfExpertsMatchesOneDevice) {
+  check_model(bert_moe(), GetParam(), 1, 0.0);
+}
+TEST_P(ExpertModels, MixtureOfExpertsParametersMatchAfterTenAdamWStepsWithDropout) {
   check_model(bert_moe(), GetParam(), 10, 0.1);
 }
+
+std::string strategy_label(const ::testing::TestParamInfo<synth::Strategy>& info) {
+  std::string n = synth::strategy_name(info.param);
+  for (char& ch : n)
+    if (ch == '-') ch = '_';
+  return n;
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, ExpertModels,
+                         ::testing::Values(synth::Strategy::DpEv, synth::Strategy::DpCp,
+                                           synth::Strategy::Tp, synth::Strategy::Hap,
+                                           synth::Strategy::DpEp),
+                         strategy_label);
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Models,
                          ::testing::Values(synth::Strategy::DpEv, synth::Strategy::DpCp,
                                            synth::Strategy::Tp, synth::Strategy::Hap),
-                         [](const auto& info) {
-                           std::string n = synth::strategy_name(info.param);
-                           for (char& ch : n)
-                             if (ch == '-') ch = '_';
-                           return n;
-                         });
+                         strategy_label);
 
 }  // namespace
 }  // namespace hap::parallel

@@ -492,9 +492,9 @@ TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     std::string m = e.what();
-    EXPECT_NE(
-        m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'zero'"),
-        std::string::npos)
+    EXPECT_NE(m.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', 'dp-ep', "
+                     "got 'zero'"),
+              std::string::npos)
         << m;
   }
 }

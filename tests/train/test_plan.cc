@@ -167,9 +167,11 @@ TEST(PlanBinary, BadStrategyOrSegmentsNameTheirOption) {
                            src("configs/clusters/emu-mixed4.yaml");
   std::string out, err;
   EXPECT_EQ(run_plan(plan + " --strategy foo", &out, &err), 2);
-  EXPECT_NE(err.find("parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', got 'foo' "
-                     "(value from --strategy foo)"),
-            std::string::npos)
+  EXPECT_NE(
+      err.find(
+          "parallel.strategy: expected one of 'hap', 'dp-ev', 'dp-cp', 'tp', 'dp-ep', got 'foo' "
+          "(value from --strategy foo)"),
+      std::string::npos)
       << err;
   EXPECT_EQ(err.find("--set"), std::string::npos) << err;
   EXPECT_EQ(run_plan(plan + " --segments all", &out, &err), 2);
