@@ -1,5 +1,7 @@
 #include "models/model.h"
 
+#include "ops/functional.h"
+
 namespace hap::nn {
 
 std::string input_str(const InputSpec& spec) {
@@ -35,6 +37,22 @@ void check_class_indices(const Tensor& ids, std::int64_t classes, const std::str
               ignore_index ? " and is not the ignore index " + std::to_string(*ignore_index)
                            : std::string());
   }
+}
+
+std::vector<InputSpec> image_classifier_inputs(std::int64_t batch, std::int64_t channels,
+                                               std::int64_t size, std::int64_t classes) {
+  return {{"images", {batch, channels, size, size}, DType::F32, 0, 0, false},
+          {"labels", {batch}, DType::I64, 0, classes, false}};
+}
+
+Tensor image_classification_loss(const Batch& batch, std::int64_t classes, const std::string& model,
+                                 const std::function<Tensor(const Tensor&)>& forward) {
+  const Tensor& images = input_of(batch, "images", DType::F32, 4, model);
+  const Tensor& labels = input_of(batch, "labels", DType::I64, 1, model);
+  check_class_indices(labels, classes, model, "label");
+  HAP_CHECK(labels.size(0) == images.size(0), model, ": ", labels.size(0), " labels for ",
+            images.size(0), " images");
+  return cross_entropy(forward(images), labels);
 }
 
 }  // namespace hap::nn

@@ -18,6 +18,7 @@
 // examples or targets), so that the distributed program computes exactly the single-device loss.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -72,6 +73,15 @@ const Tensor& input_of(const Batch& batch, const std::string& name, DType dtype,
 // Checks that every element of `ids` (i64) is a class index in [0, classes), or `ignore_index`
 // where allowed; throws naming the model, what the ids are ("label", "target") and the first bad
 // one with its position. Tensors without values (traced shapes) pass.
+// Image classifiers' inputs: "images" f32 [batch, channels, size, size] and "labels" i64 [batch]
+// in [0, classes), both with batch dim 0 (what the dataset "images" gives).
+std::vector<InputSpec> image_classifier_inputs(std::int64_t batch, std::int64_t channels,
+                                               std::int64_t size, std::int64_t classes);
+// The mean cross-entropy of forward(images) against the labels of `batch`, after checking both
+// inputs (naming `model`).
+Tensor image_classification_loss(const Batch& batch, std::int64_t classes, const std::string& model,
+                                 const std::function<Tensor(const Tensor&)>& forward);
+
 void check_class_indices(const Tensor& ids, std::int64_t classes, const std::string& model,
                          const char* what, std::optional<std::int64_t> ignore_index = std::nullopt);
 

@@ -63,18 +63,13 @@ Tensor ViT::forward(const Tensor& images) {
 }
 
 std::vector<InputSpec> ViT::inputs(int64_t batch_size) const {
-  const int64_t S = config_.image_size;
-  return {{"images", {batch_size, config_.in_channels, S, S}, DType::F32, 0, 0, false},
-          {"labels", {batch_size}, DType::I64, 0, config_.num_classes, false}};
+  return image_classifier_inputs(batch_size, config_.in_channels, config_.image_size,
+                                 config_.num_classes);
 }
 
 Tensor ViT::loss(const Batch& batch) {
-  const Tensor& images = input_of(batch, "images", DType::F32, 4, "vit");
-  const Tensor& labels = input_of(batch, "labels", DType::I64, 1, "vit");
-  check_class_indices(labels, config_.num_classes, "vit", "label");
-  HAP_CHECK(labels.size(0) == images.size(0), "vit: ", labels.size(0), " labels for ",
-            images.size(0), " images");
-  return cross_entropy(forward(images), labels);
+  return image_classification_loss(batch, config_.num_classes, "vit",
+                                   [this](const Tensor& images) { return forward(images); });
 }
 
 ModelEntry vit_model_entry() {

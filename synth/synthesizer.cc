@@ -427,7 +427,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     std::string why = budget_error;
     DistributedProgram base;
     base.predicted_step_s = std::numeric_limits<double>::infinity();
-    for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp}) {
+    for (Strategy s : {Strategy::DpCp, Strategy::DpEv, Strategy::Tp, Strategy::DpEp}) {
+      // dp-ep differs from dp-ev only where there are expert weights to split.
+      if (s == Strategy::DpEp && !has_expert_weights(graph)) continue;
       SynthesisOptions o = options;
       o.strategy = s;
       o.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);

@@ -57,6 +57,23 @@ nlohmann::json options_json(const nn::Options& o) {
   return j;
 }
 
+// A small BERT (or BERT-MoE): sizes that divide nothing, with `more` options over them.
+OracleCase bert_case(std::map<std::string, nn::OptionValue> more,
+                     std::function<NamedTensors(nn::Model&, const NamedTensors&)> extra,
+                     const std::string& model = "bert") {
+  OracleCase c{model,
+               {{"vocab_size", int64_t{37}},
+                {"seq_len", int64_t{9}},
+                {"n_layer", int64_t{2}},
+                {"n_head", int64_t{3}},
+                {"n_embd", int64_t{18}},
+                {"hidden", int64_t{22}}},
+               3,
+               std::move(extra)};
+  for (auto& [k, v] : more) c.options[k] = v;
+  return c;
+}
+
 class ModelOracle : public ::testing::TestWithParam<OracleCase> {};
 
 TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
@@ -98,72 +115,45 @@ TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Zoo, ModelOracle,
-                         ::testing::Values(OracleCase{"vgg19",
-                                                      {{"width", int64_t{3}},
-                                                       {"hidden", int64_t{13}},
-                                                       {"num_classes", int64_t{7}}},
-                                                      5},
-                                           OracleCase{"vgg19",
-                                                      {{"depth", int64_t{11}},
-                                                       {"image_size", int64_t{64}},
-                                                       {"in_channels", int64_t{2}},
-                                                       {"width", int64_t{5}},
-                                                       {"hidden", int64_t{9}},
-                                                       {"num_classes", int64_t{3}}},
-                                                      3},
-                                           OracleCase{"vgg19",
-                                                      {{"width", int64_t{3}},
-                                                       {"hidden", int64_t{13}},
-                                                       {"num_classes", int64_t{7}},
-                                                       {"batch_norm", true}},
-                                                      5},
-                                           OracleCase{"vit",
-                                                      {{"image_size", int64_t{12}},
-                                                       {"patch_size", int64_t{3}},
-                                                       {"in_channels", int64_t{2}},
-                                                       {"num_classes", int64_t{5}},
-                                                       {"n_layer", int64_t{2}},
-                                                       {"n_head", int64_t{3}},
-                                                       {"n_embd", int64_t{18}},
-                                                       {"hidden", int64_t{20}}},
-                                                      3},
-                                           OracleCase{"bert",
-                                                      {{"vocab_size", int64_t{37}},
-                                                       {"seq_len", int64_t{9}},
-                                                       {"n_layer", int64_t{2}},
-                                                       {"n_head", int64_t{3}},
-                                                       {"n_embd", int64_t{18}},
-                                                       {"hidden", int64_t{22}}},
-                                                      3},
-                                           OracleCase{"bert",
-                                                      {{"vocab_size", int64_t{37}},
-                                                       {"seq_len", int64_t{9}},
-                                                       {"n_layer", int64_t{2}},
-                                                       {"n_head", int64_t{3}},
-                                                       {"n_embd", int64_t{18}},
-                                                       {"hidden", int64_t{22}},
-                                                       {"objective", std::string("mlm")},
-                                                       {"mask_prob", 0.3}},
-                                                      3,
-                                                      bert_masks},
-                                           OracleCase{"bert_moe",
-                                                      {{"vocab_size", int64_t{37}},
-                                                       {"seq_len", int64_t{9}},
-                                                       {"n_layer", int64_t{2}},
-                                                       {"n_head", int64_t{3}},
-                                                       {"n_embd", int64_t{18}},
-                                                       {"hidden", int64_t{22}},
-                                                       {"num_experts", int64_t{5}},
-                                                       {"capacity_factor", 1.2}},
-                                                      3}),
-                         [](const auto& info) {
-                           std::string objective;
-                           if (info.param.options.count("objective"))
-                             objective =
-                                 "_" + std::get<std::string>(info.param.options.at("objective"));
-                           return info.param.model + objective + "_" + std::to_string(info.index);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Zoo, ModelOracle,
+    ::testing::Values(
+        OracleCase{"vgg19",
+                   {{"width", int64_t{3}}, {"hidden", int64_t{13}}, {"num_classes", int64_t{7}}},
+                   5},
+        OracleCase{"vgg19",
+                   {{"depth", int64_t{11}},
+                    {"image_size", int64_t{64}},
+                    {"in_channels", int64_t{2}},
+                    {"width", int64_t{5}},
+                    {"hidden", int64_t{9}},
+                    {"num_classes", int64_t{3}}},
+                   3},
+        OracleCase{"vgg19",
+                   {{"width", int64_t{3}},
+                    {"hidden", int64_t{13}},
+                    {"num_classes", int64_t{7}},
+                    {"batch_norm", true}},
+                   5},
+        OracleCase{"vit",
+                   {{"image_size", int64_t{12}},
+                    {"patch_size", int64_t{3}},
+                    {"in_channels", int64_t{2}},
+                    {"num_classes", int64_t{5}},
+                    {"n_layer", int64_t{2}},
+                    {"n_head", int64_t{3}},
+                    {"n_embd", int64_t{18}},
+                    {"hidden", int64_t{20}}},
+                   3},
+        bert_case({}, nullptr),
+        bert_case({{"objective", std::string("mlm")}, {"mask_prob", 0.3}}, bert_masks),
+        bert_case({{"num_experts", int64_t{5}}, {"capacity_factor", 1.2}}, nullptr, "bert_moe")),
+    [](const auto& info) {
+      std::string objective;
+      if (info.param.options.count("objective"))
+        objective = "_" + std::get<std::string>(info.param.options.at("objective"));
+      return info.param.model + objective + "_" + std::to_string(info.index);
+    });
 
 }  // namespace
 }  // namespace hap
