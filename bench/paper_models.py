@@ -109,8 +109,9 @@ def main(argv):
                              else f", {s} search budget exceeded" if row[s].get("search_budget_exceeded")
                              else f", {s} out of memory")
                 if hap["fits"]:
-                    line += (f"; hap {hap['speedup_over'].get('dp-ev', float('nan')):.2f}x over dp-ev, "
-                             f"{hap['ratio_to_compute_lower_bound']:.2f}x the compute lower bound, "
+                    ev = hap["speedup_over"].get("dp-ev")
+                    line += f"; hap {ev:.2f}x over dp-ev, " if ev else "; dp-ev has no program; hap "
+                    line += (f"{hap['ratio_to_compute_lower_bound']:.2f}x the compute lower bound, "
                              f"synthesis {hap['synthesis_s']:.2f} s")
                 print(line, flush=True)
             results["models"][model] = entry
