@@ -1,5 +1,6 @@
 #include "synth/graph.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 #include <unordered_map>
@@ -36,6 +37,70 @@ int64_t Graph::parameter_count() const {
   for (const GraphTensor& t : tensors)
     if (t.role == TensorRole::Parameter) c += shape_numel(t.shape);
   return c;
+}
+
+std::vector<int> narrow_order(const Graph& graph) {
+  const int n = static_cast<int>(graph.nodes.size());
+  // Reads of each tensor still to come, and inputs of each node still to be computed.
+  std::vector<int> reads_left(graph.tensors.size(), 0), waiting(n, 0);
+  for (const GraphNode& node : graph.nodes)
+    for (int t : node.inputs)
+      if (t >= 0) {
+        ++reads_left[t];
+        if (graph.tensors[t].producer >= 0) ++waiting[node.id];
+      }
+  std::vector<int> ready;  // node ids, kept sorted (ties go to program order)
+  for (const GraphNode& node : graph.nodes)
+    if (waiting[node.id] == 0) ready.push_back(node.id);
+  std::vector<int> order;
+  order.reserve(n);
+  std::vector<char> live(graph.tensors.size(), 0);  // read before and read again
+  auto score = [&](const GraphNode& node) {
+    int delta = 0;
+    for (int t : node.outputs)
+      if (!graph.tensors[t].consumers.empty()) ++delta;
+    for (size_t k = 0; k < node.inputs.size(); ++k) {
+      const int t = node.inputs[k];
+      if (t < 0) continue;
+      bool seen = false;  // a tensor read twice by this node counts once
+      for (size_t j = 0; j < k; ++j) seen = seen || node.inputs[j] == t;
+      if (seen) continue;
+      int here = 0;
+      for (int u : node.inputs) here += u == t;
+      const bool last = reads_left[t] == here;
+      if (graph.tensors[t].producer < 0) {
+        if (!live[t] && !last) ++delta;  // a leaf first read here and again later
+        if (live[t] && last) --delta;
+      } else if (last) {
+        --delta;
+      }
+    }
+    return delta;
+  };
+  while (!ready.empty()) {
+    // A node that adds live tensors runs in program order (pulled forward it would only hold
+    // its outputs longer): only nodes that free as many as they add jump the queue.
+    size_t best = 0;
+    int best_score = std::min(score(graph.nodes[ready[0]]), 1);
+    for (size_t i = 1; i < ready.size(); ++i) {
+      const int s = score(graph.nodes[ready[i]]);
+      if (s < best_score) {
+        best = i;
+        best_score = s;
+      }
+    }
+    const GraphNode& node = graph.nodes[ready[best]];
+    ready.erase(ready.begin() + static_cast<std::ptrdiff_t>(best));
+    order.push_back(node.id);
+    for (int t : node.inputs)
+      if (t >= 0 && --reads_left[t] > 0 && graph.tensors[t].producer < 0) live[t] = 1;
+    for (int t : node.outputs)
+      for (int c : graph.tensors[t].consumers)  // one entry per read
+        if (--waiting[c] == 0) ready.insert(std::upper_bound(ready.begin(), ready.end(), c), c);
+  }
+  HAP_CHECK(static_cast<int>(order.size()) == n, "narrow_order: the graph has a cycle (",
+            order.size(), " of ", n, " nodes ordered)");
+  return order;
 }
 
 std::string Graph::str() const {

@@ -51,6 +51,14 @@ struct Graph {
   std::string str() const;
 };
 
+// A topological order of the nodes that keeps few tensors live at once, the order in which the
+// program search visits them (the states it tells apart grow with the product of the properties
+// of the tensors live together). List scheduling: among the nodes whose inputs are all computed,
+// run the one that adds the fewest live tensors (outputs someone reads; leaves read again later)
+// net of those it frees (last reads), ties in program order. Any topological order is a valid
+// program order: the executor runs instructions as listed.
+std::vector<int> narrow_order(const Graph& graph);
+
 // The sharding signatures of a node, from its op's registry entry at the graph's shapes (the
 // all-Replicated one is implicit and not listed).
 std::vector<ops::ShardSignature> signatures_of(const Graph& graph, const GraphNode& node);

@@ -42,6 +42,16 @@ struct Instruction {
   double cost_s = 0;  // forward + backward time predicted for this instruction
 };
 
+// One step of the synthesis, for the plan report: a search round under some ratios, the
+// memory-aware pass, or a baseline checked as a candidate.
+struct SynthesisStep {
+  std::string what;     // e.g. "start by-flops, round 2", "memory-aware pass", "candidate dp-ep"
+  int64_t states = 0;   // states it expanded
+  double cost_s = -1;   // predicted step time of what it found (< 0: found nothing)
+  double seconds = 0;   // wall time it took
+  std::string outcome;  // "" or why it found nothing (over budget, out of memory)
+};
+
 struct DistributedProgram {
   std::string strategy;                     // hap, dp-ev, dp-cp, tp, dp-ep
   std::vector<Instruction> instructions;    // in execution order
@@ -56,6 +66,7 @@ struct DistributedProgram {
   int search_iterations = 0;
   int64_t states_expanded = 0;
   std::string note;  // non-empty when the program is a fallback (hap over its search budget)
+  std::vector<SynthesisStep> steps;  // how the synthesis went, in order
 };
 
 // A 64-bit hash (FNV-1a) of what a rank executes: every instruction's kind, node, signature,

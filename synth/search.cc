@@ -7,6 +7,7 @@
 #include <map>
 #include <queue>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 
 namespace hap::synth {
@@ -56,12 +57,18 @@ class Expander {
   Expander(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
            const std::vector<int>& node_segment, const SearchSpace& space)
       : cm_(cm), g_(cm.graph()), ratios_(ratios), seg_(node_segment), space_(space) {
+    if (space.narrow_order) {
+      order_ = narrow_order(g_);
+    } else {
+      for (const GraphNode& n : g_.nodes) order_.push_back(n.id);
+    }
     last_use_.assign(g_.tensors.size(), -1);
     linear_weight_.assign(g_.tensors.size(), false);
     expert_weight_.assign(g_.tensors.size(), false);
+    for (int pos = 0; pos < static_cast<int>(order_.size()); ++pos)
+      for (int t : g_.nodes[order_[pos]].inputs)
+        if (t >= 0) last_use_[t] = pos;
     for (const GraphNode& n : g_.nodes) {
-      for (int t : n.inputs)
-        if (t >= 0) last_use_[t] = n.id;
       const bool product = ops::op_def(n.kind).product;
       if (product && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
           g_.tensors[n.inputs[1]].role == TensorRole::Parameter)
@@ -99,9 +106,11 @@ class Expander {
     return s;
   }
 
-  // The state after running node parent.next under signature sig, or false if not allowed.
+  // The state after running the node at position parent.next under signature sig, or false if
+  // not allowed.
   bool step(const State& parent, int sig, State& child) const {
-    const GraphNode& n = g_.nodes[parent.next];
+    const int pos = parent.next;
+    const GraphNode& n = g_.nodes[order_[pos]];
     int seg = seg_[n.id];
     const std::vector<double>& r = ratios_[seg];
     child.next = parent.next + 1;
@@ -162,7 +171,7 @@ class Expander {
         for (size_t c = 0; c < child.mem.size(); ++c)
           child.mem[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
         single = {t, bit(q), static_cast<int16_t>(seg)};
-        if (last_use_[t] > n.id) {
+        if (last_use_[t] > pos) {
           insert(child.live, single);
           L = find(child.live, t);
         } else {
@@ -193,7 +202,7 @@ class Expander {
         insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
     }
     for (int t : n.inputs)
-      if (t >= 0 && last_use_[t] == n.id) erase(child.live, t);
+      if (t >= 0 && last_use_[t] == pos) erase(child.live, t);
     bool fits = true;
     for (size_t c = 0; c < limit_.size(); ++c) {
       double excess = child.mem[c] - limit_[c];
@@ -217,14 +226,15 @@ class Expander {
   void prepare_heuristic() {
     h_suffix_.assign(g_.nodes.size() + 1, 0.0);
     for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
-      double best = *std::min_element(compute_cost_[i].begin(), compute_cost_[i].end());
+      const std::vector<double>& costs = compute_cost_[order_[i]];
+      double best = *std::min_element(costs.begin(), costs.end());
       h_suffix_[i] = h_suffix_[i + 1] + best;
     }
     // An upper bound of the memory that nodes i.. can still add on any device, whatever their
     // signatures: every input stored (a leaf) and converted once, every output held whole.
     mem_suffix_.assign(g_.nodes.size() + 1, 0.0);
     for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
-      const GraphNode& n = g_.nodes[i];
+      const GraphNode& n = g_.nodes[order_[i]];
       double add = 0;
       for (int t : n.inputs) {
         if (t < 0) continue;
@@ -252,7 +262,38 @@ class Expander {
     return true;
   }
 
-  int num_signatures(int node) const { return static_cast<int>(cm_.signatures(node).size()); }
+  // Signatures of the node at a position of the visiting order.
+  // What a device class holds whatever the program: the leaves this space lets it store only
+  // Replicated (parameters with their gradients and optimizer state). When that alone exceeds a
+  // device's memory no program fits, and the search need not run to find it out.
+  std::string replicated_leaves_overflow() const {
+    std::vector<double> held(limit_.size(), 0.0);
+    for (const GraphTensor& t : g_.tensors) {
+      if (t.producer >= 0 || t.consumers.empty()) continue;
+      if (leaf_allows(t, Prop::sharded(0)) ||
+          (t.shape.size() > 1 && leaf_allows(t, Prop::sharded(1))))
+        continue;
+      bool other_dim = false;
+      for (size_t d = 2; d < t.shape.size(); ++d)
+        other_dim = other_dim || leaf_allows(t, Prop::sharded(static_cast<int>(d)));
+      if (other_dim) continue;
+      const double factor = t.role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0;
+      for (size_t c = 0; c < held.size(); ++c)
+        held[c] += factor * cm_.held_bytes(t.id, Prop::replicated(), 1.0);
+    }
+    for (size_t c = 0; c < held.size(); ++c) {
+      if (held[c] <= limit_[c]) continue;
+      const Device& dev = cm_.cluster().devices[rep_[c]];
+      return "the parameters and inputs this strategy keeps whole on every device need " +
+             std::to_string(static_cast<int64_t>(held[c])) +
+             " bytes with their gradients and optimizer state, more than the " +
+             std::to_string(dev.memory_bytes) + " bytes of device " + std::to_string(rep_[c]) +
+             " (" + dev.name + ", " + dev.type + ")";
+    }
+    return "";
+  }
+
+  int num_signatures(int pos) const { return static_cast<int>(cm_.signatures(order_[pos]).size()); }
   int num_nodes() const { return static_cast<int>(g_.nodes.size()); }
   // Lifts every device's memory limit (to price the fastest program when none fits).
   void ignore_memory() { std::fill(limit_.begin(), limit_.end(), kInf); }
@@ -390,7 +431,8 @@ class Expander {
   const SearchSpace& space_;
   std::vector<bool> linear_weight_;  // the weight (input 1) of a Linear or MatMul
   std::vector<bool> expert_weight_;  // a parameter of >= 3 dims: a batched MatMul weight
-  std::vector<int> last_use_;
+  std::vector<int> order_;           // position -> node id: the order nodes are visited in
+  std::vector<int> last_use_;        // tensor -> position of its last reader
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {
     uint64_t k = (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(seg) << 32) |
@@ -458,10 +500,65 @@ bool dominates(const State& a, const State& b) {
   return true;
 }
 
-struct KeyHash {
-  size_t operator()(const std::pair<uint64_t, uint64_t>& k) const {
-    return static_cast<size_t>(k.first ^ (k.second >> 1));
+// An open-addressing hash map from already well-mixed 64- or 128-bit keys to small values: the
+// search's memo and dominance groups hold millions of entries, and a node-based map spends most
+// of its time allocating and chasing pointers. Key and value share a slot (one cache miss per
+// lookup); the all-zero key marks an empty slot, and a key that is all zeros is stored as 1 (a
+// collision of probability 2^-64 or less, like any other of these hashes).
+template <typename Key, typename Value>
+class FlatMap {
+ public:
+  explicit FlatMap(size_t expected = 1024) {
+    size_t cap = 1024;
+    while (cap < 2 * expected) cap *= 2;
+    slots_.assign(cap, Slot{});
   }
+  // The value of `key`, default-constructed when new.
+  Value& operator[](Key key) {
+    if (key == Key{}) key = one();
+    if (2 * (size_ + 1) > slots_.size()) grow();
+    Slot& s = slots_[find(key)];
+    if (s.key == Key{}) {
+      s.key = key;
+      ++size_;
+    }
+    return s.value;
+  }
+
+ private:
+  struct Slot {
+    Key key{};
+    Value value{};
+  };
+  static uint64_t hash(uint64_t k) { return k ^ (k >> 31); }
+  static uint64_t hash(const std::pair<uint64_t, uint64_t>& k) { return k.first ^ (k.second >> 1); }
+  static Key one() {
+    if constexpr (std::is_same_v<Key, uint64_t>) {
+      return 1;
+    } else {
+      return Key{1, 0};
+    }
+  }
+  size_t find(const Key& key) const {
+    const size_t mask = slots_.size() - 1;
+    size_t i = static_cast<size_t>(hash(key)) & mask;
+    while (!(slots_[i].key == Key{}) && !(slots_[i].key == key)) i = (i + 1) & mask;
+    return i;
+  }
+  void grow() {
+    std::vector<Slot> old = std::move(slots_);
+    slots_.assign(old.size() * 2, Slot{});
+    for (Slot& s : old)
+      if (!(s.key == Key{})) slots_[find(s.key)] = std::move(s);
+  }
+  std::vector<Slot> slots_;
+  size_t size_ = 0;
+};
+
+// The recent states of a dominance group (arena indices), a ring of kDominanceWindow.
+struct Group {
+  int index[kDominanceWindow];
+  uint32_t count = 0;  // states ever added
 };
 
 // Rebuilds the program of the path to `goal` by replaying its signature choices.
@@ -617,12 +714,11 @@ bool search_pass(const CostModel& cm, const Expander& ex,
     int leaner = -1;
   };
   std::vector<std::vector<int>> leaner_lists;
-  std::unordered_map<std::pair<uint64_t, uint64_t>, MemoEntry, KeyHash> memo;
-  memo.reserve(static_cast<size_t>(std::min<int64_t>(space.max_states, 1 << 20)));
+  FlatMap<std::pair<uint64_t, uint64_t>, MemoEntry> memo;  // grows as it fills
   memo[Expander::key(arena[0])] = {0.0, 0, memo_labels == 1 ? -1 : 0};
   if (memo_labels > 1) leaner_lists.push_back({0});
-  std::vector<char> dropped(1, 0);                        // covered by a later state: not expanded
-  std::unordered_map<uint64_t, std::vector<int>> groups;  // group_key -> recent arena indices
+  std::vector<char> dropped(1, 0);  // covered by a later state: not expanded
+  FlatMap<uint64_t, Group> groups;  // group_key -> recent arena indices
   int64_t dominated = 0;
   using Entry = std::pair<double, int64_t>;  // (f, -sequence) for deterministic ties
   std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>>
@@ -649,11 +745,16 @@ bool search_pass(const CostModel& cm, const Expander& ex,
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
       if (child.g + ex.heuristic(child.next) >= bound) continue;  // cannot beat a known program
-      std::vector<int>* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
-      if (group && std::any_of(group->begin(), group->end(),
-                               [&](int other) { return dominates(arena[other], child); })) {
-        ++dominated;
-        continue;
+      Group* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
+      if (group) {
+        const uint32_t n = std::min<uint32_t>(group->count, kDominanceWindow);
+        bool covered = false;
+        for (uint32_t i = 0; i < n && !covered; ++i)
+          covered = dominates(arena[group->index[i]], child);
+        if (covered) {
+          ++dominated;
+          continue;
+        }
       }
       MemoEntry& e = memo[Expander::key(child)];
       const int index = static_cast<int>(arena.size());
@@ -695,10 +796,7 @@ bool search_pass(const CostModel& cm, const Expander& ex,
       child.stored.clear();
       arena.push_back(child);
       dropped.push_back(0);
-      if (group && group->size() < kDominanceWindow)
-        group->push_back(index);
-      else if (group)
-        (*group)[static_cast<size_t>(index) % kDominanceWindow] = index;
+      if (group) group->index[group->count++ % kDominanceWindow] = index;
       open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }
@@ -714,6 +812,9 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
                             const std::vector<int>& node_segment, const SearchSpace& space) {
   check_ratios(cm, ratios, node_segment);
   Expander ex(cm, ratios, node_segment, space);
+  const std::string overflow = ex.replicated_leaves_overflow();
+  HAP_CHECK(overflow.empty(), "no program fits in memory: ", overflow,
+            " (use more devices, a smaller batch or model, or a strategy that shards them)");
   ex.prepare_heuristic();
   // First the fast pass. Its program is optimal unless a state that ran out of memory could have
   // led to a cheaper one: a program cheaper than the one found, dropped because the memo kept a

@@ -1,12 +1,13 @@
 // Program synthesis: best-first search over Hoare-triple instructions, from the available
-// properties of inputs and parameters to the loss. Nodes are visited in program order; a step
-// picks a sharding signature for the next node, converts each input to the property the signature
-// requires (the cheapest collective, method chosen per collective), and adds the computation.
-// States are memoised on (next node, the properties held for every live tensor), and a child is
-// dropped when a recent state of its group (same node, same live tensors and segments) dominates
-// it: holds every property it holds, costs no more, uses no more memory. The heuristic is
-// the sum over the remaining nodes of their cheapest computation (admissible and consistent:
-// communication is never negative and no node can run below its cheapest signature).
+// properties of inputs and parameters to the loss. Nodes are visited in a topological order that
+// keeps few tensors live (narrow_order); a step picks a sharding signature for the next node,
+// converts each input to the property the signature requires (the cheapest collective, method
+// chosen per collective), and adds the computation. States are memoised on (next node, the
+// properties held for every live tensor), and a child is dropped when a recent state of its group
+// (same node, same live tensors and segments) dominates it: holds every property it holds, costs no
+// more, uses no more memory. The heuristic is the sum over the remaining nodes of their cheapest
+// computation (admissible and consistent: communication is never negative and no node can run below
+// its cheapest signature).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -33,6 +34,8 @@ struct SearchSpace {
   bool expert_weights_must_shard = false;
   int64_t max_states = 2'000'000;  // expansion budget; exceeding it is an error
   bool dominance_pruning = true;   // drop children a recent state of their group dominates
+  // Visit nodes in narrow_order (few tensors live at once) rather than program order.
+  bool narrow_order = true;
   // Where memory binds, also run the memory-aware pass after a fast pass that found a program
   // (off: only when it found none; the synthesizer's intermediate rounds).
   bool memory_exact = true;

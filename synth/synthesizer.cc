@@ -267,6 +267,13 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
 
 namespace {
 
+// Why a search found no program, in a few words for the plan report.
+std::string no_program_reason(const Error& e) {
+  if (dynamic_cast<const SearchBudgetError*>(&e)) return "over budget";
+  if (std::string(e.what()).find("fits in memory") != std::string::npos) return "out of memory";
+  return "no program";
+}
+
 SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
   SearchSpace sp;
   sp.max_states = max_states;
@@ -320,10 +327,15 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   std::vector<double> even(D, 1.0 / D);
   std::vector<double> by_flops = cluster.flops_ratios();
   std::vector<std::vector<std::vector<double>>> starts;
-  if (options.strategy == Strategy::Hap || options.strategy == Strategy::DpCp)
+  std::vector<std::string> start_name;
+  if (options.strategy == Strategy::Hap || options.strategy == Strategy::DpCp) {
     starts.push_back(std::vector<std::vector<double>>(nseg, by_flops));
-  if (options.strategy != Strategy::DpCp && (starts.empty() || by_flops != even))
+    start_name.push_back("by FLOP/s");
+  }
+  if (options.strategy != Strategy::DpCp && (starts.empty() || by_flops != even)) {
     starts.push_back(std::vector<std::vector<double>>(nseg, even));
+    start_name.push_back("even");
+  }
   double min_share = 0.01 / D;
 
   DistributedProgram best;
@@ -335,6 +347,10 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   bool memory_may_matter = false;  // in some round's search
   int64_t largest_round = 0;
   std::string budget_error;
+  std::vector<SynthesisStep> steps;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
   for (size_t start_index = 0;; ++start_index) {
     if (start_index == starts.size()) {
       // No start fits in memory: where memory rather than speed decides the split, start hap
@@ -351,21 +367,33 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                     std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
         break;
       starts.push_back(std::vector<std::vector<double>>(nseg, by_memory));
+      start_name.push_back("by memory");
     }
     std::vector<std::vector<double>> r = starts[start_index];
     double prev = std::numeric_limits<double>::infinity();
     for (int it = 0; it < options.max_iterations; ++it) {
       SearchResult res;
+      const auto round_t0 = std::chrono::steady_clock::now();
+      SynthesisStep step;
+      step.what = "ratios " + start_name[start_index] + ", round " + std::to_string(it + 1);
       try {
         res = search_program(cm, r, seg, space);
       } catch (const SearchBudgetError& e) {
         last_error = budget_error = e.what();
         over_budget = true;
+        step.seconds = since(round_t0);
+        step.outcome = "over budget";
+        steps.push_back(step);
         break;
       } catch (const Error& e) {
         last_error = e.what();
+        step.seconds = since(round_t0);
+        step.outcome = no_program_reason(e);
+        steps.push_back(step);
         break;
       }
+      step.seconds = since(round_t0);
+      step.states = res.states_expanded;
       ++rounds;
       states += res.states_expanded;
       largest_round = std::max(largest_round, res.states_expanded);
@@ -388,6 +416,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
         return cost;
       };
       double cost = consider(res.instructions, r);
+      step.cost_s = std::isfinite(cost) ? cost : -1;
+      if (!std::isfinite(cost)) step.outcome = "out of memory once rounded";
+      steps.push_back(step);
       if (options.strategy != Strategy::Hap || !(cost < prev * (1 - 1e-9))) break;
       // A later start only refines its program if it beat the earlier starts' best.
       if (start_index > 0 && cost > best.predicted_step_s) break;
@@ -408,16 +439,26 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     SearchSpace lean = space;
     lean.max_states = std::min(space.max_states, std::max<int64_t>(largest_round / 2, 20'000));
     SearchResult res;
-    if (search_leaner_program(cm, best.ratios, seg, lean, best.predicted_step_s, &res)) {
+    const auto pass_t0 = std::chrono::steady_clock::now();
+    SynthesisStep step;
+    step.what = "memory-aware pass";
+    const bool leaner =
+        search_leaner_program(cm, best.ratios, seg, lean, best.predicted_step_s, &res);
+    step.seconds = since(pass_t0);
+    step.states = res.states_expanded;
+    step.outcome = leaner ? "" : "none cheaper";
+    if (leaner) {
       states += res.states_expanded;
       std::vector<Instruction> instrs = res.instructions;
       const double cost = recost(cm, instrs, best.ratios);
+      step.cost_s = cost;
       if (cost < best.predicted_step_s * (1 - 1e-12)) {
         best.instructions = std::move(instrs);
         best.storage = res.storage;
         best.predicted_step_s = cost;
       }
     }
+    steps.push_back(step);
   }
   const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
   if (options.strategy == Strategy::Hap && (memory_may_matter || fallback)) {
@@ -433,13 +474,21 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       SynthesisOptions o = options;
       o.strategy = s;
       o.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
+      const auto cand_t0 = std::chrono::steady_clock::now();
+      SynthesisStep step;
+      step.what = std::string("candidate ") + strategy_name(s);
       try {
         DistributedProgram p = synthesize(graph, cluster, o);
         states += p.states_expanded;
+        step.states = p.states_expanded;
+        step.cost_s = p.predicted_step_s;
         if (p.predicted_step_s < base.predicted_step_s) base = std::move(p);
       } catch (const Error& e) {
         why += std::string("; ") + strategy_name(s) + ": " + e.what();
+        step.outcome = no_program_reason(e);
       }
+      step.seconds = since(cand_t0);
+      steps.push_back(step);
     }
     if (fallback) {
       HAP_CHECK(std::isfinite(base.predicted_step_s), why);
@@ -447,6 +496,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                   " states; this is the best baseline program (" + base.strategy +
                   "). Raise parallel.search_budget to search further.";
       base.strategy = strategy_name(Strategy::Hap);
+      base.steps = std::move(steps);
       base.synthesis_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return base;
@@ -490,6 +540,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     }
   }
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
+  best.steps = std::move(steps);
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return best;
 }

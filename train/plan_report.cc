@@ -235,6 +235,10 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   }
   os << "synthesis time: " << fixed(p.synthesis_s, 3) << " s (" << p.search_iterations
      << " search rounds, " << p.states_expanded << " states)\n";
+  for (const synth::SynthesisStep& st : p.steps)
+    os << "  " << pad(st.what, 28) << pad_left(fixed(st.seconds, 3), 8) << " s "
+       << pad_left(std::to_string(st.states), 9) << " states  "
+       << (st.cost_s >= 0 ? "predicted " + fmt_s(st.cost_s) : std::string()) << st.outcome << "\n";
   return os.str();
 }
 

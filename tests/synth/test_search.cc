@@ -94,6 +94,135 @@ Graph random_graph(uint64_t seed, int layers) {
       params, {{"x", x}});
 }
 
+// A random small model with branches: each op reads one or two earlier tensors (recent ones
+// more often), so tensors stay live across other branches; every tensor nobody read feeds the
+// loss (a sum of means). Shapes vary with the seed.
+Graph random_dag(uint64_t seed, int ops) {
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+  const int64_t B = 4 + pick(29), D = 3 + pick(30);
+  std::vector<std::pair<std::string, Tensor>> params;
+  Tensor x = Tensor::meta({B, D}, DType::F32);
+  std::vector<int> kinds, first, second;
+  for (int i = 0; i < ops; ++i) {
+    kinds.push_back(pick(6));
+    const int pool = i + 1;  // x and the outputs of the ops before
+    first.push_back(std::max(0, pool - 1 - pick(std::min(pool, 3))));
+    second.push_back(pick(pool));
+    if (kinds.back() == 0)
+      params.push_back({"w" + std::to_string(i), Tensor::meta({D, D}, DType::F32)});
+  }
+  return trace(
+      [&] {
+        std::vector<Tensor> pool = {x};
+        std::vector<bool> read = {false};
+        size_t w = 0;
+        for (int i = 0; i < ops; ++i) {
+          const Tensor& a = pool[static_cast<size_t>(first[i])];
+          const Tensor& b = pool[static_cast<size_t>(second[i])];
+          read[static_cast<size_t>(first[i])] = true;
+          Tensor y;
+          switch (kinds[i]) {
+            case 0:
+              y = linear(a, params[w++].second);
+              break;
+            case 1:
+              y = gelu(a);
+              break;
+            case 2:
+              read[static_cast<size_t>(second[i])] = true;
+              y = a + b;
+              break;
+            case 3:
+              read[static_cast<size_t>(second[i])] = true;
+              y = a * b;
+              break;
+            case 4:
+              y = softmax(a, -1);
+              break;
+            default:
+              y = relu(a);
+              break;
+          }
+          pool.push_back(y);
+          read.push_back(false);
+        }
+        Tensor loss;
+        for (size_t i = 1; i < pool.size(); ++i)
+          if (!read[i]) loss = loss.defined() ? loss + mean(pool[i]) : mean(pool[i]);
+        return loss;
+      },
+      params, {{"x", x}});
+}
+
+// The order the search visits nodes in: a topological order (every input computed before it is
+// read), and a node that frees more live tensors than it adds runs before one that does not.
+TEST(Search, NarrowOrderIsTopologicalAndRunsNodesThatFreeTensorsFirst) {
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    const Graph g = random_dag(seed, 3 + static_cast<int>(seed % 9));
+    const std::vector<int> order = narrow_order(g);
+    ASSERT_EQ(order.size(), g.nodes.size());
+    std::vector<int> pos(g.nodes.size(), -1);
+    for (size_t i = 0; i < order.size(); ++i) {
+      ASSERT_GE(order[i], 0);
+      ASSERT_LT(order[i], static_cast<int>(g.nodes.size()));
+      ASSERT_EQ(pos[order[i]], -1) << "node " << order[i] << " listed twice";
+      pos[order[i]] = static_cast<int>(i);
+    }
+    for (const GraphNode& n : g.nodes)
+      for (int t : n.inputs)
+        if (t >= 0 && g.tensors[t].producer >= 0)
+          EXPECT_LT(pos[g.tensors[t].producer], pos[n.id]) << "seed " << seed << "\n" << g.str();
+  }
+  // p and q are live until aux reads both; in program order the linear branch runs first and
+  // holds them live across it, in the narrow order aux runs as soon as it can.
+  Tensor x = Tensor::meta({8, 6}, DType::F32), w = Tensor::meta({6, 6}, DType::F32);
+  const Graph g = trace(
+      [&] {
+        Tensor p = softmax(x, -1);
+        Tensor q = relu(x);
+        Tensor z = gelu(linear(x, w));
+        Tensor aux = p * q;
+        return mean(z) + mean(aux);
+      },
+      {{"w", w}}, {{"x", x}});
+  ASSERT_EQ(g.nodes[4].kind, ops::OpKind::Mul) << g.str();
+  const std::vector<int> order = narrow_order(g);
+  EXPECT_EQ(std::vector<int>(order.begin(), order.begin() + 3), (std::vector<int>{0, 1, 4}))
+      << g.str();
+}
+
+// Visiting order changes which states the search tells apart, never whether it is exact: in
+// program order and in the narrow order best-first equals the exhaustive reference (which visits
+// nodes in the same order) on graphs with branches.
+TEST(Search, BestFirstFindsTheExhaustiveOptimumInEitherVisitingOrder) {
+  int checked = 0, reordered = 0;
+  for (uint64_t seed = 1; seed <= 30; ++seed) {
+    Graph g = random_dag(seed + 900, 3 + static_cast<int>(seed % 5));
+    if (g.nodes.size() > 9) continue;  // keep the exhaustive reference affordable
+    std::vector<int> in_program_order(g.nodes.size());
+    for (size_t i = 0; i < g.nodes.size(); ++i) in_program_order[i] = static_cast<int>(i);
+    if (narrow_order(g) != in_program_order) ++reordered;
+    Cluster c = make_cluster(2 + static_cast<int>(seed % 3), seed * 7);
+    CostModel cm(g, c);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    std::vector<std::vector<double>> r = {c.flops_ratios()};
+    for (bool narrow : {true, false}) {
+      SearchSpace space;
+      space.narrow_order = narrow;
+      SearchResult a = search_program(cm, r, seg, space);
+      SearchResult b = exhaustive_search(cm, r, seg, space);
+      EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
+          << "seed " << seed << " narrow " << narrow << "\n"
+          << g.str();
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 20);
+  EXPECT_GE(reordered, 3) << "the narrow order never differed: the test does not exercise it";
+}
+
 TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
   int checked = 0;
   for (uint64_t seed = 1; seed <= 16; ++seed) {
@@ -316,6 +445,50 @@ TEST(Synthesizer, MemoryShortfallNamesTheDeviceAndTheBytes) {
         << m;
     EXPECT_NE(m.find("bytes of its 64"), std::string::npos) << m;
   }
+}
+
+// Parameters a strategy must keep whole on every device (data parallelism's) that alone exceed a
+// device's memory: the error says so before any search, and hap, which may shard them, plans.
+TEST(Synthesizer, ReplicatedParametersThatCannotFitAreRefusedBeforeSearching) {
+  Tensor x = Tensor::meta({8, 64}, DType::F32), w = Tensor::meta({64, 64}, DType::F32);
+  Graph g = trace([&] { return mean(relu(linear(x, w))); }, {{"w", w}}, {{"x", x}});
+  // w with its gradient and AdamW's two moments: 4 x 16 KiB, more than 40 KiB.
+  Cluster c = make_cluster(4, 5, /*memory_bytes=*/40 * 1024);
+  SynthesisOptions dp;
+  dp.strategy = Strategy::DpEv;
+  const std::string m = test_util::error_of([&] { synthesize(g, c, dp); });
+  EXPECT_HAS(m, "no program fits in memory: the parameters and inputs this strategy keeps whole");
+  EXPECT_HAS(m, "need 65536 bytes");
+  EXPECT_HAS(m, "more than the 40960 bytes of device 0 (d0, cpu)");
+  const DistributedProgram hap = synthesize(g, c, SynthesisOptions{});
+  for (const GraphTensor& t : g.tensors)
+    if (t.name == "w")
+      EXPECT_EQ(hap.storage[t.id].kind, PropKind::Sharded) << "hap shards w to fit";
+}
+
+// The synthesis log: every round, pass and candidate with the states it expanded (they add up to
+// the total) and what it found.
+TEST(Synthesizer, StepsAccountForEveryStateAndSayWhatEachFound) {
+  Graph g = random_graph(44, 6);
+  Cluster c = make_cluster(3, 9);
+  const DistributedProgram p = synthesize(g, c, SynthesisOptions{});
+  ASSERT_FALSE(p.steps.empty());
+  EXPECT_EQ(p.steps[0].what, "ratios by FLOP/s, round 1");
+  int64_t states = 0;
+  double best = std::numeric_limits<double>::infinity();
+  for (const SynthesisStep& st : p.steps) {
+    states += st.states;
+    EXPECT_GE(st.seconds, 0);
+    if (st.cost_s >= 0) best = std::min(best, st.cost_s);
+  }
+  EXPECT_EQ(states, p.states_expanded);
+  EXPECT_LE(best, p.predicted_step_s * (1 + 1e-9));
+  SynthesisOptions tight;
+  tight.max_states = 3;
+  const DistributedProgram fallback = synthesize(g, c, tight);
+  ASSERT_FALSE(fallback.steps.empty());
+  EXPECT_EQ(fallback.steps[0].outcome, "over budget");
+  EXPECT_EQ(fallback.steps.back().what, "candidate tp");
 }
 
 // The shortfall is the fastest program's need minus the device's memory (not the first overflow
