@@ -700,7 +700,8 @@ namespace {
 // ignored when comparing paths). memo_labels > 1: a key also keeps up to memo_labels - 1 dearer
 // states that use less memory on some device (see Expander::covers), so that a path that stays
 // within memory is not dropped for a cheaper one that later runs out. Returns false when no
-// program reaches the loss (the expander then knows the closest shortfall).
+// program reaches the loss (the expander then knows the closest shortfall; out->states_expanded
+// says how many states it took to find out).
 bool search_pass(const CostModel& cm, const Expander& ex,
                  const std::vector<std::vector<double>>& ratios, const SearchSpace& space,
                  size_t memo_labels, double bound, SearchResult* out) {
@@ -800,6 +801,7 @@ bool search_pass(const CostModel& cm, const Expander& ex,
       open.push({{child.g + ex.heuristic(child.next), seq++}, index});
     }
   }
+  out->states_expanded = expanded;
   return false;
 }
 
@@ -863,6 +865,7 @@ bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<do
   try {
     return search_pass(cm, ex, ratios, space, kMemoryMemoLabels, bound, out);
   } catch (const SearchBudgetError&) {
+    out->states_expanded = space.max_states;
     return false;
   }
 }

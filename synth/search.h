@@ -66,7 +66,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
                             const std::vector<int>& node_segment, const SearchSpace& space);
 
 // The memory-aware pass alone, looking for a program cheaper than `bound` under these ratios;
-// false if it finds none (or reaches space.max_states first).
+// false if it finds none (or reaches space.max_states first). out->states_expanded is set either
+// way.
 bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
                            const std::vector<int>& node_segment, const SearchSpace& space,
                            double bound, SearchResult* out);

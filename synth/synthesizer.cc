@@ -447,8 +447,8 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     step.seconds = since(pass_t0);
     step.states = res.states_expanded;
     step.outcome = leaner ? "" : "none cheaper";
+    states += res.states_expanded;
     if (leaner) {
-      states += res.states_expanded;
       std::vector<Instruction> instrs = res.instructions;
       const double cost = recost(cm, instrs, best.ratios);
       step.cost_s = cost;
