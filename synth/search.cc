@@ -205,10 +205,13 @@ class Expander {
       if (t >= 0 && last_use_[t] == pos) erase(child.live, t);
     bool fits = true;
     for (size_t c = 0; c < limit_.size(); ++c) {
-      double excess = child.mem[c] - limit_[c];
+      // What it holds, plus what the nodes still to run must add whatever their signatures:
+      // over the limit, no completion of this state fits.
+      const double to_come = mem_min_suffix_.empty() ? 0.0 : mem_min_suffix_[child.next][c];
+      double excess = child.mem[c] + to_come - limit_[c];
       if (excess <= 0) continue;
       if (fits) {
-        const double f = child.g + (h_suffix_.empty() ? 0.0 : h_suffix_[child.next]);
+        const double f = child.g + (h_const_.empty() ? 0.0 : heuristic(child));
         min_overflow_f_ = std::min(min_overflow_f_, f);
       }
       fits = false;
@@ -221,14 +224,218 @@ class Expander {
     return fits;
   }
 
-  double heuristic(int next) const { return h_suffix_[next]; }
+  // A lower bound of what the rest of the program costs from state s (admissible: never more
+  // than the cheapest completion). The nodes still to run are covered by chains (paths along
+  // which one node's output is the next one's input); a chain not yet started costs at least
+  // its best run (each node's computation, the leaves it reads first, the conversions between
+  // consecutive nodes, by shortest conversion path), and a chain under way at least its best
+  // run from the properties its next input holds in s. Other conversions count as free. Not
+  // always consistent, which the search allows for: a state reached again more cheaply is
+  // expanded again.
+  double heuristic(const State& s) const {
+    double h = h_const_[s.next];
+    for (const auto& [node, tensor] : in_progress_[s.next]) {
+      const Live* L = find_const(s.live, tensor);
+      HAP_ASSERT(L, "a chain's input %", tensor, " is not live");
+      double best = kInf;
+      const std::vector<double>& v = chain_value_[node];
+      for (int b = 0; b < static_cast<int>(v.size()); ++b)
+        if (L->mask & (1u << b)) best = std::min(best, v[b]);
+      h += best;
+    }
+    return h;
+  }
 
   void prepare_heuristic() {
-    h_suffix_.assign(g_.nodes.size() + 1, 0.0);
-    for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
-      const std::vector<double>& costs = compute_cost_[order_[i]];
-      double best = *std::min_element(costs.begin(), costs.end());
-      h_suffix_[i] = h_suffix_[i + 1] + best;
+    const int N = static_cast<int>(g_.nodes.size());
+    std::vector<int> pos(N);
+    for (int i = 0; i < N; ++i) pos[order_[i]] = i;
+    // Tensors' possible segments: where produced, and where each reader may move its shards.
+    std::vector<std::vector<int>> segs(g_.tensors.size());
+    auto add_seg = [&](int t, int sg) {
+      if (std::find(segs[t].begin(), segs[t].end(), sg) == segs[t].end()) segs[t].push_back(sg);
+    };
+    for (const GraphNode& n : g_.nodes) {
+      for (int t : n.inputs)
+        if (t >= 0) add_seg(t, seg_[n.id]);
+      for (int t : n.outputs) add_seg(t, seg_[n.id]);
+    }
+    // Cheapest conversion path between two properties of a tensor (Floyd-Warshall over R, P and
+    // S(d)), each conversion at its cheapest over the tensor's segments; moving shards between
+    // segments counts as free.
+    auto conversions = [&](int t) {
+      const int P = 2 + static_cast<int>(g_.tensors[t].shape.size());
+      std::vector<double> d(static_cast<size_t>(P * P), kInf);
+      auto edge = [&](int a, int b, InstrKind kind) {
+        double best = kInf;
+        for (int sg : segs[t]) {
+          double c = 0;
+          best_method(kind, t, sg, &c);
+          best = std::min(best, c);
+        }
+        d[a * P + b] = std::min(d[a * P + b], best);
+      };
+      for (int a = 0; a < P; ++a) d[a * P + a] = 0;
+      for (int a = 2; a < P; ++a) {
+        edge(a, 0, InstrKind::AllGather);
+        if (space_.allow_slice) edge(0, a, InstrKind::Slice);
+        if (space_.allow_reduce_scatter) edge(1, a, InstrKind::ReduceScatter);
+        if (space_.allow_all_to_all)
+          for (int b = 2; b < P; ++b)
+            if (b != a) edge(a, b, InstrKind::AllToAll);
+      }
+      edge(1, 0, InstrKind::AllReduce);
+      if (g_.tensors[t].role == TensorRole::Parameter) edge(0, 1, InstrKind::ToPartial);
+      for (int k = 0; k < P; ++k)
+        for (int a = 0; a < P; ++a)
+          for (int b = 0; b < P; ++b)
+            d[a * P + b] = std::min(d[a * P + b], d[a * P + k] + d[k * P + b]);
+      return d;
+    };
+    auto prop_index = [](const Prop& p) {
+      return p.kind == PropKind::Replicated ? 0 : p.kind == PropKind::Partial ? 1 : 2 + p.dim;
+    };
+    // What node n costs at least under signature sig, without its chain input's conversion:
+    // its computation and the leaves it reads first (stored as read: Replicated ones with their
+    // gradient all-reduce, parameters with their update). Infinity where step() refuses sig.
+    std::vector<int> first_read(g_.tensors.size(), -1);
+    for (int i = N - 1; i >= 0; --i)
+      for (int t : g_.nodes[order_[i]].inputs)
+        if (t >= 0) first_read[t] = i;
+    auto own_cost = [&](const GraphNode& n, int sig) {
+      const std::vector<double>& r = ratios_[seg_[n.id]];
+      double c = compute_cost_[n.id][sig + 1];
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const int t = n.inputs[k];
+        if (t < 0) continue;
+        Prop q = cm_.input_prop(n.id, sig, k);
+        const GraphTensor& gt = g_.tensors[t];
+        if (q.kind == PropKind::Sharded && gt.shape[q.dim] < 2) return kInf;
+        if (gt.producer >= 0 || first_read[t] != pos[n.id]) continue;
+        bool earlier = false;  // the node's first read of it stores it
+        for (size_t j = 0; j < k; ++j) earlier = earlier || n.inputs[j] == t;
+        if (earlier) continue;
+        const bool partial = q.kind == PropKind::Partial;
+        if (partial) q = Prop::replicated();
+        if (!leaf_allows(gt, q)) return kInf;
+        if (q.kind == PropKind::Replicated && cm_.requires_grad(t))
+          c += cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::Grouped).eval(r);
+        if (gt.role == TensorRole::Parameter) c += cm_.update(t, q).eval(r);
+        if (partial) {
+          double p = 0;
+          best_method(InstrKind::ToPartial, t, seg_[n.id], &p);
+          c += p;
+        }
+      }
+      return c;
+    };
+    // Chains: link a node to a reader of one of its outputs, heaviest tensors first (their
+    // conversions cost most), each node with at most one successor and one predecessor.
+    struct Link {
+      double weight;
+      int from, to, tensor;
+    };
+    std::vector<Link> links;
+    for (const GraphNode& n : g_.nodes)
+      for (int t : n.outputs)
+        for (int c : g_.tensors[t].consumers) {
+          double out = 0;
+          for (int u : g_.nodes[c].outputs)
+            out = std::max(out, static_cast<double>(g_.tensors[u].bytes()));
+          links.push_back({static_cast<double>(g_.tensors[t].bytes()) + 1e-3 * out, n.id, c, t});
+        }
+    std::stable_sort(links.begin(), links.end(),
+                     [](const Link& a, const Link& b) { return a.weight > b.weight; });
+    std::vector<int> succ(N, -1), pred(N, -1), via(N, -1);  // via[v]: tensor from pred[v]
+    for (const Link& l : links)
+      if (succ[l.from] < 0 && pred[l.to] < 0) {
+        succ[l.from] = l.to;
+        pred[l.to] = l.from;
+        via[l.to] = l.tensor;
+      }
+    // Each chain's best run, from its tail back: chain_value_[v][p] for a node v with a
+    // predecessor is the least cost of v and the rest of its chain when v's chain input holds
+    // property p; a chain's head gets one figure.
+    chain_value_.assign(N, {});
+    std::vector<double> head_value(N, kInf);
+    std::vector<int> heads;
+    for (int i = 0; i < N; ++i)
+      if (pred[order_[i]] < 0) heads.push_back(order_[i]);
+    for (int head : heads) {
+      std::vector<int> chain;
+      for (int v = head; v >= 0; v = succ[v]) chain.push_back(v);
+      for (int i = static_cast<int>(chain.size()) - 1; i >= 0; --i) {
+        const GraphNode& n = g_.nodes[chain[i]];
+        const int next = i + 1 < static_cast<int>(chain.size()) ? chain[i + 1] : -1;
+        int out_slot = -1;  // which output of n the next node reads
+        if (next >= 0)
+          for (size_t o = 0; o < n.outputs.size(); ++o)
+            if (n.outputs[o] == via[next]) out_slot = static_cast<int>(o);
+        int in_slot = -1;  // where n reads its chain input
+        if (i > 0)
+          for (size_t k = 0; k < n.inputs.size() && in_slot < 0; ++k)
+            if (n.inputs[k] == via[n.id]) in_slot = static_cast<int>(k);
+        const int in_props = i > 0 ? 2 + static_cast<int>(g_.tensors[via[n.id]].shape.size()) : 1;
+        const std::vector<double> conv = i > 0 ? conversions(via[n.id]) : std::vector<double>();
+        std::vector<double> value(static_cast<size_t>(in_props), kInf);
+        for (int sig = -1; sig < static_cast<int>(cm_.signatures(n.id).size()); ++sig) {
+          double c = own_cost(n, sig);
+          if (c == kInf) continue;
+          if (next >= 0) c += chain_value_[next][prop_index(cm_.output_prop(n.id, sig, out_slot))];
+          if (i == 0) {
+            value[0] = std::min(value[0], c);
+            continue;
+          }
+          const int q = prop_index(cm_.input_prop(n.id, sig, static_cast<size_t>(in_slot)));
+          for (int p = 0; p < in_props; ++p)
+            value[p] = std::min(value[p], c + conv[static_cast<size_t>(p * in_props + q)]);
+        }
+        if (i == 0)
+          head_value[n.id] = value[0];
+        else
+          chain_value_[n.id] = std::move(value);
+      }
+    }
+    // h at position i: the heads of chains not started, plus the chains under way there.
+    h_const_.assign(N + 1, 0.0);
+    for (int i = N - 1; i >= 0; --i)
+      h_const_[i] = h_const_[i + 1] + (pred[order_[i]] < 0 ? head_value[order_[i]] : 0.0);
+    in_progress_.assign(N + 1, {});
+    for (int v = 0; v < N; ++v)
+      if (pred[v] >= 0)
+        for (int i = pos[pred[v]] + 1; i <= pos[v]; ++i) in_progress_[i].push_back({v, via[v]});
+    // A lower bound of the memory nodes i.. must still add on each device class: per node, the
+    // least over its signatures of the leaves it stores first and the outputs it keeps for the
+    // backward pass (conversions, which may add more, count as nothing).
+    mem_min_suffix_.assign(N + 1, std::vector<double>(limit_.size(), 0.0));
+    for (int i = N - 1; i >= 0; --i) {
+      const GraphNode& n = g_.nodes[order_[i]];
+      const std::vector<double>& r = ratios_[seg_[n.id]];
+      std::vector<double> least(limit_.size(), kInf);
+      for (int sig = -1; sig < static_cast<int>(cm_.signatures(n.id).size()); ++sig) {
+        if (own_cost(n, sig) == kInf) continue;  // a signature step() refuses
+        std::vector<double> add(limit_.size(), 0.0);
+        for (size_t k = 0; k < n.inputs.size(); ++k) {
+          const int t = n.inputs[k];
+          if (t < 0 || g_.tensors[t].producer >= 0 || first_read[t] != i) continue;
+          bool earlier = false;
+          for (size_t j = 0; j < k; ++j) earlier = earlier || n.inputs[j] == t;
+          if (earlier) continue;
+          Prop q = cm_.input_prop(n.id, sig, k);
+          if (q.kind == PropKind::Partial) q = Prop::replicated();
+          const double factor =
+              g_.tensors[t].role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0;
+          for (size_t c = 0; c < add.size(); ++c)
+            add[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
+        }
+        for (size_t o = 0; o < n.outputs.size(); ++o)
+          if (cm_.requires_grad(n.outputs[o]))
+            for (size_t c = 0; c < add.size(); ++c)
+              add[c] += cm_.held_bytes(n.outputs[o], cm_.output_prop(n.id, sig, o), r[rep_[c]]);
+        for (size_t c = 0; c < add.size(); ++c) least[c] = std::min(least[c], add[c]);
+      }
+      for (size_t c = 0; c < least.size(); ++c)
+        mem_min_suffix_[i][c] = mem_min_suffix_[i + 1][c] + (least[c] == kInf ? 0.0 : least[c]);
     }
     // An upper bound of the memory that nodes i.. can still add on any device, whatever their
     // signatures: every input stored (a leaf) and converted once, every output held whole.
@@ -405,6 +612,11 @@ class Expander {
     return true;
   }
 
+  static const Live* find_const(const std::vector<Live>& v, int t) {
+    auto it =
+        std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
+    return it != v.end() && it->tensor == t ? &*it : nullptr;
+  }
   static Live* find(std::vector<Live>& v, int t) {
     auto it =
         std::lower_bound(v.begin(), v.end(), t, [](const Live& l, int x) { return l.tensor < x; });
@@ -465,7 +677,10 @@ class Expander {
   std::vector<std::vector<double>> compute_cost_;
   mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> comm_cache_;
   mutable std::unordered_map<uint64_t, std::pair<CollectiveMethod, double>> reshard_cache_;
-  std::vector<double> h_suffix_;
+  std::vector<std::vector<double>> mem_min_suffix_;  // per position, per device class
+  std::vector<double> h_const_;                      // per position: chains not yet started
+  std::vector<std::vector<std::pair<int, int>>> in_progress_;  // per position: (next node, input)
+  std::vector<std::vector<double>> chain_value_;  // per node with a predecessor, per property
   std::vector<double> mem_suffix_;
   mutable double over_ = 0;
   mutable double min_overflow_f_ = kInf;
@@ -725,7 +940,7 @@ bool search_pass(const CostModel& cm, const Expander& ex,
   std::priority_queue<std::pair<Entry, int>, std::vector<std::pair<Entry, int>>, std::greater<>>
       open;
   int64_t seq = 0;
-  open.push({{ex.heuristic(0), seq++}, 0});
+  open.push({{ex.heuristic(arena[0]), seq++}, 0});
   int64_t expanded = 0;
   State child;
   while (!open.empty()) {
@@ -745,7 +960,8 @@ bool search_pass(const CostModel& cm, const Expander& ex,
     int nsig = ex.num_signatures(s.next);
     for (int sig = -1; sig < nsig; ++sig) {
       if (!ex.step(arena[si], sig, child)) continue;
-      if (child.g + ex.heuristic(child.next) >= bound) continue;  // cannot beat a known program
+      const double h = ex.heuristic(child);
+      if (child.g + h >= bound) continue;  // cannot beat a known program
       Group* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
       if (group) {
         const uint32_t n = std::min<uint32_t>(group->count, kDominanceWindow);
@@ -798,7 +1014,7 @@ bool search_pass(const CostModel& cm, const Expander& ex,
       arena.push_back(child);
       dropped.push_back(0);
       if (group) group->index[group->count++ % kDominanceWindow] = index;
-      open.push({{child.g + ex.heuristic(child.next), seq++}, index});
+      open.push({{child.g + h, seq++}, index});
     }
   }
   out->states_expanded = expanded;
@@ -868,6 +1084,14 @@ bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<do
     out->states_expanded = space.max_states;
     return false;
   }
+}
+
+double search_lower_bound(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                          const std::vector<int>& node_segment, const SearchSpace& space) {
+  check_ratios(cm, ratios, node_segment);
+  Expander ex(cm, ratios, node_segment, space);
+  ex.prepare_heuristic();
+  return ex.heuristic(ex.initial());
 }
 
 SearchResult exhaustive_search(const CostModel& cm, const std::vector<std::vector<double>>& ratios,

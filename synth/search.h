@@ -5,9 +5,11 @@
 // chosen per collective), and adds the computation. States are memoised on (next node, the
 // properties held for every live tensor), and a child is dropped when a recent state of its group
 // (same node, same live tensors and segments) dominates it: holds every property it holds, costs no
-// more, uses no more memory. The heuristic is the sum over the remaining nodes of their cheapest
-// computation (admissible and consistent: communication is never negative and no node can run below
-// its cheapest signature).
+// more, uses no more memory. The heuristic prices chains of the remaining nodes at their best run
+// (computation, leaves stored, conversions between chained nodes by cheapest conversion path):
+// admissible, not always consistent (a state reached again more cheaply is expanded again), so
+// the first complete program popped is optimal. A state that cannot fit whatever follows (its
+// memory plus the least the remaining nodes must add) is dropped as out of memory.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -71,6 +73,12 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
 bool search_leaner_program(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
                            const std::vector<int>& node_segment, const SearchSpace& space,
                            double bound, SearchResult* out);
+
+// The search's lower bound of the cost of any program under these ratios (its heuristic at the
+// start: chains of nodes priced at their best run, see Expander::heuristic). Never above the
+// optimum; for tests.
+double search_lower_bound(const CostModel& cm, const std::vector<std::vector<double>>& ratios,
+                          const std::vector<int>& node_segment, const SearchSpace& space);
 
 // The obviously-correct reference: every combination of signatures, depth first, no memo and no
 // heuristic. Exponential; for tests on small graphs only.

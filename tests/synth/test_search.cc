@@ -223,6 +223,50 @@ TEST(Search, BestFirstFindsTheExhaustiveOptimumInEitherVisitingOrder) {
   EXPECT_GE(reordered, 3) << "the narrow order never differed: the test does not exercise it";
 }
 
+// The heuristic is a lower bound of every program (so best-first stays exact), and it sees more
+// than each node's cheapest computation: the leaves nodes store and the conversions between
+// chained nodes. Checked against the exhaustive optimum, in every strategy's space.
+TEST(Search, LowerBoundNeverExceedsTheOptimumAndCountsMoreThanComputation) {
+  int checked = 0, stronger = 0;
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    Graph g = seed % 2 ? random_dag(seed + 1300, 3 + static_cast<int>(seed % 6))
+                       : random_graph(seed + 1300, 3 + static_cast<int>(seed % 5));
+    if (g.nodes.size() > 9) continue;  // keep the exhaustive reference affordable
+    Cluster c = make_cluster(2 + static_cast<int>(seed % 3), seed * 11);
+    CostModel cm(g, c);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    std::vector<std::vector<double>> r = {c.flops_ratios()};
+    double compute_only = 0;
+    for (const GraphNode& n : g.nodes) {
+      double best = cm.compute_s(n.id, -1, r[0]);
+      for (int sig = 0; sig < static_cast<int>(cm.signatures(n.id).size()); ++sig)
+        best = std::min(best, cm.compute_s(n.id, sig, r[0]));
+      compute_only += best;
+    }
+    SearchSpace hap, dp, tp;
+    dp.inputs_must_shard_dim0 = true;
+    dp.shard_parameters = false;
+    tp.shard_inputs = tp.allow_slice = tp.allow_reduce_scatter = tp.allow_all_to_all = false;
+    tp.linear_weights_must_shard = true;
+    for (const SearchSpace& space : {hap, dp, tp}) {
+      SearchResult best;
+      try {
+        best = exhaustive_search(cm, r, seg, space);
+      } catch (const Error&) {
+        continue;  // no program in this space (tp on a graph without a linear layer to split)
+      }
+      const double bound = search_lower_bound(cm, r, seg, space);
+      EXPECT_LE(bound, best.cost_s * (1 + 1e-12)) << "seed " << seed << "\n" << g.str();
+      EXPECT_GE(bound, compute_only * (1 - 1e-12)) << "seed " << seed;
+      if (bound > compute_only * (1 + 1e-6)) ++stronger;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 30);
+  EXPECT_GE(stronger, 10) << "the bound never saw more than computation";
+}
+
 TEST(Search, BestFirstFindsTheExhaustiveOptimumOnRandomGraphsAndClusters) {
   int checked = 0;
   for (uint64_t seed = 1; seed <= 16; ++seed) {

@@ -180,10 +180,10 @@ TEST(PlanBinary, BadStrategyOrSegmentsNameTheirOption) {
 
 TEST(PlanBinary, SearchBudgetIsAnOptionAndRunningOutNamesIt) {
   const std::string plan = "--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
-                           src("configs/clusters/two-devices.yaml");
+                           src("configs/clusters/two-devices.yaml") + " --set model.n_layer=96";
   std::string out, err;
-  // Two uneven devices take some 20000 states to plan gpt-tiny with hap, 3500 with dp-cp. Over
-  // its budget, dp-cp stops with an error naming the key and the option ...
+  // Two uneven devices take some 5500 states to plan a 96-layer gpt-tiny with hap, 1800 with
+  // dp-cp. Over its budget, dp-cp stops with an error naming the key and the option ...
   EXPECT_EQ(run_plan(plan + " --strategy dp-cp --search-budget 1000", &out, &err), 1);
   EXPECT_NE(err.find("expanded more than 1000 states"), std::string::npos) << err;
   EXPECT_NE(err.find("parallel.search_budget = 1000 states"), std::string::npos) << err;
