@@ -16,17 +16,14 @@ labels and token ids uniform; under the mlm objective 15% of positions masked).
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests", "oracle"))
 from model_oracle import MODELS  # noqa: E402
-from torch_gpt_step import limit_blas_threads  # noqa: E402
+import ddp_common  # noqa: E402
 
 
 class ZooModule(torch.nn.Module):
@@ -83,45 +80,15 @@ def main(argv):
         print(f"torch_ddp_zoo: unknown model {name!r}; known: {sorted(MODELS)}", file=sys.stderr)
         return 2
 
-    rank = int(os.environ.get("OMPI_COMM_WORLD_RANK", "0"))
-    world = int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))
-    if args.batch % world:
-        print(f"torch_ddp_zoo: --batch {args.batch} is not divisible by {world} ranks", file=sys.stderr)
+    joined = ddp_common.join("torch_ddp_zoo", args.batch, args.port)
+    if joined is None:
         return 2
-    torch.set_num_threads(1)
-    limit_blas_threads(1)
-    addr = os.environ.get("HAP_EMULATE_MASTER_ADDR", "127.0.0.1")
-    dist.init_process_group("gloo", init_method=f"tcp://{addr}:{args.port}", rank=rank, world_size=world)
-
+    rank, world, rows = joined
     model = ZooModule(name, options, torch.Generator().manual_seed(1234))
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    decay = [q for q in ddp.parameters() if q.dim() >= 2]
-    no_decay = [q for q in ddp.parameters() if q.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
-    rows = args.batch // world
     gen = torch.Generator().manual_seed(99 + rank)
-    step_ms, losses = [], []
-    for step in range(args.warmup + args.steps):
-        inputs = draw_inputs(name, options, rows, gen)
-        t0 = time.perf_counter()
-        loss = ddp(inputs)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(ddp.parameters(), args.grad_clip)
-        opt.step()
-        ms = torch.tensor([(time.perf_counter() - t0) * 1e3])
-        dist.all_reduce(ms, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-        if step >= args.warmup:
-            step_ms.append(float(ms))
-            losses.append(float(loss))
-    if rank == 0:
-        with open(args.json, "w") as f:
-            json.dump({"framework": "pytorch-ddp-gloo", "torch_version": torch.__version__,
-                       "model": name, "ranks": world, "rows_per_rank": rows, "step_ms": step_ms,
-                       "median_ms": statistics.median(step_ms), "losses": losses}, f, indent=2)
-    dist.destroy_process_group()
+    step_ms, losses = ddp_common.train(model, lambda: (draw_inputs(name, options, rows, gen),),
+                                       args.steps, args.warmup, args.grad_clip)
+    ddp_common.finish(args.json, rank, world, rows, step_ms, losses, model=name)
     return 0
 
 

@@ -221,17 +221,26 @@ double flops_moved(const Metas& in, const Metas& out, const Attrs&) {
   return 2.0 * static_cast<double>(std::max(shape_numel(in[0].shape), shape_numel(out[0].shape)));
 }
 
+// The entry of one of the three routing ops: (data, expert ids, weights), the weights optional
+// for dispatch and combine.
+OpDef& routing_op(OpTable& t, OpKind kind, const char* name, InferFn infer, ShardFn shard,
+                  KernelFn cpu, bool optional_weights) {
+  OpDef& d = def_of(t, kind);
+  d.name = name;
+  d.num_inputs = 3;
+  if (optional_weights) d.optional_inputs = 0b100u;
+  d.infer = infer;
+  d.flops = flops_moved;
+  d.shard = shard;
+  d.cpu = cpu;
+  return d;
+}
+
 }  // namespace
 
 void register_moe_ops(OpTable& t) {
-  OpDef& d = def_of(t, OpKind::MoeDispatch);
-  d.name = "moe_dispatch";
-  d.num_inputs = 3;
-  d.optional_inputs = 0b100u;
-  d.infer = infer_dispatch;
-  d.flops = flops_moved;
-  d.shard = shard_dispatch;
-  d.cpu = dispatch_cpu;
+  OpDef& d = routing_op(t, OpKind::MoeDispatch, "moe_dispatch", infer_dispatch, shard_dispatch,
+                        dispatch_cpu, true);
   d.backward = [](const BackwardContext& c) {
     std::vector<Tensor> g(3);
     const Tensor& w = c.inputs[2];
@@ -242,14 +251,8 @@ void register_moe_ops(OpTable& t) {
     return g;
   };
 
-  OpDef& m = def_of(t, OpKind::MoeCombine);
-  m.name = "moe_combine";
-  m.num_inputs = 3;
-  m.optional_inputs = 0b100u;
-  m.infer = infer_combine;
-  m.flops = flops_moved;
-  m.shard = shard_combine;
-  m.cpu = combine_cpu;
+  OpDef& m = routing_op(t, OpKind::MoeCombine, "moe_combine", infer_combine, shard_combine,
+                        combine_cpu, true);
   m.backward = [](const BackwardContext& c) {
     std::vector<Tensor> g(3);
     const Tensor& gates = c.inputs[2];
@@ -260,16 +263,12 @@ void register_moe_ops(OpTable& t) {
     return g;
   };
 
-  OpDef& gg = def_of(t, OpKind::MoeGateGrad);
-  gg.name = "moe_gate_grad";
-  gg.num_inputs = 3;
-  gg.infer = infer_gate_grad;
+  OpDef& gg = routing_op(t, OpKind::MoeGateGrad, "moe_gate_grad", infer_gate_grad, shard_gate_grad,
+                         gate_grad_cpu, false);
   gg.flops = [](const Metas& in, const Metas&, const Attrs&) {
     return 2.0 * static_cast<double>(shape_numel(in[0].shape)) *
            static_cast<double>(in[2].shape.empty() ? 1 : in[2].shape.back());
   };
-  gg.shard = shard_gate_grad;
-  gg.cpu = gate_grad_cpu;
   gg.backward = [](const BackwardContext& c) {
     // <a, buf[slot]> is bilinear: d/da = combine(g... ) with the choice weights g; d/dbuf =
     // dispatch(a weighted by g).

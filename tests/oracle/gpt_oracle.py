@@ -27,12 +27,10 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hapt  # noqa: E402
+import oracle_cli  # noqa: E402
+from oracle_cli import OracleError  # noqa: E402
 
 IGNORE_INDEX = -100
-
-
-class OracleError(Exception):
-    """Bad arguments or inputs; main() prints the message and exits with status 2."""
 
 
 @dataclass(frozen=True)
@@ -188,16 +186,12 @@ def read_config(path):
     return model, cfg
 
 
-def split_inputs(path, tensors, model, steps, dtype):
-    """Check IN.hapt against the model and return (params, batches) in the compute dtype."""
+def split_inputs(path, model, steps, dtype):
+    """Read IN.hapt, check it against the model and return (params, batches) in the compute dtype."""
     shapes = parameter_shapes(model)
     batch_names = [f"{kind}.{s}" for s in range(steps) for kind in ("idx", "targets")]
-    missing = [n for n in list(shapes) + batch_names if n not in tensors]
-    if missing:
-        raise OracleError(f"{path}: missing tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    unknown = [n for n in tensors if n not in shapes and n not in batch_names]
-    if unknown:
-        raise OracleError(f"{path}: unexpected tensor(s) {unknown[:8]} (parameter names or batches beyond steps?)")
+    tensors = oracle_cli.load_tensors(path, list(shapes) + batch_names,
+                                      " (parameter names or batches beyond steps?)")
 
     params = OrderedDict()
     for name, shape in shapes.items():
@@ -230,11 +224,7 @@ def split_inputs(path, tensors, model, steps, dtype):
 def run(in_path, config_path, out_path):
     model, cfg = read_config(config_path)
     dtype = _DTYPES[cfg["dtype"]]
-    try:
-        tensors = hapt.load(in_path)
-    except (OSError, hapt.HaptError) as e:
-        raise OracleError(f"cannot read {in_path}: {e}") from None
-    params, batches = split_inputs(in_path, tensors, model, cfg["steps"], dtype)
+    params, batches = split_inputs(in_path, model, cfg["steps"], dtype)
 
     optimizer = torch.optim.AdamW(
         adamw_param_groups(params, cfg["weight_decay"]),
@@ -267,17 +257,5 @@ def run(in_path, config_path, out_path):
     hapt.save(out_path, out)
 
 
-def main(argv):
-    if len(argv) != 4:
-        print(f"usage: {os.path.basename(argv[0])} IN.hapt CONFIG.json OUT.hapt", file=sys.stderr)
-        return 2
-    try:
-        run(argv[1], argv[2], argv[3])
-    except OracleError as e:
-        print(f"gpt_oracle: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(oracle_cli.main(sys.argv, "gpt_oracle", run))

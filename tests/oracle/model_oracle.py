@@ -23,10 +23,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hapt  # noqa: E402
-
-
-class OracleError(Exception):
-    """Bad arguments or inputs; main() prints the message and exits with status 2."""
+import oracle_cli  # noqa: E402
+from oracle_cli import OracleError  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,16 +299,7 @@ def run(in_path, config_path, out_path):
         input_names = inputs_of(options)
     except KeyError as e:
         raise OracleError(f"{config_path}: option {e} is missing for model {name}") from None
-    try:
-        tensors = hapt.load(in_path)
-    except (OSError, hapt.HaptError) as e:
-        raise OracleError(f"cannot read {in_path}: {e}") from None
-    missing = [n for n in list(shapes) + list(input_names) if n not in tensors]
-    if missing:
-        raise OracleError(f"{in_path}: missing tensor(s) {missing[:8]}")
-    unknown = [n for n in tensors if n not in shapes and n not in input_names]
-    if unknown:
-        raise OracleError(f"{in_path}: unexpected tensor(s) {unknown[:8]}")
+    tensors = oracle_cli.load_tensors(in_path, list(shapes) + list(input_names))
     params = OrderedDict()
     for pname, shape in shapes.items():
         t = tensors[pname]
@@ -329,17 +318,5 @@ def run(in_path, config_path, out_path):
     hapt.save(out_path, out)
 
 
-def main(argv):
-    if len(argv) != 4:
-        print(f"usage: {os.path.basename(argv[0])} IN.hapt CONFIG.json OUT.hapt", file=sys.stderr)
-        return 2
-    try:
-        run(argv[1], argv[2], argv[3])
-    except OracleError as e:
-        print(f"model_oracle: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(oracle_cli.main(sys.argv, "model_oracle", run))
