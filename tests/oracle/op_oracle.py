@@ -24,10 +24,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hapt  # noqa: E402
-
-
-class OracleError(Exception):
-    """Bad arguments or inputs; main() prints the message and exits with status 2."""
+import oracle_cli  # noqa: E402
+from oracle_cli import OracleError  # noqa: E402
 
 
 def _softmax(inputs, attrs):
@@ -270,17 +268,5 @@ def run(in_path, spec_path, out_path):
     hapt.save(out_path, result)
 
 
-def main(argv):
-    if len(argv) != 4:
-        print(f"usage: {os.path.basename(argv[0])} IN.hapt SPEC.json OUT.hapt", file=sys.stderr)
-        return 2
-    try:
-        run(argv[1], argv[2], argv[3])
-    except OracleError as e:
-        print(f"op_oracle: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    sys.exit(oracle_cli.main(sys.argv, "op_oracle", run, config="SPEC.json"))

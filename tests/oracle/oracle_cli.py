@@ -1,5 +1,6 @@
 """What the PyTorch oracles share: their error type, reading the input tensors, and the
-command line (IN.hapt CONFIG.json OUT.hapt; bad input prints one line and exits with status 2)."""
+command line (IN.hapt CONFIG.json OUT.hapt, or SPEC.json for op_oracle.py; bad input prints one
+line and exits with status 2)."""
 import os
 import sys
 
@@ -26,10 +27,10 @@ def load_tensors(path, expected, hint=""):
     return tensors
 
 
-def main(argv, prog, run):
+def main(argv, prog, run, config="CONFIG.json"):
     """Runs run(in_path, config_path, out_path) from the command line."""
     if len(argv) != 4:
-        print(f"usage: {os.path.basename(argv[0])} IN.hapt CONFIG.json OUT.hapt", file=sys.stderr)
+        print(f"usage: {os.path.basename(argv[0])} IN.hapt {config} OUT.hapt", file=sys.stderr)
         return 2
     try:
         run(argv[1], argv[2], argv[3])
