@@ -3,6 +3,7 @@
 #include "models/named_registry.h"
 #include "train/image_data.h"
 #include "train/text_corpus.h"
+#include "train/token_data.h"
 
 namespace hap::train {
 
@@ -11,7 +12,8 @@ namespace {
 nn::NamedRegistry<DatasetEntry>& registry() {
   // The built-in datasets, one line each.
   static auto* r = new nn::NamedRegistry<DatasetEntry>("dataset", [] {
-    return std::vector<DatasetEntry>{bytes_dataset_entry(), images_dataset_entry()};
+    return std::vector<DatasetEntry>{bytes_dataset_entry(), images_dataset_entry(),
+                                     tokens_dataset_entry()};
   });
   return *r;
 }

@@ -57,9 +57,9 @@ TextCorpus TextCorpus::load(const std::string& path, double val_fraction, int64_
   return c;
 }
 
-TextWindows TextCorpus::batch(Split s, int64_t seq_len, uint64_t seed, uint64_t step,
-                              int64_t row_begin, int64_t row_end) const {
-  const std::vector<uint8_t>& data = split(s);
+template <typename Token>
+TextWindows sample_windows(const std::vector<Token>& data, Split s, int64_t seq_len, uint64_t seed,
+                           uint64_t step, int64_t row_begin, int64_t row_end) {
   int64_t rows = row_end - row_begin;
   HAP_CHECK(rows >= 0 && seq_len >= 1, "batch: bad rows [", row_begin, ", ", row_end,
             ") or seq_len ", seq_len);
@@ -81,6 +81,16 @@ TextWindows TextCorpus::batch(Split s, int64_t seq_len, uint64_t seed, uint64_t 
     }
   }
   return b;
+}
+
+template TextWindows sample_windows(const std::vector<uint8_t>&, Split, int64_t, uint64_t, uint64_t,
+                                    int64_t, int64_t);
+template TextWindows sample_windows(const std::vector<uint16_t>&, Split, int64_t, uint64_t,
+                                    uint64_t, int64_t, int64_t);
+
+TextWindows TextCorpus::batch(Split s, int64_t seq_len, uint64_t seed, uint64_t step,
+                              int64_t row_begin, int64_t row_end) const {
+  return sample_windows(split(s), s, seq_len, seed, step, row_begin, row_end);
 }
 
 namespace {
@@ -115,14 +125,16 @@ class ByteDataset : public Dataset {
   bool with_targets_;
 };
 
-// The window length the model's inputs ask for (idx, and targets unless the model makes its own,
-// as a masked-LM does); throws naming what does not fit.
-int64_t window_length(const std::vector<nn::InputSpec>& inputs, bool* with_targets) {
+}  // namespace
+
+int64_t token_window_length(const std::vector<nn::InputSpec>& inputs, const std::string& dataset,
+                            const std::string& ids, bool* with_targets, int64_t* vocab) {
   std::string needed;
   for (const nn::InputSpec& in : inputs) needed += (needed.empty() ? "" : ", ") + nn::input_str(in);
-  const std::string offer =
-      "data 'bytes' gives the inputs idx and (optionally) targets, i64 [batch, T] with batch dim 0 "
-      "and token ids in [0, 256); the model needs ";
+  const std::string offer = "data '" + dataset +
+                            "' gives the inputs idx and (optionally) targets, i64 [batch, T] with "
+                            "batch dim 0 and token ids " +
+                            ids + "; the model needs ";
   HAP_CHECK(inputs.size() == 1 || inputs.size() == 2, offer, needed);
   *with_targets = inputs.size() == 2;
   int64_t T = -1;
@@ -133,16 +145,12 @@ int64_t window_length(const std::vector<nn::InputSpec>& inputs, bool* with_targe
     HAP_CHECK(it != inputs.end(), offer, needed);
     HAP_CHECK(it->dtype == DType::I64 && it->shape.size() == 2 && it->batch_dim == 0, offer,
               needed);
-    HAP_CHECK(it->num_classes == 0 || it->num_classes >= 256, offer, needed,
-              " (byte tokens need "
-              "a vocabulary of at least 256; set model.vocab_size >= 256)");
     HAP_CHECK(T < 0 || it->shape[1] == T, offer, needed);
     T = it->shape[1];
+    if (name == "idx") *vocab = it->num_classes;
   }
   return T;
 }
-
-}  // namespace
 
 DatasetEntry bytes_dataset_entry() {
   DatasetEntry e;
@@ -158,7 +166,11 @@ DatasetEntry bytes_dataset_entry() {
   e.open = [](const nn::Options& o, const std::vector<nn::InputSpec>& inputs,
               uint64_t seed) -> std::shared_ptr<Dataset> {
     bool with_targets = true;
-    const int64_t T = window_length(inputs, &with_targets);
+    int64_t vocab = 0;
+    const int64_t T = token_window_length(inputs, "bytes", "in [0, 256)", &with_targets, &vocab);
+    HAP_CHECK(vocab == 0 || vocab >= 256,
+              "data 'bytes': byte tokens need a vocabulary of at least ", "256, the model has ",
+              vocab, " (set model.vocab_size >= 256)");
     const std::string& path = o.string("path");
     return std::make_shared<ByteDataset>(TextCorpus::load(path, o.number("val_fraction"), T), path,
                                          T, seed, with_targets);

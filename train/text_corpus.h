@@ -16,6 +16,20 @@ struct TextWindows {
   Tensor targets;  // i64 [rows, T]: idx shifted by one
 };
 
+// Rows [row_begin, row_end) of batch `step` of windows of seq_len tokens of `data` (with their
+// next tokens as targets), at offsets drawn from the counter-based RNG by (seed, split, step, row):
+// the same rows whoever reads them. data.size() > seq_len.
+template <typename Token>
+TextWindows sample_windows(const std::vector<Token>& data, Split s, int64_t seq_len, uint64_t seed,
+                           uint64_t step, int64_t row_begin, int64_t row_end);
+
+// The window length T a language model's inputs ask of a token dataset (`dataset` names it in
+// messages): idx and, unless the model makes its own (a masked LM), targets, i64 [batch, T] with
+// batch dim 0. *vocab is idx's declared number of classes (0: not declared). Throws naming what
+// the model needs and what the dataset gives.
+int64_t token_window_length(const std::vector<nn::InputSpec>& inputs, const std::string& dataset,
+                            const std::string& ids, bool* with_targets, int64_t* vocab);
+
 class TextCorpus {
  public:
   // `path` is a text file or a directory whose regular files (not symlinks, not *.dat) are
