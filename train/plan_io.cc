@@ -1,5 +1,6 @@
 #include "train/plan_io.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -110,12 +111,116 @@ void save_plan(const std::string& path, const synth::CostModel& cm,
 
 namespace {
 
-Prop parse_prop(const std::string& s, const std::string& where) {
+// A JSON integer in [lo, hi] (no wrap of 2^32 + 35 to 35, no fractions, no strings).
+int64_t json_int(const nlohmann::json& v, const std::string& where, int64_t lo, int64_t hi) {
+  const std::string range =
+      "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  if (!v.is_number_integer())
+    throw ConfigError(where + ": expected " + range + ", got " + v.dump());
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi))
+    throw ConfigError(where + ": expected " + range + ", got " + v.dump());
+  const int64_t x = v.get<int64_t>();
+  if (x < lo || x > hi) throw ConfigError(where + ": expected " + range + ", got " + v.dump());
+  return x;
+}
+
+// A property of a tensor of `rank` dims: R, P or S(d) with 0 <= d < rank.
+Prop parse_prop(const nlohmann::json& v, const std::string& where, size_t rank) {
+  if (!v.is_string())
+    throw ConfigError(where + ": expected a property R, P or S(d), got " + v.dump());
+  const std::string s = v.get<std::string>();
   if (s == "R") return Prop::replicated();
   if (s == "P") return Prop::partial();
-  if (s.size() > 3 && s.rfind("S(", 0) == 0 && s.back() == ')')
-    return Prop::sharded(std::stoll(s.substr(2, s.size() - 3)));
+  if (s.size() > 3 && s.size() < 8 && s.rfind("S(", 0) == 0 && s.back() == ')') {
+    const std::string d = s.substr(2, s.size() - 3);
+    if (std::all_of(d.begin(), d.end(), ::isdigit)) {
+      const int64_t dim = std::stoll(d);
+      if (dim < static_cast<int64_t>(rank)) return Prop::sharded(dim);
+      throw ConfigError(where + ": " + s + " names dim " + d + " of a tensor with " +
+                        std::to_string(rank) + " dims");
+    }
+  }
   throw ConfigError(where + ": expected a property R, P or S(d), got '" + s + "'");
+}
+
+// What each kind of collective turns into what: the executor runs it on these properties only.
+bool props_fit(InstrKind k, const Prop& from, const Prop& to) {
+  using ops::PropKind;
+  switch (k) {
+    case InstrKind::AllGather:
+      return from.kind == PropKind::Sharded && to.kind == PropKind::Replicated;
+    case InstrKind::ReduceScatter:
+      return from.kind == PropKind::Partial && to.kind == PropKind::Sharded;
+    case InstrKind::AllReduce:
+    case InstrKind::GradAllReduce:
+      return from.kind == PropKind::Partial && to.kind == PropKind::Replicated;
+    case InstrKind::AllToAll:
+      return from.kind == PropKind::Sharded && to.kind == PropKind::Sharded && from.dim != to.dim;
+    case InstrKind::Slice:
+      return from.kind == PropKind::Replicated && to.kind == PropKind::Sharded;
+    case InstrKind::Reshard:
+      return from.kind == PropKind::Sharded && to == from;
+    case InstrKind::ToPartial:
+      return from.kind == PropKind::Replicated && to.kind == PropKind::Partial;
+    case InstrKind::Update:
+      return from == to;
+    case InstrKind::Compute:
+      return false;
+  }
+  return false;
+}
+
+// Replays what a rank would hold: every computation's inputs and every collective's source must
+// be held when it runs (computed, converted, or a leaf read as stored), and the loss must end up
+// Partial or Replicated. A plan that fails would stop the executor midway, on every rank.
+void check_program(const synth::CostModel& cm, const synth::DistributedProgram& p,
+                   const std::string& path) {
+  const synth::Graph& g = cm.graph();
+  std::vector<std::vector<Prop>> held(g.tensors.size());
+  auto holds = [&](int t, const Prop& q) {
+    const synth::GraphTensor& gt = g.tensors[static_cast<size_t>(t)];
+    if (std::find(held[t].begin(), held[t].end(), q) != held[t].end()) return true;
+    if (gt.producer >= 0) return false;
+    if (gt.role == synth::TensorRole::Parameter) return p.storage[t] == q;
+    return q.kind != ops::PropKind::Partial;  // inputs and constants are read whole or in shards
+  };
+  auto name = [&](int t) {
+    const synth::GraphTensor& gt = g.tensors[static_cast<size_t>(t)];
+    return "%" + std::to_string(t) + (gt.name.empty() ? "" : " (" + gt.name + ")");
+  };
+  for (size_t i = 0; i < p.instructions.size(); ++i) {
+    const synth::Instruction& in = p.instructions[i];
+    const std::string where = path + ": instructions[" + std::to_string(i) + "]";
+    if (in.kind == InstrKind::Compute) {
+      const synth::GraphNode& n = g.nodes[static_cast<size_t>(in.node)];
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        const int t = n.inputs[k];
+        if (t < 0) continue;
+        const Prop q = cm.input_prop(n.id, in.signature, k);
+        if (!holds(t, q))
+          throw ConfigError(where + ": " + ops::op_name(n.kind) + " (node " + std::to_string(n.id) +
+                            ") reads " + name(t) + " as " + q.str() +
+                            ", which no earlier instruction makes");
+      }
+      for (size_t o = 0; o < n.outputs.size(); ++o)
+        held[n.outputs[o]].push_back(cm.output_prop(n.id, in.signature, o));
+      continue;
+    }
+    if (!props_fit(in.kind, in.from, in.to))
+      throw ConfigError(where + ": " + synth::instr_name(in.kind) + " cannot turn " +
+                        in.from.str() + " into " + in.to.str());
+    const bool param = g.tensors[in.tensor].role == synth::TensorRole::Parameter;
+    if ((in.kind == InstrKind::Update || in.kind == InstrKind::GradAllReduce) && !param)
+      throw ConfigError(where + ": " + synth::instr_name(in.kind) + " of " + name(in.tensor) +
+                        ", which is not a parameter");
+    if (in.kind == InstrKind::Update || in.kind == InstrKind::GradAllReduce) continue;
+    if (!holds(in.tensor, in.from))
+      throw ConfigError(where + ": " + synth::instr_name(in.kind) + " of " + name(in.tensor) +
+                        " from " + in.from.str() + ", which no earlier instruction makes");
+    held[in.tensor].push_back(in.to);
+  }
+  if (!holds(g.loss, Prop::partial()) && !holds(g.loss, Prop::replicated()))
+    throw ConfigError(path + ": the program never makes the loss (Partial or Replicated)");
 }
 
 InstrKind parse_kind(const std::string& s, const std::string& where) {
@@ -173,48 +278,51 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
       if (std::abs(sum - 1.0) > 1e-6)
         throw ConfigError(where + ": shares sum to " + std::to_string(sum) + ", expected 1");
     }
-    p.node_segment = j.at("node_segment").get<std::vector<int>>();
-    if (p.node_segment.size() != cm.graph().nodes.size())
+    const auto& segments = j.at("node_segment");
+    if (!segments.is_array() || segments.size() != cm.graph().nodes.size())
       throw ConfigError(path + ": node_segment: expected " +
                         std::to_string(cm.graph().nodes.size()) + " entries");
-    for (int s : p.node_segment)
-      if (s < 0 || s >= static_cast<int>(p.ratios.size()))
-        throw ConfigError(path + ": node_segment: segment " + std::to_string(s) + " has no ratios");
+    const int64_t last_segment = static_cast<int64_t>(p.ratios.size()) - 1;
+    for (size_t n = 0; n < segments.size(); ++n)
+      p.node_segment.push_back(static_cast<int>(json_int(
+          segments[n], path + ": node_segment[" + std::to_string(n) + "]", 0, last_segment)));
     p.storage.assign(cm.graph().tensors.size(), Prop::replicated());
     const auto& storage = j.at("storage");
     for (const synth::GraphTensor& t : cm.graph().tensors)
       if (storage.contains(t.name))
-        p.storage[t.id] = parse_prop(storage[t.name], path + ": storage." + t.name);
+        p.storage[t.id] = parse_prop(storage[t.name], path + ": storage." + t.name, t.shape.size());
+    const int64_t last_node = static_cast<int64_t>(cm.graph().nodes.size()) - 1;
+    const int64_t last_tensor = static_cast<int64_t>(cm.graph().tensors.size()) - 1;
     int i = 0;
     for (const auto& e : j.at("instructions")) {
       std::string where = path + ": instructions[" + std::to_string(i++) + "]";
       synth::Instruction in;
       in.kind = parse_kind(e.at("kind"), where);
-      in.segment = e.at("segment");
+      in.segment = static_cast<int>(json_int(e.at("segment"), where + ".segment", 0, last_segment));
       if (in.kind == InstrKind::Compute) {
-        in.node = e.at("node");
-        in.signature = e.at("signature");
-        if (in.node < 0 || in.node >= static_cast<int>(cm.graph().nodes.size()) ||
-            in.signature >= static_cast<int>(cm.signatures(in.node).size()))
-          throw ConfigError(where + ": node or signature out of range");
+        in.node = static_cast<int>(json_int(e.at("node"), where + ".node", 0, last_node));
+        in.signature =
+            static_cast<int>(json_int(e.at("signature"), where + ".signature", -1,
+                                      static_cast<int64_t>(cm.signatures(in.node).size()) - 1));
       } else {
-        in.tensor = e.at("tensor");
-        if (in.tensor < 0 || in.tensor >= static_cast<int>(cm.graph().tensors.size()))
-          throw ConfigError(where + ": tensor out of range");
-        in.from = parse_prop(e.at("from"), where + ".from");
-        in.to = parse_prop(e.at("to"), where + ".to");
+        in.tensor = static_cast<int>(json_int(e.at("tensor"), where + ".tensor", 0, last_tensor));
+        const size_t rank = cm.graph().tensors[in.tensor].shape.size();
+        in.from = parse_prop(e.at("from"), where + ".from", rank);
+        in.to = parse_prop(e.at("to"), where + ".to", rank);
         in.method = parse_method(e.at("method"), where + ".method");
         // Plans written before every moving collective carried its method: the grouped one ran.
         if (in.method == CollectiveMethod::None &&
             (in.kind == InstrKind::AllReduce || in.kind == InstrKind::AllToAll ||
              in.kind == InstrKind::GradAllReduce))
           in.method = CollectiveMethod::Grouped;
-        in.from_segment = e.value("from_segment", in.segment);
+        in.from_segment = e.contains("from_segment")
+                              ? static_cast<int>(json_int(e.at("from_segment"),
+                                                          where + ".from_segment", 0, last_segment))
+                              : in.segment;
       }
-      if (in.segment < 0 || in.segment >= static_cast<int>(p.ratios.size()))
-        throw ConfigError(where + ": segment out of range");
       p.instructions.push_back(in);
     }
+    check_program(cm, p, path);
     p.predicted_step_s = synth::recost(cm, p.instructions, p.ratios);
     p.device_memory_bytes = synth::program_memory(cm, p.instructions, p.storage, p.ratios);
     p.device_compute_s.assign(cm.num_devices(), 0.0);

@@ -1,0 +1,154 @@
+// Plan files read back: every plan the synthesizer writes loads as the same program, and a plan
+// edited by hand or damaged is refused with the field and what was wrong, never run halfway.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "ops/functional.h"
+#include "synth/synthesizer.h"
+#include "tests/test_util.h"
+#include "train/config.h"
+#include "train/plan_io.h"
+
+namespace hap::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct Model {
+  synth::Graph graph;
+  synth::Cluster cluster;
+};
+
+// A two-layer MLP with a residual branch on three uneven devices.
+Model small_model() {
+  Tensor x = Tensor::meta({12, 10}, DType::F32), w1 = Tensor::meta({16, 10}, DType::F32),
+         b1 = Tensor::meta({16}, DType::F32), w2 = Tensor::meta({10, 16}, DType::F32);
+  Model s;
+  s.graph = synth::trace(
+      [&] {
+        Tensor h = gelu(linear(x, w1, b1));
+        return mean(softmax(linear(h, w2) + x, -1));
+      },
+      {{"w1", w1}, {"b1", b1}, {"w2", w2}}, {{"x", x}});
+  std::vector<synth::Device> devs = {{"a", "cpu", 4e9, int64_t{1} << 30, -1},
+                                     {"b", "cpu", 2e9, int64_t{1} << 30, -1},
+                                     {"c", "cpu", 1e9, int64_t{1} << 30, -1}};
+  s.cluster.name = "three";
+  s.cluster.add_node("n0", {1e8, 1e-5}, devs);
+  s.cluster.validate();
+  return s;
+}
+
+fs::path plan_path() {
+  return fs::temp_directory_path() / ("hap_plan_io_" + std::to_string(::getpid()) + ".json");
+}
+
+std::string load_error(const synth::CostModel& cm, const json& j) {
+  std::ofstream(plan_path()) << j.dump();
+  return test_util::error_of([&] { load_plan(plan_path().string(), cm); });
+}
+
+TEST(PlanFile, EveryStrategysPlanLoadsAsTheSameProgram) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  for (synth::Strategy st :
+       {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp}) {
+    synth::SynthesisOptions o;
+    o.strategy = st;
+    const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
+    save_plan(plan_path().string(), cm, p);
+    const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
+    EXPECT_EQ(synth::program_hash(back), synth::program_hash(p)) << synth::strategy_name(st);
+    EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+  }
+  fs::remove(plan_path());
+}
+
+TEST(PlanFile, OutOfRangeIntegersAndPropertiesNameTheField) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, {});
+  const json good = plan_to_json(cm, p);
+  size_t compute = 0, collective = 0;
+  for (size_t i = 0; i < good["instructions"].size(); ++i) {
+    const std::string kind = good["instructions"][i]["kind"];
+    if (kind == "compute") compute = i;
+    if (kind != "compute" && kind != "update" && kind != "grad_all_reduce") collective = i;
+  }
+  ASSERT_GT(collective + compute, 0u) << good.dump(1);
+  const std::string at = "instructions[" + std::to_string(compute) + "]";
+  auto edit = [&](const std::function<void(json&)>& f) {
+    json j = good;
+    f(j);
+    return load_error(cm, j);
+  };
+  // 2^32 + 35 must not wrap to 35.
+  EXPECT_HAS(edit([&](json& j) { j["instructions"][compute]["segment"] = 4294967331ull; }),
+             at + ".segment: expected an integer in [0, 0], got 4294967331");
+  EXPECT_HAS(edit([&](json& j) { j["instructions"][compute]["node"] = -1; }),
+             at + ".node: expected an integer in [0, ");
+  EXPECT_HAS(edit([&](json& j) { j["instructions"][compute]["signature"] = -2; }),
+             at + ".signature: expected an integer in [-1, ");
+  EXPECT_HAS(edit([&](json& j) { j["instructions"][compute]["node"] = 1.5; }),
+             at + ".node: expected an integer");
+  EXPECT_HAS(edit([&](json& j) { j["node_segment"][0] = 7; }),
+             "node_segment[0]: expected an integer in [0, 0], got 7");
+  EXPECT_HAS(edit([&](json& j) { j["storage"]["w1"] = "S(2)"; }),
+             "storage.w1: S(2) names dim 2 of a tensor with 2 dims");
+  EXPECT_HAS(edit([&](json& j) { j["storage"]["w1"] = "S(-1)"; }),
+             "storage.w1: expected a property R, P or S(d), got 'S(-1)'");
+  EXPECT_HAS(edit([&](json& j) { j["storage"]["w1"] = 3; }),
+             "storage.w1: expected a property R, P or S(d), got 3");
+  fs::remove(plan_path());
+}
+
+// Plans that would stop the executor midway: an instruction that reads what nothing made, a
+// collective turned into another kind, a missing computation.
+TEST(PlanFile, ProgramsThatCannotRunAreRefusedNamingTheInstruction) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  synth::SynthesisOptions dp;
+  dp.strategy = synth::Strategy::DpEv;  // a batch split: the loss's Partial needs no collective,
+  const json good = plan_to_json(cm, synth::synthesize(s.graph, s.cluster, dp));
+  // Find the first computation reading an activation, and drop the computation producing it.
+  const json& instrs = good["instructions"];
+  int first_compute = -1;
+  for (size_t i = 0; i < instrs.size(); ++i)
+    if (instrs[i]["kind"] == "compute") {
+      first_compute = static_cast<int>(i);
+      break;
+    }
+  ASSERT_GE(first_compute, 0);
+  json j = good;
+  j["instructions"].erase(static_cast<size_t>(first_compute));
+  const std::string m = load_error(cm, j);
+  EXPECT_HAS(m, "which no earlier instruction makes");
+  // The last computation makes the loss: without it, the program never does.
+  int last_compute = -1;
+  for (size_t i = 0; i < instrs.size(); ++i)
+    if (instrs[i]["kind"] == "compute") last_compute = static_cast<int>(i);
+  j = good;
+  j["instructions"].erase(static_cast<size_t>(last_compute));
+  EXPECT_HAS(load_error(cm, j), "the program never makes the loss");
+  // A hap plan with a collective: the collective edited into a kind that cannot do it.
+  const json hap = plan_to_json(cm, synth::synthesize(s.graph, s.cluster, {}));
+  int edited = 0;
+  for (size_t i = 0; i < hap["instructions"].size(); ++i) {
+    const std::string kind = hap["instructions"][i]["kind"];
+    if (kind == "compute" || kind == "update") continue;
+    j = hap;
+    j["instructions"][i]["kind"] = kind == "all_gather" ? "reduce_scatter" : "all_gather";
+    EXPECT_HAS(load_error(cm, j), "instructions[" + std::to_string(i) + "]: ");
+    ++edited;
+  }
+  EXPECT_GT(edited, 0) << hap.dump(1);
+  fs::remove(plan_path());
+}
+
+}  // namespace
+}  // namespace hap::train
