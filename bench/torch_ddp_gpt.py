@@ -5,7 +5,8 @@ emulated cluster.
 Started by mpirun (usually through scripts/hap-emulate), one process per rank; the rank and world
 size come from OpenMPI's environment. Same model as hap-train's GPT (the oracle's GPT-2 code,
 tests/oracle/gpt_oracle.py, wrapped in an nn.Module), same global batch split evenly over the
-ranks (what DDP does: dp-ev), AdamW, global-norm clipping, one thread per rank. Each step's time
+ranks (what DDP does: dp-ev; as evenly as whole rows allow, losses weighted by rows, see
+bench/ddp_common.py), AdamW, global-norm clipping, one thread per rank. Each step's time
 is the slowest rank's; rank 0 writes the per-step times as JSON.
 
 Example (4 emulated ranks):
@@ -66,8 +67,8 @@ def main(argv):
                 torch.randint(0, args.vocab, (rows, args.seq), generator=gen))
 
     step_ms, losses = ddp_common.train(model, draw, args.steps, args.warmup, args.grad_clip,
-                                       betas=(0.9, 0.95))
-    ddp_common.finish(args.json, rank, world, rows, step_ms, losses)
+                                       betas=(0.9, 0.95), weight=rows * world / args.batch)
+    ddp_common.finish(args.json, rank, world, args.batch, step_ms, losses)
     return 0
 
 

@@ -4,8 +4,8 @@ for hap-train on an emulated cluster, as bench/torch_ddp_gpt.py is for GPT.
 
 The model is the PyTorch twin of tests/oracle/model_oracle.py (the same forward and parameter
 names as HAP's model), wrapped in an nn.Module; started by mpirun (usually through
-scripts/hap-emulate), one process per rank, the global batch split evenly (what DDP does: dp-ev),
-AdamW, global-norm clipping, one thread per rank. Each step's time is the slowest rank's; rank 0
+scripts/hap-emulate), one process per rank, the global batch split evenly (what DDP does: dp-ev; as
+evenly as whole rows allow, losses weighted by rows, see bench/ddp_common.py), AdamW, global-norm clipping, one thread per rank. Each step's time is the slowest rank's; rank 0
 writes the per-step times as JSON. Inputs are random with the model's shapes (images N(0, 1),
 labels and token ids uniform; under the mlm objective 15% of positions masked).
 
@@ -87,8 +87,9 @@ def main(argv):
     model = ZooModule(name, options, torch.Generator().manual_seed(1234))
     gen = torch.Generator().manual_seed(99 + rank)
     step_ms, losses = ddp_common.train(model, lambda: (draw_inputs(name, options, rows, gen),),
-                                       args.steps, args.warmup, args.grad_clip)
-    ddp_common.finish(args.json, rank, world, rows, step_ms, losses, model=name)
+                                       args.steps, args.warmup, args.grad_clip,
+                                       weight=rows * world / args.batch)
+    ddp_common.finish(args.json, rank, world, args.batch, step_ms, losses, model=name)
     return 0
 
 
