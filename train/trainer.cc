@@ -13,6 +13,7 @@
 #include "train/engine.h"
 #include "train/metrics_log.h"
 #include "train/plan_io.h"
+#include "train/trace.h"
 
 namespace hap::train {
 
@@ -32,6 +33,37 @@ std::string summary_text(const TrainSummary& s) {
     out += buf;
   }
   return out;
+}
+
+// The rate of a 512^3 f32 matrix product on this process (best of 5): the peak MFU is measured
+// against when one process trains.
+double measured_gemm_flops() {
+  NoGradGuard no_grad;
+  constexpr int64_t n = 512;
+  Tensor a = Tensor::full({n, n}, 0.5f), b = Tensor::full({n, n}, 0.25f);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Tensor c = ops::call1(ops::OpKind::MatMul, {a, b}, {});
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
+// "1m05s", "2h03m", "12s".
+std::string duration_text(double seconds) {
+  const auto s = static_cast<int64_t>(std::llround(std::max(seconds, 0.0)));
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", static_cast<long>(s / 3600),
+                  static_cast<long>(s % 3600 / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", static_cast<long>(s / 60),
+                  static_cast<long>(s % 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lds", static_cast<long>(s));
+  return buf;
 }
 
 double median_of(std::vector<double> values) {
@@ -178,10 +210,28 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   if (!options.run_config.is_null()) config_record["config"] = options.run_config;
   if (const synth::DistributedProgram* plan = engine_->program())
     config_record["plan"] = plan_to_json(*engine_->cost_model(), *plan);
+  // MFU: the model's FLOPs per step (forward + backward = 3 x the traced forward's) per second,
+  // over the peak: the cluster file's FLOP/s of every device on ranks, the measured matrix
+  // product rate on one process.
+  double step_flops = 0, peak_flops = 0;
+  std::string peak_source;
+  if (const synth::CostModel* cm = engine_->cost_model()) {
+    step_flops = 3.0 * cm->graph().total_flops();
+    for (const synth::Device& d : cm->cluster().devices) peak_flops += d.flops_per_s;
+    peak_source = "the cluster file's FLOP/s";
+  } else {
+    step_flops = 3.0 * trace_model(*model_, t.batch_size).total_flops();
+    peak_flops = measured_gemm_flops();
+    peak_source = "a 512^3 matrix product measured here";
+  }
+  config_record["flops_per_step"] = step_flops;
+  config_record["peak_flops_per_s"] = peak_flops;
   log.write(config_record);
   if (print) {
     std::printf("hap-train: %s with %ld parameters; %s\n", model_->type_name().c_str(),
                 static_cast<long>(num_parameters), data_->describe().c_str());
+    std::printf("hap-train: %.3g GFLOP per step; MFU against %.3g GFLOP/s (%s)\n", step_flops / 1e9,
+                peak_flops / 1e9, peak_source.c_str());
     std::fflush(stdout);
   }
 
@@ -240,15 +290,21 @@ TrainSummary Trainer::fit(const FitOptions& options) {
                                {"ms_per_step", avg_ms},
                                {"examples_per_s", examples_s}};
       if (tokens_per_step > 0) record["tokens_per_s"] = tokens_per_step / (avg_ms / 1000.0);
+      const double mfu = peak_flops > 0 ? step_flops / (avg_ms / 1000.0) / peak_flops : 0.0;
+      // Time left at the median pace so far.
+      const double left_s = static_cast<double>(end - step - 1) * median_of(step_ms) / 1000.0;
+      record["mfu"] = mfu;
+      record["time_left_s"] = left_s;
       log.write(record);
       if (print) {
         std::printf("step %6ld/%ld | loss %.4f | lr %.3e | grad norm %.3f | %8.1f ms/step | ",
                     static_cast<long>(step + 1), static_cast<long>(t.steps), loss, lr, norm,
                     avg_ms);
         if (tokens_per_step > 0)
-          std::printf("%9.0f tok/s\n", tokens_per_step / (avg_ms / 1000.0));
+          std::printf("%9.0f tok/s", tokens_per_step / (avg_ms / 1000.0));
         else
-          std::printf("%9.1f ex/s\n", examples_s);
+          std::printf("%9.1f ex/s", examples_s);
+        std::printf(" | MFU %5.1f%% | %s left\n", 100.0 * mfu, duration_text(left_s).c_str());
         std::fflush(stdout);
       }
       window_ms = window_loss = 0;

@@ -56,6 +56,50 @@ TEST(Train, SameConfigAndSeedGiveBitwiseIdenticalRuns) {
   fs::remove_all(dir);
 }
 
+// The log's records carry MFU (the step's FLOPs over the measured peak) and the time left, and
+// scripts/hap-plot draws them; a log it cannot use is refused with exit 1.
+TEST(Train, LogsMfuAndTimeLeftAndHapPlotDrawsTheLog) {
+  fs::path dir = fs::temp_directory_path() / ("hap_train_mfu_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string log = (dir / "run.jsonl").string();
+  RunConfig c = load_run_config(tiny_config(), {"train.steps=6", "train.log_every=2",
+                                                "train.eval_every=3", "train.log_file=" + log});
+  train(c, {.quiet = true});
+  std::ifstream in(log);
+  std::string line;
+  double flops = 0, peak = 0;
+  std::vector<double> left;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "config") {
+      flops = j["flops_per_step"];
+      peak = j["peak_flops_per_s"];
+    }
+    if (j["type"] != "train") continue;
+    const double ms = j["ms_per_step"], mfu = j["mfu"];
+    EXPECT_NEAR(mfu, flops / (ms / 1e3) / peak, 1e-9 * mfu);
+    EXPECT_GT(mfu, 0);
+    EXPECT_LT(mfu, 1.5) << "more than the measured peak";
+    left.push_back(j["time_left_s"]);
+  }
+  EXPECT_GT(flops, 0);
+  EXPECT_GT(peak, 1e8);
+  ASSERT_EQ(left.size(), 3u);
+  EXPECT_GT(left[0], left[1]);
+  EXPECT_EQ(left[2], 0.0);
+  const std::string plot = std::string(HAP_SOURCE_DIR) + "/scripts/hap-plot ";
+  const std::string png = (dir / "run.png").string();
+  ASSERT_EQ(std::system((plot + log + " --out " + png + " > /dev/null").c_str()), 0);
+  std::ifstream image(png, std::ios::binary);
+  char magic[4] = {};
+  image.read(magic, 4);
+  EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+  std::ofstream(dir / "empty.jsonl") << "{\"type\": \"config\"}\n";
+  const int rc = std::system((plot + (dir / "empty.jsonl").string() + " 2> /dev/null").c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc;
+  fs::remove_all(dir);
+}
+
 TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   fs::path dir = fs::temp_directory_path() / ("hap_train_ckpt_" + std::to_string(::getpid()));
   fs::create_directories(dir);
