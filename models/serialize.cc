@@ -12,6 +12,7 @@
 #include <memory>
 #include <unordered_set>
 
+#include "core/input_file.h"
 #include "models/module.h"
 #include "models/optim.h"
 
@@ -157,6 +158,8 @@ void save_tensors(const std::string& path, const NamedTensors& tensors) {
 }
 
 NamedTensors load_tensors(const std::string& path) {
+  const std::string why = unreadable_reason(path, kMaxCheckpointBytes, nullptr, false);
+  HAP_CHECK(why.empty(), "load_tensors: cannot read ", path, ": it ", why);
   File f(std::fopen(path.c_str(), "rb"));
   HAP_CHECK(f != nullptr, "load_tensors: cannot open ", path, ": ", errno_str());
   HAP_CHECK(std::fseek(f.get(), 0, SEEK_END) == 0, "load_tensors: cannot seek in ", path);

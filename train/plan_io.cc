@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "core/input_file.h"
 #include "synth/synthesizer.h"
 #include "train/config.h"
 
@@ -238,6 +239,8 @@ CollectiveMethod parse_method(const std::string& s, const std::string& where) {
 }  // namespace
 
 synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm) {
+  if (const std::string why = unreadable_reason(path, kMaxPlanBytes); !why.empty())
+    throw ConfigError(path + ": cannot read the plan file: it " + why);
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot read the plan file");
   nlohmann::json j;

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/input_file.h"
 #include "core/philox.h"
 
 namespace hap::train {
@@ -13,6 +14,12 @@ namespace fs = std::filesystem;
 
 namespace {
 void append_file(const fs::path& p, std::vector<uint8_t>& out) {
+  const std::string why =
+      unreadable_reason(p.string(), kMaxCorpusBytes - static_cast<int64_t>(out.size()));
+  HAP_CHECK(why.empty(), "data.path: '", p.string(), "' ", why,
+            why.rfind("has ", 0) == 0 ? " (the corpus may hold at most " +
+                                            std::to_string(kMaxCorpusBytes) + " bytes in all)"
+                                      : std::string());
   std::ifstream in(p, std::ios::binary);
   HAP_CHECK(in.good(), "data.path: cannot read '", p.string(), "'");
   out.insert(out.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

@@ -1,6 +1,7 @@
 // Plan files read back: every plan the synthesizer writes loads as the same program, and a plan
 // edited by hand or damaged is refused with the field and what was wrong, never run halfway.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -105,6 +106,16 @@ TEST(PlanFile, OutOfRangeIntegersAndPropertiesNameTheField) {
   EXPECT_HAS(edit([&](json& j) { j["storage"]["w1"] = 3; }),
              "storage.w1: expected a property R, P or S(d), got 3");
   fs::remove(plan_path());
+}
+
+TEST(PlanFile, AFifoIsRefusedBeforeOpening) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  const fs::path fifo = plan_path().string() + ".fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_HAS(test_util::error_of([&] { load_plan(fifo.string(), cm); }),
+             "cannot read the plan file: it is not a regular file");
+  fs::remove(fifo);
 }
 
 // Plans that would stop the executor midway: an instruction that reads what nothing made, a

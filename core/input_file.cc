@@ -1,0 +1,24 @@
+#include "core/input_file.h"
+
+#include <filesystem>
+
+namespace hap {
+
+std::string unreadable_reason(const std::string& path, std::int64_t max_bytes, std::int64_t* bytes,
+                              bool report_missing) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec || !fs::exists(st)) return report_missing ? "does not exist" : "";
+  if (fs::is_directory(st)) return "is a directory";
+  if (!fs::is_regular_file(st)) return "is not a regular file (a FIFO, device or socket)";
+  const auto size = static_cast<std::int64_t>(fs::file_size(path, ec));
+  if (ec) return "cannot be read (" + ec.message() + ")";
+  if (size > max_bytes)
+    return "has " + std::to_string(size) + " bytes, more than the limit of " +
+           std::to_string(max_bytes);
+  if (bytes) *bytes = size;
+  return "";
+}
+
+}  // namespace hap
