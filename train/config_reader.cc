@@ -195,7 +195,8 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
   if (std::filesystem::is_directory(origin.file, ec))
     fail(origin, "",
          "cannot read the " + std::string(what) + ": it is a directory, expected a YAML file");
-  if (const std::string why = unreadable_reason(origin.file, kMaxConfigBytes, nullptr, false); !why.empty())
+  if (const std::string why = unreadable_reason(origin.file, kMaxConfigBytes, nullptr, false);
+      !why.empty())
     fail(origin, "", "cannot read the " + std::string(what) + ": it " + why);
   std::ifstream in(origin.file, std::ios::binary);
   if (!in) fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
