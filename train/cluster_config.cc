@@ -47,6 +47,9 @@ constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_
                                                              "reduce_scatter", "all_to_all"};
 
 constexpr std::int64_t kMaxCount = 65536;
+// Devices in the whole file: plans and collectives are sized per device, so an absurd total
+// (many nodes of large counts) is refused before anything is allocated for it.
+constexpr std::int64_t kMaxDevices = 65536;
 
 // Physically plausible figures, generous on both sides (documented in cluster_config.h). A value
 // outside them is a typo or a unit mistake, and far outside them the cost model's times overflow
@@ -214,6 +217,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
   const std::vector<YAML::Node> nodes =
       sequence(origin, "nodes", value_of(root, "nodes"),
                "nodes (mappings with keys " + join(kNodeKeys) + ")");
+  std::int64_t total_devices = 0;
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     const std::string node_path = "nodes[" + format_number(n) + "]";
     SectionReader node_reader(origin, node_path, nodes[n], kNodeKeys);
@@ -237,6 +241,12 @@ synth::Cluster load_cluster_config(const std::string& path) {
       SectionReader s(origin, entry_path, entries[e], kDeviceKeys);
       const std::int64_t count =
           s.integer<std::int64_t>("count", 1, IntRange::closed(1, kMaxCount));
+      total_devices += count;
+      if (total_devices > kMaxDevices)
+        s.fail_value("count", "at most " + format_number(kMaxDevices) +
+                                  " devices in the whole cluster file (this entry brings the "
+                                  "total to " +
+                                  format_number(total_devices) + ")");
       const std::string type = s.string("type", std::nullopt, /*allow_empty=*/false);
       std::optional<std::string> name;
       if (value_of(entries[e], "name")) {

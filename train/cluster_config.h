@@ -16,7 +16,8 @@
 // rather than peak), `memory_bytes` (required: a whole number of bytes in [1, 1e15], or a number
 // with a unit B, KB (or kB), MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024),
 // e.g. 32GiB or "1.5 GB", rounded to whole bytes), `count` (optional integer in [1, 65536],
-// default 1: the entry stands for that many identical devices) and `name` (optional, unique in the
+// default 1: the entry stands for that many identical devices; at most 65536 devices in the whole
+// file) and `name` (optional, unique in the
 // cluster; not allowed with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier
 // devices of that type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share
 // of one CPU core scripts/hap-emulate caps the rank to; the planner ignores it),

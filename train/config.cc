@@ -442,20 +442,29 @@ std::string synthesis_error_message(const std::string& what, const ParallelConfi
          " states (--set parallel.search_budget=N, or hap-plan --search-budget N)";
 }
 
+std::string cut_message(const std::string& message, size_t limit) {
+  if (message.size() <= limit) return message;
+  // The start names the file and key, the end what was expected or found last.
+  const size_t head = limit * 2 / 3, tail = limit - head;
+  return message.substr(0, head) + " [... " + std::to_string(message.size() - head - tail) +
+         " characters cut ...] " + message.substr(message.size() - tail);
+}
+
 int report_current_exception(const char* prog) {
+  constexpr size_t kLimit = 2000;  // a value quoted whole could be megabytes long
   try {
     throw;
   } catch (const ConfigError& e) {
-    std::fprintf(stderr, "%s: config error: %s\n", prog, e.what());
+    std::fprintf(stderr, "%s: config error: %s\n", prog, cut_message(e.what(), kLimit).c_str());
     return 2;
   } catch (const hap::Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", prog, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", prog, cut_message(e.what(), kLimit).c_str());
   } catch (const std::bad_alloc&) {
     std::fprintf(
         stderr,
         "%s: error: out of memory (the model or the search is too large for this machine)\n", prog);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: internal error: %s\n", prog, e.what());
+    std::fprintf(stderr, "%s: internal error: %s\n", prog, cut_message(e.what(), kLimit).c_str());
   }
   return 1;
 }

@@ -36,8 +36,11 @@ class ConfigError : public hap::Error {
 // For an app's top-level catch (...): prints the exception being handled as
 // "PROG: config error: ..." (a ConfigError: exit code 2), "PROG: error: ..." (any other
 // hap::Error), an out-of-memory message, or "PROG: internal error: ..." (anything else), and
-// returns the exit code (2 for config errors, else 1).
+// returns the exit code (2 for config errors, else 1). Messages longer than 2000 characters (a
+// huge value quoted whole) keep their start and end, with how much was cut between.
 int report_current_exception(const char* prog);
+// `message` shortened to about `limit` characters: its start and end, and the count cut.
+std::string cut_message(const std::string& message, size_t limit);
 
 // The optimizers a training run can use (the YAML spelling is in to_string).
 enum class Optimizer { kAdamW, kSgd };

@@ -322,6 +322,15 @@ TEST_F(ClusterFileTest, BadMemoryNamesTheValueAndTheAcceptedForms) {
 
 // ---- errors: one per kind, each naming file, key path, value and expectation ----
 
+// Counts within their own limit that add up past the file's: refused at the entry that does.
+TEST_F(ClusterFileTest, TooManyDevicesInAllNamesTheEntryAndTheTotal) {
+  const std::string path = write(edited("count: 2", "count: 65536"));
+  expect_contains(load_error(path),
+                  {path,
+                   ": nodes[0].devices[1].count: expected at most 65536 devices in the whole "
+                   "cluster file (this entry brings the total to 65537), got 65536"});
+}
+
 TEST_F(ClusterFileTest, ErrorMessageHasTheDocumentedFormat) {
   const std::string path = write(edited("flops_per_s: 1.0e12", "flops_per_s: 0"));
   EXPECT_EQ(load_error(path), path +

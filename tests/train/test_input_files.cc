@@ -2,6 +2,7 @@
 // file given as config, cluster, plan, checkpoint or corpus is refused at once, naming the path.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -70,6 +71,35 @@ TEST(InputFiles, AConfigLargerThanItsLimitIsRefusedWithTheLimit) {
   }
   EXPECT_HAS(test_util::error_of([&] { load_run_config(big.string(), {}); }),
              "more than the limit of " + std::to_string(kMaxConfigBytes));
+}
+
+// A huge value quoted in an error is cut: the message keeps the key and the end, and says how
+// much was cut.
+TEST(InputFiles, AHugeValueIsQuotedCutShort) {
+  EXPECT_EQ(cut_message("short", 2000), "short");
+  const std::string cut = cut_message("key: got '" + std::string(5000, 'x') + "'", 300);
+  EXPECT_LT(cut.size(), 360u);
+  EXPECT_EQ(cut.rfind("key: got 'xxx", 0), 0u);
+  EXPECT_HAS(cut, "characters cut ...]");
+  EXPECT_EQ(cut.back(), '\'');
+  Scratch s;
+  std::ifstream in(std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find("name: gpt");
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, 9, "name: " + std::string(3'000'000, 'g'));
+  std::ofstream(s.dir / "huge.yaml") << text;
+  const std::string out = (s.dir / "err.txt").string();
+  const int rc = std::system(
+      (std::string(HAP_TRAIN_BIN) + " --config " + (s.dir / "huge.yaml").string() + " 2> " + out)
+          .c_str());
+  EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 2) << rc;
+  std::ifstream err(out);
+  const std::string message((std::istreambuf_iterator<char>(err)),
+                            std::istreambuf_iterator<char>());
+  EXPECT_LT(message.size(), 2200u);
+  EXPECT_HAS(message, "model.name: expected one of");
+  EXPECT_HAS(message, "characters cut");
 }
 
 }  // namespace
