@@ -89,6 +89,13 @@ int main(int argc, char** argv) {
     return report_current_exception("hap-train");
   }
   fit.run_config = to_json(config);
+  // A checkpoint that cannot be written is found now, not after the last step.
+  if (!fit.checkpoint_path.empty())
+    if (const std::string reason = unwritable_reason(fit.checkpoint_path); !reason.empty()) {
+      std::fprintf(stderr, "hap-train: config error: --save '%s': cannot write: %s\n",
+                   fit.checkpoint_path.c_str(), reason.c_str());
+      return 2;
+    }
   if (!cluster_path.empty()) {
     try {
       return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, fit);

@@ -2,6 +2,7 @@
 // bad input exits non-zero with a message.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -124,6 +125,19 @@ int run_binary(const std::string& args, std::string* err) {
   err->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   fs::remove(errfile);
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+// A --save path that cannot be written stops the run before its first step (the steps would be
+// lost), naming the path and the reason.
+TEST(TrainBinary, AnUnwritableSavePathIsRefusedBeforeTraining) {
+  std::string err;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(run_binary(
+                "--config " + tiny_config() + " --set train.steps=100000 --save /dev/null/run.hapt",
+                &err),
+            2);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+  EXPECT_NE(err.find("--save '/dev/null/run.hapt': cannot write"), std::string::npos) << err;
 }
 
 TEST(TrainBinary, BadConfigValueExitsWithCode2AndNamesTheKey) {
