@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "autograd/grad_mode.h"
 #include "models/lr_schedule.h"
@@ -165,16 +166,24 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
 int64_t Trainer::load_checkpoint(const std::string& path) {
   std::map<std::string, Tensor> by_name;
   for (auto& [name, value] : load_tensors(path)) by_name[name] = value;
+  std::set<std::string> used;
   auto take = [&](const std::string& n) {
     auto it = by_name.find(n);
     HAP_CHECK(it != by_name.end(), path, ": the checkpoint has no tensor '", n, "'");
+    used.insert(n);
     return it->second;
   };
+  // The model's own (logical, whole) shapes: on ranks a parameter's local part is a shard, and a
+  // larger tensor would still have a slice of the right size.
+  std::map<std::string, Shape> logical;
+  for (const auto& [name, p] : model_->named_parameters()) logical[name] = p.shape();
   NoGradGuard no_grad;
   auto place = [&](const Tensor& local, const std::string& entry, const std::string& name) {
     const Tensor full = take(entry);
-    HAP_CHECK(full.dim() == local.dim(), path, ": '", entry, "' has shape ",
-              shape_str(full.shape()), " but the model's has ", local.dim(), " dims");
+    HAP_CHECK(full.shape() == logical.at(name), path, ": '", entry, "' has shape ",
+              shape_str(full.shape()), " but the model's is ", shape_str(logical.at(name)));
+    HAP_CHECK(full.dtype() == local.dtype(), path, ": '", entry, "' is ", dtype_name(full.dtype()),
+              " but the model's is ", dtype_name(local.dtype()));
     Tensor part = engine_->local_part(name, full, local.shape());
     HAP_CHECK(part.shape() == local.shape(), path, ": '", entry, "' has shape ",
               shape_str(full.shape()), ", which does not fit the model's parameter");
@@ -188,7 +197,23 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
     st->step = static_cast<int64_t>(take("optim.step." + name).item());
   }
   random_seed_ = static_cast<uint64_t>(take("meta.random_seed").item());
-  return static_cast<int64_t>(take("meta.step").item());
+  const auto step = static_cast<int64_t>(take("meta.step").item());
+  used.insert("meta.random_step");
+  // A checkpoint of another model (a deeper one, say) holds tensors this one does not read.
+  std::vector<std::string> unknown;
+  for (const auto& [name, value] : by_name)
+    if (!used.count(name)) unknown.push_back(name);
+  if (!unknown.empty()) {
+    std::string list;
+    for (size_t i = 0; i < unknown.size() && i < 5; ++i) list += (i ? ", " : "") + unknown[i];
+    HAP_CHECK(false, path, ": the checkpoint holds ", unknown.size(),
+              " tensor(s) this model does not have (", list, unknown.size() > 5 ? ", ..." : "",
+              "): it was written for another model");
+  }
+  HAP_CHECK(step >= 0 && step <= config_.steps, path, ": the checkpoint is at step ", step,
+            ", past this run's train.steps = ", config_.steps,
+            " (raise train.steps to train further)");
+  return step;
 }
 
 TrainSummary Trainer::fit(const FitOptions& options) {

@@ -2,7 +2,8 @@
 # mpirun hap-train against one process: the same config must give the same losses (to float
 # reassociation), and a world size that differs from the cluster must stop every rank with exit 2.
 # Also: a plan written by hap-plan --json runs as is, and a plan for another cluster or with ratios
-# that do not sum to 1 is refused with exit 2.
+# that do not sum to 1 is refused with exit 2, and so is a checkpoint of another model or past the
+# schedule, on ranks as on one process.
 # Usage: check_train_mpi.sh MPIEXEC HAP_TRAIN HAP_PLAN SOURCE_DIR
 set -u
 MPIEXEC=$1 TRAIN=$2 PLAN=$3 SRC=$4
@@ -50,6 +51,23 @@ for r in "$resumed" "$resumed_dist"; do
     || { echo "resumed run ends at loss '$r', the straight run at $straight"; exit 1; }
 done
 echo "checkpoints resume across plans: $straight $resumed $resumed_dist"
+# A checkpoint of another model or past the schedule is refused on ranks as on one process.
+for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but the model's is" \
+            "train.steps=5:past this run's train.steps"; do
+  set_arg=${case%%:*} want=${case#*:}
+  for launcher in one ranks; do
+    if [ $launcher = one ]; then
+      err=$("$TRAIN" "${ARGS[@]}" --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.hapt" 2>&1 >/dev/null)
+    else
+      err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+            --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.hapt" 2>&1 >/dev/null)
+    fi
+    rc=$?
+    [ $rc -ne 0 ] && echo "$err" | grep -q "$want" \
+      || { echo "resume with $set_arg ($launcher): rc=$rc, message: $err"; exit 1; }
+  done
+  echo "resume with $set_arg refused: $want"
+done
 # Resumed with another train.seed: dropout keeps the checkpoint's seed (batches follow
 # train.seed), on one process and on ranks alike.
 reseeded=$("$TRAIN" "${ARGS[@]}" --set train.seed=7 --resume "$TMP/one.hapt" | losses | last)
