@@ -224,7 +224,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   int64_t start = 0;
   if (!options.resume_path.empty()) start = load_checkpoint(options.resume_path);
 
-  JsonlLog log(lead ? t.log_file : "");
+  JsonlLog log(lead ? t.log_file : "", /*append=*/start > 0);
   nlohmann::json config_record = {{"type", "config"},
                                   {"ranks", engine_->world_size()},
                                   {"start_step", start},

@@ -113,6 +113,22 @@ TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   TrainSummary second = train(c, {.resume_path = ckpt, .quiet = true});
   EXPECT_EQ(second.steps_run, 4);
   EXPECT_EQ(second.last_loss, straight.last_loss);  // bitwise: same data, masks, optimizer state
+  // With a log, the resumed run appends to the stopped run's records.
+  const std::string log = (dir / "run.jsonl").string();
+  c.train.log_file = log;
+  c.train.log_every = 1;
+  train(c, {.checkpoint_path = ckpt, .stop_after = 4, .quiet = true});
+  train(c, {.resume_path = ckpt, .quiet = true});
+  std::ifstream in(log);
+  std::vector<int64_t> steps;
+  int configs = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "train") steps.push_back(j["step"]);
+    if (j["type"] == "config") ++configs;
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(configs, 2);
   fs::remove_all(dir);
 }
 
