@@ -5,6 +5,7 @@
 // Exit codes: 0 done, 1 run-time error (data, divergence, I/O), 2 bad config or command line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -64,7 +65,9 @@ int main(int argc, char** argv) {
   FitOptions fit;
   cli.add_option("--config", config_path, "run config (YAML)")->required();
   cli.add_option("--set", overrides, "override a config key: --set train.steps=100 (repeatable)");
-  cli.add_option("--resume", fit.resume_path, "resume from a checkpoint written by --save");
+  cli.add_option("--resume", fit.resume_path,
+                 "resume from a checkpoint written by --save, or 'auto': the newest in "
+                 "train.checkpoint_dir (a fresh start when it holds none)");
   cli.add_option("--save", fit.checkpoint_path, "write a checkpoint at the end");
   cli.add_option("--stop-after", fit.stop_after,
                  "stop after this step (with --save: resume later)");
@@ -89,6 +92,22 @@ int main(int argc, char** argv) {
     return report_current_exception("hap-train");
   }
   fit.run_config = to_json(config);
+  if (fit.resume_path == "auto") {
+    if (config.train.checkpoint_dir.empty()) {
+      std::fprintf(stderr,
+                   "hap-train: config error: --resume auto: train.checkpoint_dir is not set (the "
+                   "folder to resume from)\n");
+      return 2;
+    }
+    fit.resume_path = newest_checkpoint(config.train.checkpoint_dir);
+    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");  // under mpirun: rank 0 says it
+    if (!fit.quiet && (rank == nullptr || std::string(rank) == "0"))
+      std::printf(
+          "hap-train: --resume auto: %s\n",
+          fit.resume_path.empty()
+              ? ("no checkpoint in " + config.train.checkpoint_dir + ": starting fresh").c_str()
+              : ("resuming from " + fit.resume_path).c_str());
+  }
   // A checkpoint that cannot be written is found now, not after the last step.
   if (!fit.checkpoint_path.empty())
     if (const std::string reason = unwritable_reason(fit.checkpoint_path); !reason.empty()) {

@@ -39,10 +39,27 @@ using detail::SectionReader;
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
 constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments", "search_budget"};
-constexpr std::array<std::string_view, 18> kTrainKeys = {
-    "batch_size",   "steps",     "optimizer",  "lr",           "min_lr",   "warmup_steps",
-    "weight_decay", "beta1",     "beta2",      "eps",          "momentum", "grad_clip",
-    "seed",         "log_every", "eval_every", "eval_batches", "log_file", "threads"};
+constexpr std::array<std::string_view, 21> kTrainKeys = {"batch_size",
+                                                         "steps",
+                                                         "optimizer",
+                                                         "lr",
+                                                         "min_lr",
+                                                         "warmup_steps",
+                                                         "weight_decay",
+                                                         "beta1",
+                                                         "beta2",
+                                                         "eps",
+                                                         "momentum",
+                                                         "grad_clip",
+                                                         "seed",
+                                                         "log_every",
+                                                         "eval_every",
+                                                         "eval_batches",
+                                                         "log_file",
+                                                         "threads",
+                                                         "checkpoint_every",
+                                                         "checkpoint_dir",
+                                                         "keep_checkpoints"};
 // Keys that moved to another section, with where they went.
 constexpr std::array<std::pair<std::string_view, std::string_view>, 1> kMovedKeys = {
     {{"train.seq_len",
@@ -290,6 +307,13 @@ TrainConfig read_train(SectionReader& s) {
   t.eval_batches = s.integer("eval_batches", t.eval_batches, IntRange::at_least(1));
   t.log_file = s.string("log_file", t.log_file, /*allow_empty=*/true);
   t.threads = s.integer("threads", t.threads, Bounds<int>::at_least(0));
+  t.checkpoint_dir = s.string("checkpoint_dir", t.checkpoint_dir, /*allow_empty=*/true);
+  t.checkpoint_every = s.integer(
+      "checkpoint_every", t.checkpoint_every,
+      t.checkpoint_dir.empty()
+          ? IntRange::closed(0, 0).because("set train.checkpoint_dir to write checkpoints")
+          : IntRange::at_least(0));
+  t.keep_checkpoints = s.integer("keep_checkpoints", t.keep_checkpoints, IntRange::at_least(1));
   s.finish();
   return t;
 }
@@ -388,6 +412,10 @@ std::string describe(const RunConfig& config) {
      << t.eval_every << " steps on " << t.eval_batches << " batches, log_file "
      << (t.log_file.empty() ? "none" : t.log_file) << ", threads "
      << (t.threads == 0 ? "auto" : format_number(t.threads)) << "\n";
+  if (!t.checkpoint_dir.empty())
+    os << "         checkpoints in " << t.checkpoint_dir << " every "
+       << (t.checkpoint_every > 0 ? format_number(t.checkpoint_every) + " steps" : "run's end")
+       << ", keeping the newest " << t.keep_checkpoints << "\n";
   return os.str();
 }
 
@@ -416,7 +444,10 @@ nlohmann::json to_json(const RunConfig& config) {
         {"eval_every", t.eval_every},
         {"eval_batches", t.eval_batches},
         {"log_file", t.log_file},
-        {"threads", t.threads}}},
+        {"threads", t.threads},
+        {"checkpoint_every", t.checkpoint_every},
+        {"checkpoint_dir", t.checkpoint_dir},
+        {"keep_checkpoints", t.keep_checkpoints}}},
       {"parallel",
        {{"strategy", synth::strategy_name(config.parallel.strategy)},
         {"segments", std::string(to_string(config.parallel.segments))},

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -163,6 +164,47 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
   engine_->barrier();
 }
 
+namespace {
+
+// Steps of the periodic checkpoints in `dir`, ascending.
+std::vector<std::pair<int64_t, std::string>> periodic_checkpoints(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return found;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (!e.is_regular_file() || name.size() != 18 || name.rfind("step_", 0) != 0 ||
+        name.substr(13) != ".hapt" || !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit))
+      continue;
+    found.emplace_back(std::stoll(name.substr(5, 8)), e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::string checkpoint_file(const std::string& dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08ld.hapt", static_cast<long>(step));
+  return (std::filesystem::path(dir) / name).string();
+}
+
+std::string newest_checkpoint(const std::string& dir) {
+  const auto found = periodic_checkpoints(dir);
+  return found.empty() ? "" : found.back().second;
+}
+
+void Trainer::save_periodic_checkpoint(int64_t step) const {
+  const std::string& dir = config_.checkpoint_dir;
+  save_checkpoint(checkpoint_file(dir, step), step);
+  if (!engine_->lead()) return;
+  auto found = periodic_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(config_.keep_checkpoints) < found.size(); ++i)
+    std::filesystem::remove(found[i].second);
+}
+
 int64_t Trainer::load_checkpoint(const std::string& path) {
   std::map<std::string, Tensor> by_name;
   for (auto& [name, value] : load_tensors(path)) by_name[name] = value;
@@ -222,6 +264,18 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   const bool lead = engine_->lead();
   const bool print = lead && !options.quiet;
   int64_t start = 0;
+  if (!t.checkpoint_dir.empty() && lead) {
+    // Found now, not at the first checkpoint; and what a killed write left behind goes.
+    std::error_code ec;
+    std::filesystem::create_directories(t.checkpoint_dir, ec);
+    HAP_CHECK(!ec, "train.checkpoint_dir: cannot create '", t.checkpoint_dir, "': ", ec.message());
+    const std::string probe = checkpoint_file(t.checkpoint_dir, 0);
+    const std::string reason = unwritable_reason(probe);
+    HAP_CHECK(reason.empty(), "train.checkpoint_dir: cannot write '", probe, "': ", reason);
+    for (const auto& e : std::filesystem::directory_iterator(t.checkpoint_dir, ec))
+      if (e.path().filename().string().find(".hapt.tmp.") != std::string::npos)
+        std::filesystem::remove(e.path(), ec);
+  }
   if (!options.resume_path.empty()) start = load_checkpoint(options.resume_path);
 
   JsonlLog log(lead ? t.log_file : "", /*append=*/start > 0);
@@ -335,6 +389,8 @@ TrainSummary Trainer::fit(const FitOptions& options) {
       window_ms = window_loss = 0;
       window_steps = 0;
     }
+    if (t.checkpoint_every > 0 && (step + 1) % t.checkpoint_every == 0 && !last)
+      save_periodic_checkpoint(step + 1);
     if ((step + 1) % t.eval_every == 0 || last) {
       if (options.profile && last) engine_->print_profile(profiled_s, profiled_steps);
       summary.last_val_loss = evaluate();
@@ -347,6 +403,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     }
   }
   summary.median_step_ms = median_of(step_ms);
+  if (!t.checkpoint_dir.empty() && end > start) save_periodic_checkpoint(end);
   if (!options.checkpoint_path.empty()) save_checkpoint(options.checkpoint_path, end);
   log.write({{"type", "done"},
              {"steps", summary.steps_run},

@@ -44,6 +44,12 @@ struct FitOptions {
   nlohmann::json run_config;
 };
 
+// The newest checkpoint train.checkpoint_dir holds (step_<8 digits>.hapt with the highest step),
+// or "" when it holds none (or does not exist).
+std::string newest_checkpoint(const std::string& dir);
+// The periodic checkpoint of `step` in `dir`.
+std::string checkpoint_file(const std::string& dir, int64_t step);
+
 struct TrainSummary {
   int64_t steps_run = 0;
   double first_loss = 0;
@@ -112,6 +118,8 @@ class Trainer {
 
  private:
   void save_checkpoint(const std::string& path, int64_t step) const;
+  // Into train.checkpoint_dir, keeping the newest train.keep_checkpoints.
+  void save_periodic_checkpoint(int64_t step) const;
   int64_t load_checkpoint(const std::string& path);
 
   std::shared_ptr<nn::Model> model_;

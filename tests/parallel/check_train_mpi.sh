@@ -51,6 +51,17 @@ for r in "$resumed" "$resumed_dist"; do
     || { echo "resumed run ends at loss '$r', the straight run at $straight"; exit 1; }
 done
 echo "checkpoints resume across plans: $straight $resumed $resumed_dist"
+# Periodic checkpoints: one process stops at step 7 with checkpoints every 3 steps; ranks resume
+# from the newest with --resume auto and end where the straight run ends.
+"$TRAIN" "${ARGS[@]}" --quiet --set train.checkpoint_every=3 --set train.checkpoint_dir="$TMP/ck" \
+  --stop-after 7 || { echo "periodic checkpoints failed"; exit 1; }
+[ -f "$TMP/ck/step_00000006.hapt" ] && [ -f "$TMP/ck/step_00000007.hapt" ] \
+  || { echo "periodic checkpoints: $(ls "$TMP/ck")"; exit 1; }
+auto=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+       --set train.checkpoint_every=3 --set train.checkpoint_dir="$TMP/ck" --resume auto | losses | last)
+python3 -c "import sys; a,b=float('$straight'),float('${auto:-nan}'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
+  || { echo "--resume auto on ranks ends at '$auto', the straight run at $straight"; exit 1; }
+echo "--resume auto on ranks from a periodic checkpoint: $auto"
 # A checkpoint of another model or past the schedule is refused on ranks as on one process.
 for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but the model's is" \
             "train.steps=5:past this run's train.steps"; do

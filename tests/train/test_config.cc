@@ -158,7 +158,10 @@ TEST(ShippedConfig, JsonHasEveryValueUnderItsYamlKey) {
   EXPECT_EQ(j["data"]["name"], "bytes");
   EXPECT_EQ(j["model"].size(), 9u);
   EXPECT_EQ(j["data"].size(), 3u);
-  EXPECT_EQ(j["train"].size(), 18u);
+  EXPECT_EQ(j["train"].size(), 21u);
+  EXPECT_EQ(j["train"]["checkpoint_every"], 0);
+  EXPECT_EQ(j["train"]["checkpoint_dir"], "");
+  EXPECT_EQ(j["train"]["keep_checkpoints"], 3);
 }
 
 TEST(ShippedConfig, DescribeSummarisesTheRun) {

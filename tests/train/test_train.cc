@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/test_util.h"
 #include "train/config.h"
 #include "train/from_config.h"
 #include "train/trainer.h"
@@ -98,6 +99,40 @@ TEST(Train, LogsMfuAndTimeLeftAndHapPlotDrawsTheLog) {
   std::ofstream(dir / "empty.jsonl") << "{\"type\": \"config\"}\n";
   const int rc = std::system((plot + (dir / "empty.jsonl").string() + " 2> /dev/null").c_str());
   EXPECT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 1) << rc;
+  fs::remove_all(dir);
+}
+
+// train.checkpoint_every: checkpoints in train.checkpoint_dir, the newest train.keep_checkpoints
+// kept, one more where the run stops; resuming from the newest continues the run exactly, and a
+// killed write's leftover goes at the next start.
+TEST(Train, PeriodicCheckpointsKeepTheNewestAndTheNewestResumesTheRun) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("hap_train_periodic_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string ck = (dir / "ck").string();
+  RunConfig c = load_run_config(tiny_config(), {"train.steps=8", "train.warmup_steps=2"});
+  const TrainSummary straight = train(c, {.quiet = true});
+  c = load_run_config(tiny_config(),
+                      {"train.steps=8", "train.warmup_steps=2", "train.checkpoint_every=2",
+                       "train.checkpoint_dir=" + ck, "train.keep_checkpoints=2"});
+  EXPECT_EQ(newest_checkpoint(ck), "");
+  train(c, {.stop_after = 5, .quiet = true});
+  auto listing = [&] {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(ck)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+  };
+  EXPECT_EQ(listing(), (std::vector<std::string>{"step_00000004.hapt", "step_00000005.hapt"}));
+  EXPECT_EQ(newest_checkpoint(ck), checkpoint_file(ck, 5));
+  std::ofstream(fs::path(ck) / "step_00000006.hapt.tmp.4242") << "half a write";
+  const TrainSummary resumed = train(c, {.resume_path = newest_checkpoint(ck), .quiet = true});
+  EXPECT_EQ(resumed.steps_run, 3);
+  EXPECT_EQ(resumed.last_loss, straight.last_loss);  // bitwise
+  EXPECT_EQ(listing(), (std::vector<std::string>{"step_00000006.hapt", "step_00000008.hapt"}));
+  EXPECT_HAS(
+      test_util::error_of([&] { load_run_config(tiny_config(), {"train.checkpoint_every=2"}); }),
+      "train.checkpoint_every: expected an integer in [0, 0] (set train.checkpoint_dir");
   fs::remove_all(dir);
 }
 
