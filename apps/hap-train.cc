@@ -48,6 +48,10 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
   } catch (const ConfigError& e) {
     if (lead) std::fprintf(stderr, "hap-train: config error: %s\n", e.what());
     return 2;
+  } catch (const StopRequested& e) {
+    // Every rank stopped after the same step; rank 0 wrote the checkpoint.
+    if (lead) std::fprintf(stderr, "hap-train: %s\n", e.what());
+    return e.exit_code();
   } catch (const std::exception& e) {
     // Possibly on this rank only: end every rank now rather than leave them in a collective.
     std::fprintf(stderr, "hap-train: rank %d: error: %s\n", comm.rank(),
@@ -115,6 +119,8 @@ int main(int argc, char** argv) {
                    fit.checkpoint_path.c_str(), reason.c_str());
       return 2;
     }
+  // SIGTERM, SIGINT, SIGUSR1: finish the step, write a checkpoint, exit 128 + the signal.
+  install_stop_signals();
   if (!cluster_path.empty()) {
     try {
       return run_distributed(argc, argv, config, cluster_path, plan_json, plan_file, fit);
@@ -136,6 +142,9 @@ int main(int argc, char** argv) {
     TrainSummary s = trainer.fit(fit);
     if (!fit.quiet) std::printf("hap-train: done: %s\n", summary_text(s).c_str());
     return 0;
+  } catch (const StopRequested& e) {
+    std::fprintf(stderr, "hap-train: %s\n", e.what());
+    return e.exit_code();
   } catch (...) {
     return report_current_exception("hap-train");
   }

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -163,6 +165,27 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
   if (engine_->lead()) save_tensors(path, out);
   engine_->barrier();
 }
+
+namespace {
+
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int signo) {
+  if (g_stop_signal != 0) {  // asked twice: stop now
+    std::signal(signo, SIG_DFL);
+    std::raise(signo);
+    return;
+  }
+  g_stop_signal = signo;
+}
+
+}  // namespace
+
+void install_stop_signals() {
+  for (int s : {SIGTERM, SIGINT, SIGUSR1}) std::signal(s, on_stop_signal);
+}
+int stop_signal() { return static_cast<int>(g_stop_signal); }
+void request_stop(int signo) { g_stop_signal = signo; }
 
 namespace {
 
@@ -388,6 +411,21 @@ TrainSummary Trainer::fit(const FitOptions& options) {
       }
       window_ms = window_loss = 0;
       window_steps = 0;
+    }
+    // A stop request on any rank stops every rank here, after the same step.
+    if (const int signo = static_cast<int>(engine_->max_over_ranks(stop_signal())); signo > 0) {
+      std::string saved = "no checkpoint (set train.checkpoint_dir or --save to keep the run)";
+      if (!t.checkpoint_dir.empty()) {
+        save_periodic_checkpoint(step + 1);
+        saved = "checkpoint " + checkpoint_file(t.checkpoint_dir, step + 1);
+      } else if (!options.checkpoint_path.empty()) {
+        save_checkpoint(options.checkpoint_path, step + 1);
+        saved = "checkpoint " + options.checkpoint_path;
+      }
+      log.write({{"type", "stopped"}, {"step", step + 1}, {"signal", signo}});
+      throw StopRequested("stopped by signal " + std::to_string(signo) + " (" + strsignal(signo) +
+                              ") after step " + std::to_string(step + 1) + "; " + saved,
+                          signo);
     }
     if (t.checkpoint_every > 0 && (step + 1) % t.checkpoint_every == 0 && !last)
       save_periodic_checkpoint(step + 1);

@@ -32,6 +32,26 @@
 
 namespace hap::train {
 
+// Stop requests: install_stop_signals() makes SIGTERM, SIGINT and SIGUSR1 ask the training loop
+// to stop after the current step (a second one ends the process at once). fit() then writes a
+// checkpoint (into train.checkpoint_dir, or to FitOptions::checkpoint_path) and throws
+// StopRequested; on ranks a signal to any rank stops every rank after the same step.
+void install_stop_signals();
+// The signal that asked to stop (0: none).
+int stop_signal();
+// For tests: as if `signo` had arrived (0 clears it).
+void request_stop(int signo);
+
+class StopRequested : public Error {
+ public:
+  StopRequested(const std::string& what, int signo) : Error(what), signo_(signo) {}
+  int signo() const { return signo_; }
+  int exit_code() const { return 128 + signo_; }
+
+ private:
+  int signo_;
+};
+
 struct FitOptions {
   std::string resume_path;      // checkpoint to resume from ("" = fresh start)
   std::string checkpoint_path;  // checkpoint written at the end ("" = none)

@@ -62,6 +62,22 @@ auto=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}
 python3 -c "import sys; a,b=float('$straight'),float('${auto:-nan}'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
   || { echo "--resume auto on ranks ends at '$auto', the straight run at $straight"; exit 1; }
 echo "--resume auto on ranks from a periodic checkpoint: $auto"
+# SIGTERM to one rank: every rank stops after the same step, rank 0 writes the checkpoint, and the
+# job exits 143 within a second or two.
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+  --set train.steps=10000000 --set train.warmup_steps=0 --set train.checkpoint_dir="$TMP/sig" \
+  2> "$TMP/sig.err" &
+job=$!
+for _ in $(seq 60); do [ "$(pgrep -P $job | wc -l)" -ge 4 ] && break; sleep 0.5; done
+sleep 3
+kill -TERM "$(pgrep -P $job | tail -1)"
+start=$(date +%s)
+wait $job
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+[ $rc -eq 143 ] && grep -q "stopped by signal 15" "$TMP/sig.err" && ls "$TMP/sig"/step_*.hapt > /dev/null \
+  && [ $elapsed -le 10 ] || { echo "SIGTERM to one rank: rc=$rc after ${elapsed}s: $(cat "$TMP/sig.err")"; exit 1; }
+echo "SIGTERM to one rank: every rank stopped, $(ls "$TMP/sig"), exit 143 in ${elapsed}s"
 # A checkpoint of another model or past the schedule is refused on ranks as on one process.
 for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but the model's is" \
             "train.steps=5:past this run's train.steps"; do

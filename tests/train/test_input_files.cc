@@ -13,6 +13,7 @@
 #include "tests/test_util.h"
 #include "train/cluster_config.h"
 #include "train/config.h"
+#include "train/output_path.h"
 #include "train/text_corpus.h"
 
 namespace hap::train {
@@ -71,6 +72,19 @@ TEST(InputFiles, AConfigLargerThanItsLimitIsRefusedWithTheLimit) {
   }
   EXPECT_HAS(test_util::error_of([&] { load_run_config(big.string(), {}); }),
              "more than the limit of " + std::to_string(kMaxConfigBytes));
+}
+
+// An output path relative to the current folder whose folders do not exist yet: they are made
+// (train.log_file, train.checkpoint_dir), so it is writable with create_parents.
+TEST(InputFiles, ARelativeOutputPathWithNewFoldersIsWritable) {
+  Scratch s;
+  const fs::path before = fs::current_path();
+  fs::current_path(s.dir);
+  EXPECT_EQ(unwritable_reason("runs/sub/run.jsonl", /*create_parents=*/true), "");
+  EXPECT_EQ(unwritable_reason("runs/sub/run.jsonl"), "the folder 'runs/sub' does not exist");
+  std::ofstream("plain") << "x";
+  EXPECT_EQ(unwritable_reason("plain/run.jsonl", true), "'plain' is not a directory");
+  fs::current_path(before);
 }
 
 // A huge value quoted in an error is cut: the message keeps the key and the end, and says how

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -136,6 +137,32 @@ TEST(Train, PeriodicCheckpointsKeepTheNewestAndTheNewestResumesTheRun) {
   fs::remove_all(dir);
 }
 
+// A stop request (SIGTERM, SIGINT, SIGUSR1) ends the loop after the current step with a
+// checkpoint; resuming from it continues the run exactly.
+TEST(Train, AStopRequestEndsTheStepWithACheckpointThatResumesTheRun) {
+  const fs::path dir = fs::temp_directory_path() / ("hap_train_stop_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RunConfig c = load_run_config(tiny_config(), {"train.steps=6", "train.warmup_steps=1",
+                                                "train.checkpoint_dir=" + (dir / "ck").string()});
+  const TrainSummary straight = train(c, {.quiet = true});
+  fs::remove_all(dir);
+  request_stop(SIGUSR1);
+  try {
+    train(c, {.quiet = true});
+    ADD_FAILURE() << "no StopRequested";
+  } catch (const StopRequested& e) {
+    EXPECT_EQ(e.signo(), SIGUSR1);
+    EXPECT_EQ(e.exit_code(), 128 + SIGUSR1);
+    EXPECT_HAS(e.what(), "after step 1; checkpoint " + checkpoint_file((dir / "ck").string(), 1));
+  }
+  request_stop(0);
+  const TrainSummary resumed =
+      train(c, {.resume_path = newest_checkpoint((dir / "ck").string()), .quiet = true});
+  EXPECT_EQ(resumed.steps_run, 5);
+  EXPECT_EQ(resumed.last_loss, straight.last_loss);
+  fs::remove_all(dir);
+}
+
 TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   fs::path dir = fs::temp_directory_path() / ("hap_train_ckpt_" + std::to_string(::getpid()));
   fs::create_directories(dir);
@@ -167,11 +194,11 @@ TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   fs::remove_all(dir);
 }
 
-int run_binary(const std::string& args, std::string* err) {
+int run_binary(const std::string& args, std::string* err, const std::string& prefix = "") {
   std::string errfile =
       (fs::temp_directory_path() / ("hap_train_err_" + std::to_string(::getpid()))).string();
-  int rc =
-      std::system((std::string(HAP_TRAIN_BIN) + " " + args + " > /dev/null 2> " + errfile).c_str());
+  int rc = std::system(
+      (prefix + std::string(HAP_TRAIN_BIN) + " " + args + " > /dev/null 2> " + errfile).c_str());
   std::ifstream in(errfile);
   err->assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   fs::remove(errfile);
@@ -228,6 +255,24 @@ TEST(TrainBinary, DivergingRunStopsAndNamesTheStep) {
             1);
   EXPECT_NE(err.find("training diverged"), std::string::npos) << err;
   EXPECT_NE(err.find("at step"), std::string::npos) << err;
+}
+
+// hap-train under a real SIGTERM: exits 143 soon after, naming the step and the checkpoint.
+TEST(TrainBinary, SigtermFinishesTheStepWritesACheckpointAndExits143) {
+  const fs::path dir = fs::temp_directory_path() / ("hap_train_sig_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  std::string err;
+  const int rc = run_binary("--config " + tiny_config() +
+                                " --set train.steps=10000000 --set train.warmup_steps=0 "
+                                "--set train.checkpoint_dir=" +
+                                (dir / "ck").string(),
+                            &err, "timeout --preserve-status -s TERM 4 ");
+  EXPECT_EQ(rc, 143) << err;
+  EXPECT_HAS(err, "stopped by signal 15");
+  const std::string newest = newest_checkpoint((dir / "ck").string());
+  ASSERT_FALSE(newest.empty()) << err;
+  EXPECT_HAS(err, "checkpoint " + newest);
+  fs::remove_all(dir);
 }
 
 }  // namespace
