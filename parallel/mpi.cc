@@ -99,18 +99,50 @@ WaitPolicy wait_policy() {
 
 void set_wait_policy(WaitPolicy policy) { g_wait_policy.store(static_cast<int>(policy)); }
 
+namespace {
+std::atomic<double> g_collective_timeout{0.0};
+std::string format_seconds(double s) {
+  std::ostringstream os;
+  os << s << " s";
+  return os.str();
+}
+std::atomic<std::int64_t> g_current_step{-1};
+}  // namespace
+
+void set_collective_timeout(double seconds) { g_collective_timeout.store(seconds); }
+double collective_timeout() { return g_collective_timeout.load(); }
+void set_current_step(std::int64_t step) { g_current_step.store(step); }
+
 void complete(MPI_Request& request, const char* call) {
   int rc = MPI_SUCCESS;
-  if (wait_policy() == WaitPolicy::Spin) {
+  const double timeout = g_collective_timeout.load();
+  if (wait_policy() == WaitPolicy::Spin && timeout <= 0) {
     rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
   } else {
+    const bool sleep = wait_policy() == WaitPolicy::Sleep;
+    const auto start = std::chrono::steady_clock::now();
     int done = 0;
     auto pause = std::chrono::microseconds(10);
-    for (;;) {
+    for (int64_t polls = 0;; ++polls) {
       rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS || done) break;
-      std::this_thread::sleep_for(pause);
-      pause = std::min(pause * 2, std::chrono::microseconds(100));
+      if (sleep) {
+        std::this_thread::sleep_for(pause);
+        pause = std::min(pause * 2, std::chrono::microseconds(100));
+      }
+      if (timeout > 0 && polls % 256 == 0 &&
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+              timeout) {
+        const std::int64_t step = g_current_step.load();
+        int rank = -1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+        const std::string name(call, std::strcspn(call, "("));  // "MPI_Iallgather"
+        throw CollectiveTimeout(
+            name + " on rank " + std::to_string(rank) +
+            " did not complete within parallel.collective_timeout_s = " + format_seconds(timeout) +
+            (step >= 0 ? " at step " + std::to_string(step) : std::string()) +
+            ": another rank is stopped, hung or dead (or the timeout is too short for this step)");
+      }
     }
   }
   if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, call, __FILE__, __LINE__);

@@ -82,7 +82,20 @@ WaitPolicy wait_policy();
 void set_wait_policy(WaitPolicy policy);
 
 // Completes a started nonblocking MPI operation under the wait policy; `call` names it in errors.
+// With a collective timeout set, a collective that has not completed by then throws
+// CollectiveTimeout (a rank stopped, hung or dead would otherwise hang the others forever).
 void complete(MPI_Request& request, const char* call);
+
+// The watchdog: seconds a collective may take before complete() gives up (0: wait forever), and
+// the training step for its message (-1: none).
+void set_collective_timeout(double seconds);
+double collective_timeout();
+void set_current_step(std::int64_t step);
+
+class CollectiveTimeout : public Error {
+ public:
+  using Error::Error;
+};
 
 // The MPI backend over one MPI communicator (MPI_COMM_WORLD or one split from it): CPU tensors,
 // sums in rank order on the rank that owns the result (a reduce-scatter moves each addend to its

@@ -38,7 +38,8 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 3> kParallelKeys = {"strategy", "segments", "search_budget"};
+constexpr std::array<std::string_view, 4> kParallelKeys = {"strategy", "segments", "search_budget",
+                                                           "collective_timeout_s"};
 constexpr std::array<std::string_view, 21> kTrainKeys = {"batch_size",
                                                          "steps",
                                                          "optimizer",
@@ -324,6 +325,8 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.segments = s.choice("segments", kSegmentModes, p.segments);
   // Fewer states than this cannot plan even the smallest model.
   p.search_budget = s.integer("search_budget", p.search_budget, IntRange::at_least(1000));
+  p.collective_timeout_s =
+      s.number("collective_timeout_s", p.collective_timeout_s, RealRange::at_least(0.0));
   s.finish();
   return p;
 }
@@ -451,7 +454,8 @@ nlohmann::json to_json(const RunConfig& config) {
       {"parallel",
        {{"strategy", synth::strategy_name(config.parallel.strategy)},
         {"segments", std::string(to_string(config.parallel.segments))},
-        {"search_budget", config.parallel.search_budget}}},
+        {"search_budget", config.parallel.search_budget},
+        {"collective_timeout_s", config.parallel.collective_timeout_s}}},
   };
 }
 

@@ -94,6 +94,10 @@ struct ParallelConfig {
   synth::SegmentMode segments = synth::SegmentMode::PerBlock;
   // States the program search may expand per round (synth::SynthesisOptions::max_states), >= 1000.
   std::int64_t search_budget = 2'000'000;
+  // The watchdog: seconds a collective may wait for the other ranks before every rank that can
+  // still run stops with an error naming it and the step (4 times as long in the first step,
+  // which also warms up); 0 waits forever.
+  double collective_timeout_s = 300;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
 

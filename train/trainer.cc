@@ -14,6 +14,7 @@
 #include "autograd/grad_mode.h"
 #include "models/lr_schedule.h"
 #include "models/serialize.h"
+#include "parallel/mpi.h"
 #include "train/engine.h"
 #include "train/metrics_log.h"
 #include "train/plan_io.h"
@@ -110,6 +111,7 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
   // Every module draws dropout from one state the trainer steps (models/module.h), traced at
   // step 0.
   model_->set_random_seed(model_->random_seed());
+  collective_timeout_s_ = distributed.collective_timeout_s;
   engine_ = make_spmd_engine(model_, data_, config_, std::move(comm), std::move(distributed));
   optimizer_ = make_optimizer(config_, engine_->parameters());
   random_seed_ = model_->random_seed();
@@ -348,6 +350,9 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   int64_t profiled_steps = 0;
   for (int64_t step = start; step < end; ++step) {
     if (options.profile && step == start + 1) engine_->start_profile();
+    // The watchdog (on ranks): the first step also warms up, and gets 4 times as long.
+    parallel::set_current_step(step);
+    parallel::set_collective_timeout(collective_timeout_s_ * (step == start ? 4 : 1));
     const auto t0 = Clock::now();
     const double lr = schedule.at(step);
     optimizer_->set_lr(lr);

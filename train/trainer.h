@@ -97,6 +97,7 @@ struct DistributedOptions {
   synth::Cluster cluster;
   synth::SynthesisOptions synthesis;
   std::string plan_file;  // run this plan (written by hap-plan --json) instead of synthesizing
+  double collective_timeout_s = 300;  // parallel.collective_timeout_s (0: wait forever)
 };
 
 class Engine;
@@ -147,7 +148,8 @@ class Trainer {
   TrainConfig config_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<optim::Optimizer> optimizer_;
-  uint64_t random_seed_ = 0;  // dropout's seed: the model's, or a resumed checkpoint's
+  uint64_t random_seed_ = 0;         // dropout's seed: the model's, or a resumed checkpoint's
+  double collective_timeout_s_ = 0;  // on ranks: the watchdog's (DistributedOptions)
 };
 
 }  // namespace hap::train

@@ -78,6 +78,24 @@ elapsed=$(( $(date +%s) - start ))
 [ $rc -eq 143 ] && grep -q "stopped by signal 15" "$TMP/sig.err" && ls "$TMP/sig"/step_*.hapt > /dev/null \
   && [ $elapsed -le 10 ] || { echo "SIGTERM to one rank: rc=$rc after ${elapsed}s: $(cat "$TMP/sig.err")"; exit 1; }
 echo "SIGTERM to one rank: every rank stopped, $(ls "$TMP/sig"), exit 143 in ${elapsed}s"
+# The watchdog: a stopped rank (SIGSTOP) no longer hangs the others; they stop within the
+# collective timeout, naming the collective and the step.
+timeout -s KILL 120 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" \
+  --cluster "$CLUSTER" --quiet --set train.steps=10000000 --set train.warmup_steps=0 \
+  --set parallel.collective_timeout_s=2 2> "$TMP/watchdog.err" &
+job=$!
+for _ in $(seq 60); do [ "$(pgrep -f "collective_timeout_s=2" | wc -l)" -ge 6 ] && break; sleep 0.5; done
+sleep 3
+stopped=$(pgrep -f "collective_timeout_s=2" | tail -1)
+kill -STOP "$stopped"
+start=$(date +%s)
+wait $job
+rc=$?
+elapsed=$(( $(date +%s) - start ))
+kill -KILL "$stopped" 2> /dev/null
+[ $rc -ne 0 ] && grep -q "did not complete within parallel.collective_timeout_s = 2 s at step" "$TMP/watchdog.err" \
+  && [ $elapsed -le 60 ] || { echo "watchdog: rc=$rc after ${elapsed}s: $(head -c 2000 "$TMP/watchdog.err")"; exit 1; }
+echo "watchdog: a stopped rank ends the job in ${elapsed}s: $(grep -m1 'did not complete' "$TMP/watchdog.err" | cut -c1-120)"
 # A checkpoint of another model or past the schedule is refused on ranks as on one process.
 for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but the model's is" \
             "train.steps=5:past this run's train.steps"; do
