@@ -171,8 +171,9 @@ TEST(Search, NarrowOrderIsTopologicalAndRunsNodesThatFreeTensorsFirst) {
     }
     for (const GraphNode& n : g.nodes)
       for (int t : n.inputs)
-        if (t >= 0 && g.tensors[t].producer >= 0)
+        if (t >= 0 && g.tensors[t].producer >= 0) {
           EXPECT_LT(pos[g.tensors[t].producer], pos[n.id]) << "seed " << seed << "\n" << g.str();
+        }
   }
   // p and q are live until aux reads both; in program order the linear branch runs first and
   // holds them live across it, in the narrow order aux runs as soon as it can.
@@ -506,8 +507,9 @@ TEST(Synthesizer, ReplicatedParametersThatCannotFitAreRefusedBeforeSearching) {
   EXPECT_HAS(m, "more than the 40960 bytes of device 0 (d0, cpu)");
   const DistributedProgram hap = synthesize(g, c, SynthesisOptions{});
   for (const GraphTensor& t : g.tensors)
-    if (t.name == "w")
+    if (t.name == "w") {
       EXPECT_EQ(hap.storage[t.id].kind, PropKind::Sharded) << "hap shards w to fit";
+    }
 }
 
 // The synthesis log: every round, pass and candidate with the states it expanded (they add up to

@@ -30,7 +30,9 @@ struct Scratch {
   ~Scratch() { fs::remove_all(dir); }
   std::string fifo() const {
     const fs::path p = dir / "fifo";
-    if (!fs::exists(p)) EXPECT_EQ(::mkfifo(p.c_str(), 0600), 0);
+    if (!fs::exists(p)) {
+      EXPECT_EQ(::mkfifo(p.c_str(), 0600), 0);
+    }
     return p.string();
   }
 };
@@ -57,7 +59,7 @@ TEST(InputFiles, EveryReaderRefusesAFifoOrADeviceAtOnce) {
   EXPECT_HAS(test_util::error_of([&] { load_cluster_config(fifo); }),
              "cannot read the cluster file: it is not a regular file");
   EXPECT_HAS(test_util::error_of([&] { load_tensors(fifo); }), "it is not a regular file");
-  for (const std::string corpus : {fifo, std::string("/dev/zero")})
+  for (const std::string& corpus : {fifo, std::string("/dev/zero")})
     EXPECT_HAS(test_util::error_of([&] { TextCorpus::load(corpus, 0.1, 8); }),
                "data.path: '" + corpus + "' is not a regular file");
 }
