@@ -14,6 +14,7 @@ PACKAGES=(
   python3-torch python3-numpy     # PyTorch oracle tests and CPU benchmark peer
   python3-matplotlib python3-yaml # benchmark charts and drivers
   iproute2                        # hap-emulate: network namespaces, veth pairs, tc
+  procps                          # pgrep: the mpirun tests signal and stop single ranks
   fortunes                        # default English training corpus (/usr/share/games/fortunes)
 )
 
