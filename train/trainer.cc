@@ -345,6 +345,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   double window_ms = 0, window_loss = 0;  // since the last progress line
   int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(t.batch_size * model_->tokens_per_example());
+  bool mfu_warned = false;
   const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
   double profiled_s = 0;  // wall time of the profiled steps (the first is warm-up)
   int64_t profiled_steps = 0;
@@ -412,6 +413,15 @@ TrainSummary Trainer::fit(const FitOptions& options) {
         else
           std::printf("%9.1f ex/s", examples_s);
         std::printf(" | MFU %5.1f%% | %s left\n", 100.0 * mfu, duration_text(left_s).c_str());
+        if (mfu > 1.0 && !mfu_warned) {
+          // Effective figures from an older profile, or a peak measured while the machine was busy.
+          std::printf(
+              "hap-train: note: MFU above 100%%: the peak (%s, %.3g GFLOP/s) is below what "
+              "the devices reach now%s\n",
+              peak_source.c_str(), peak_flops / 1e9,
+              engine_->cost_model() ? "; re-measure the cluster with hap-profile" : "");
+          mfu_warned = true;
+        }
         std::fflush(stdout);
       }
       window_ms = window_loss = 0;
