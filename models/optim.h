@@ -63,6 +63,8 @@ class Optimizer {
   // ---- state, for checkpoints ----
   // The names of the per-parameter state tensors ("exp_avg", "exp_avg_sq"; "momentum_buffer").
   const std::vector<std::string>& state_slots() const { return slot_names_; }
+  // "SGD", "AdamW": what checkpoints record.
+  const char* name() const { return name_; }
   // The state of `param`, or null if it is not optimised here.
   ParamState* state(const Tensor& param);
   const ParamState* state(const Tensor& param) const;

@@ -1,17 +1,16 @@
 #include "models/serialize.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <unordered_set>
 
+#include "core/atomic_file.h"
 #include "core/input_file.h"
 #include "models/module.h"
 #include "models/optim.h"
@@ -139,22 +138,7 @@ void save_tensors(const std::string& path, const NamedTensors& tensors) {
     HAP_CHECK(t.has_storage(), "save_tensors: tensor '", name, "' (", t.str(),
               ") has no storage (a traced, shape-only tensor)");
   }
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  File f(std::fopen(tmp.c_str(), "wb"));
-  HAP_CHECK(f != nullptr, "save_tensors: cannot create ", tmp, " (for ", path, "): ", errno_str());
-  try {
-    write_all(f.get(), path, tensors);
-    HAP_CHECK(std::fflush(f.get()) == 0 && ::fsync(::fileno(f.get())) == 0,
-              "save_tensors: flushing ", tmp, " failed: ", errno_str());
-    FILE* raw = f.release();
-    HAP_CHECK(std::fclose(raw) == 0, "save_tensors: closing ", tmp, " failed: ", errno_str());
-    HAP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_tensors: renaming ", tmp, " to ",
-              path, " failed: ", errno_str());
-  } catch (...) {
-    f.reset();
-    std::remove(tmp.c_str());
-    throw;
-  }
+  write_atomically(path, "save_tensors", [&](std::FILE* f) { write_all(f, path, tensors); });
 }
 
 NamedTensors load_tensors(const std::string& path) {
@@ -237,13 +221,84 @@ Tensor i64_scalar(int64_t v) {
   return Tensor::full({}, static_cast<double>(v), TensorOptions{}.with_dtype(DType::I64));
 }
 
+int64_t meta_int(const TensorMetadata& meta, const std::string& key, const std::string& path) {
+  auto it = meta.find(key);
+  HAP_CHECK(it != meta.end(), "read_checkpoint: ", path, ": the metadata has no '", key, "'");
+  const std::string& v = it->second;
+  int64_t out = 0;
+  const char* end = v.data() + v.size();
+  auto [p, ec] = std::from_chars(v.data(), end, out);
+  HAP_CHECK(ec == std::errc() && p == end && !v.empty(), "read_checkpoint: ", path, ": metadata '",
+            key, "' is '", v.substr(0, 100), "', expected an integer");
+  return out;
+}
+
 }  // namespace
+
+std::string model_digest(const std::vector<std::pair<std::string, Tensor>>& named_parameters) {
+  std::string s;
+  for (const auto& [name, t] : named_parameters)
+    s += name + ':' + shape_str(t.shape()) + ':' + dtype_name(t.dtype()) + ';';
+  return crc32_hex(crc32_of(s.data(), s.size()));
+}
+
+void write_checkpoint(const std::string& path, const Checkpoint& c) {
+  TensorMetadata meta = c.metadata;
+  meta["format"] = kCheckpointFormat;
+  meta["step"] = std::to_string(c.step);
+  meta["random_seed"] = std::to_string(static_cast<int64_t>(c.random_seed));
+  meta["random_step"] = std::to_string(static_cast<int64_t>(c.random_step));
+  save_safetensors(path, c.tensors, meta);
+}
+
+Checkpoint read_checkpoint(const std::string& path) {
+  Checkpoint c;
+  if (looks_like_safetensors(path)) {
+    c.tensors = load_safetensors(path, &c.metadata);
+    auto format = c.metadata.find("format");
+    HAP_CHECK(format != c.metadata.end() && format->second == kCheckpointFormat,
+              "read_checkpoint: ", path,
+              " is a safetensors file but not a HAP checkpoint (its "
+              "metadata's format is '",
+              format == c.metadata.end() ? std::string("(none)") : format->second.substr(0, 100),
+              "', expected '", kCheckpointFormat, "')");
+    c.step = meta_int(c.metadata, "step", path);
+    c.random_seed = static_cast<uint64_t>(meta_int(c.metadata, "random_seed", path));
+    c.random_step = static_cast<uint64_t>(meta_int(c.metadata, "random_step", path));
+    return c;
+  }
+  // HAP's first checkpoint format: .hapt with the counters as i64 scalars.
+  int64_t found = 0;
+  for (auto& [name, t] : load_tensors(path)) {
+    int64_t* field = name == "meta.step"          ? &c.step
+                     : name == "meta.random_seed" ? reinterpret_cast<int64_t*>(&c.random_seed)
+                     : name == "meta.random_step" ? reinterpret_cast<int64_t*>(&c.random_step)
+                                                  : nullptr;
+    if (!field) {
+      c.tensors.emplace_back(std::move(name), std::move(t));
+      continue;
+    }
+    HAP_CHECK(t.dtype() == DType::I64 && t.dim() == 0, "read_checkpoint: ", path, ": '", name,
+              "' must be an i64 scalar, got ", t.str());
+    *field = static_cast<int64_t>(t.item());
+    ++found;
+  }
+  HAP_CHECK(found == 3, "read_checkpoint: ", path,
+            " is not a checkpoint: it lacks meta.step, meta.random_seed or meta.random_step");
+  c.metadata = {{"format", "hapt-v1"},
+                {"step", std::to_string(c.step)},
+                {"random_seed", std::to_string(c.random_seed)},
+                {"random_step", std::to_string(c.random_step)}};
+  return c;
+}
 
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer* optimizer, int64_t step) {
-  NamedTensors out;
+  Checkpoint c;
   auto params = model.named_parameters();
-  for (const auto& [name, t] : params) out.emplace_back(kModelPrefix + name, t);
+  for (const auto& [name, t] : params) c.tensors.emplace_back(kModelPrefix + name, t);
+  c.metadata["model"] = model.type_name();
+  c.metadata["model_digest"] = model_digest(params);
   if (optimizer) {
     size_t held = 0;
     for (const auto& g : optimizer->param_groups()) held += g.params.size();
@@ -253,21 +308,26 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
       if (!st) continue;
       ++found;
       for (size_t s = 0; s < st->slots.size(); ++s)
-        out.emplace_back(kOptimPrefix + optimizer->state_slots()[s] + "." + name, st->slots[s]);
-      out.emplace_back(std::string(kOptimPrefix) + "step." + name, i64_scalar(st->step));
+        c.tensors.emplace_back(kOptimPrefix + optimizer->state_slots()[s] + "." + name,
+                               st->slots[s]);
+      c.tensors.emplace_back(std::string(kOptimPrefix) + "step." + name, i64_scalar(st->step));
     }
     HAP_CHECK(found == held, "save_checkpoint: the optimizer holds ", held - found,
               " parameter(s) that are not parameters of the ", model.type_name(), " being saved");
+    std::string slots;
+    for (const std::string& s : optimizer->state_slots()) slots += (slots.empty() ? "" : ",") + s;
+    c.metadata["optimizer"] = optimizer->name();
+    c.metadata["optimizer_slots"] = slots;
   }
-  out.emplace_back("meta.step", i64_scalar(step));
-  out.emplace_back("meta.random_seed", i64_scalar(static_cast<int64_t>(model.random_seed())));
-  out.emplace_back("meta.random_step", i64_scalar(static_cast<int64_t>(model.random_step())));
-  save_tensors(path, out);
+  c.step = step;
+  c.random_seed = model.random_seed();
+  c.random_step = model.random_step();
+  write_checkpoint(path, c);
 }
 
 int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optimizer* optimizer) {
-  NamedTensors loaded = load_tensors(path);
-  std::map<std::string, Tensor> by_name(loaded.begin(), loaded.end());
+  Checkpoint c = read_checkpoint(path);
+  std::map<std::string, Tensor> by_name(c.tensors.begin(), c.tensors.end());
   std::unordered_set<std::string> used;
   auto take = [&](const std::string& name, const Shape& shape) -> Tensor {
     auto it = by_name.find(name);
@@ -299,10 +359,7 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optim
                           take(kOptimPrefix + optimizer->state_slots()[s] + "." + name, t.shape()));
     steps.emplace_back(st, take_i64(std::string(kOptimPrefix) + "step." + name));
   }
-  int64_t step = take_i64("meta.step");
-  int64_t random_seed = take_i64("meta.random_seed");
-  int64_t random_step = take_i64("meta.random_step");
-  for (const auto& [name, t] : loaded) {
+  for (const auto& [name, t] : c.tensors) {
     bool optim_entry = name.rfind(kOptimPrefix, 0) == 0;
     if (optim_entry && !optimizer) continue;  // resuming the weights only
     HAP_CHECK(used.count(name), "load_checkpoint: ", path, " has an unexpected tensor '", name,
@@ -312,9 +369,9 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optim
 
   for (auto& [dst, src] : copies) dst.copy_from(src);
   for (auto& [st, s] : steps) st->step = s;
-  model.set_random_seed(static_cast<uint64_t>(random_seed));
-  model.set_random_step(static_cast<uint64_t>(random_step));
-  return step;
+  model.set_random_seed(c.random_seed);
+  model.set_random_step(c.random_step);
+  return c.step;
 }
 
 }  // namespace hap

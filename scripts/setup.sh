@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev googletest         # tests
   coinor-libclp-dev               # LP solver for the sharding ratios
   nlohmann-json3-dev libcli11-dev # JSON logs/plans, command lines
+  zlib1g-dev                      # CRC-32 checksums of checkpoints
   python3-torch python3-numpy     # PyTorch oracle tests and CPU benchmark peer
   python3-matplotlib python3-yaml # benchmark charts and drivers
   iproute2                        # hap-emulate: network namespaces, veth pairs, tc

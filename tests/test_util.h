@@ -1,8 +1,13 @@
 // Helpers shared by the unit tests: the message of an expected hap::Error, random tensors.
 #pragma once
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -34,6 +39,39 @@ inline Tensor uni(const Shape& s, uint64_t seed, DType dt = DType::F64, bool rg 
   fill_uniform(t, seed, 0, -1.0, 1.0);
   if (rg) t.set_requires_grad(true);
   return t;
+}
+
+// A fresh folder for one test (named after it and the process), removed with the object.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag) {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() /
+           ("hap_" + tag + "_" + std::to_string(::getpid()) + "_" + (info ? info->name() : "x"));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  ScratchDir(const ScratchDir&) = delete;
+  ScratchDir& operator=(const ScratchDir&) = delete;
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  const std::filesystem::path& dir() const { return dir_; }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+inline std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+inline void write_bytes(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 }  // namespace hap::test_util

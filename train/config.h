@@ -80,8 +80,8 @@ struct TrainConfig {
   std::int64_t eval_batches = 8;  // batches per evaluation, >= 1
   std::string log_file;           // JSONL metrics log; empty means no log
   // Periodic checkpoints: every checkpoint_every steps (0: none) a checkpoint
-  // checkpoint_dir/step_<8 digits>.hapt, keeping the newest keep_checkpoints of them; one is also
-  // written when the run ends or stops early. hap-train --resume auto resumes from the newest.
+  // checkpoint_dir/step_<8 digits>.safetensors, keeping the newest keep_checkpoints of them; one is
+  // also written when the run ends or stops early. hap-train --resume auto resumes from the newest.
   std::int64_t checkpoint_every = 0;  // >= 0; > 0 needs checkpoint_dir
   std::string checkpoint_dir;
   std::int64_t keep_checkpoints = 3;  // >= 1

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
+#include "core/atomic_file.h"
 #include "models/lr_schedule.h"
 #include "models/serialize.h"
 #include "parallel/mpi.h"
@@ -145,26 +146,28 @@ double Trainer::evaluate() {
 }
 
 // Checkpoints hold logical (unsharded) tensors, so a run on any plan, cluster, or one process can
-// resume them: "model.<name>", "optim.<slot>.<name>" and "optim.step.<name>" per parameter,
-// "meta.step", "meta.random_seed", "meta.random_step" (what models/serialize.h's
-// save_checkpoint writes for a model trained by hand).
+// resume them: "model.<name>", "optim.<slot>.<name>" and "optim.step.<name>" per parameter, and
+// the metadata models/serialize.h describes (what save_checkpoint writes for a model trained by
+// hand, plus the data position, the config's digest and the plan's fingerprint).
 void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
-  NamedTensors out;
+  Checkpoint c;
   auto i64 = [](int64_t v) { return Tensor::from_vector(std::vector<int64_t>{v}, {}); };
   for (const auto& [name, p] : engine_->parameters())
-    out.emplace_back("model." + name, engine_->logical(name, p));
+    c.tensors.emplace_back("model." + name, engine_->logical(name, p));
   for (const auto& [name, p] : engine_->parameters()) {
     const optim::Optimizer::ParamState* st = optimizer_->state(p);
     HAP_ASSERT(st != nullptr, "parameter ", name, " is not in the optimizer");
     for (size_t s = 0; s < st->slots.size(); ++s)
-      out.emplace_back("optim." + optimizer_->state_slots()[s] + "." + name,
-                       engine_->logical(name, st->slots[s]));
-    out.emplace_back("optim.step." + name, i64(st->step));
+      c.tensors.emplace_back("optim." + optimizer_->state_slots()[s] + "." + name,
+                             engine_->logical(name, st->slots[s]));
+    c.tensors.emplace_back("optim.step." + name, i64(st->step));
   }
-  out.emplace_back("meta.step", i64(step));
-  out.emplace_back("meta.random_seed", i64(static_cast<int64_t>(random_seed_)));
-  out.emplace_back("meta.random_step", i64(step));
-  if (engine_->lead()) save_tensors(path, out);
+  c.step = step;
+  c.random_seed = random_seed_;
+  c.random_step = static_cast<uint64_t>(step);
+  c.metadata = checkpoint_metadata_;
+  c.metadata["examples_read"] = std::to_string(step * config_.batch_size);
+  if (engine_->lead()) write_checkpoint(path, c);
   engine_->barrier();
 }
 
@@ -199,8 +202,10 @@ std::vector<std::pair<int64_t, std::string>> periodic_checkpoints(const std::str
   if (!fs::is_directory(dir, ec)) return found;
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    if (!e.is_regular_file() || name.size() != 18 || name.rfind("step_", 0) != 0 ||
-        name.substr(13) != ".hapt" || !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit))
+    const std::string ext = name.size() > 13 ? name.substr(13) : "";
+    if (!e.is_regular_file() || name.rfind("step_", 0) != 0 ||
+        (ext != ".safetensors" && ext != ".hapt") ||
+        !std::all_of(name.begin() + 5, name.begin() + 13, ::isdigit))
       continue;
     found.emplace_back(std::stoll(name.substr(5, 8)), e.path().string());
   }
@@ -212,7 +217,7 @@ std::vector<std::pair<int64_t, std::string>> periodic_checkpoints(const std::str
 
 std::string checkpoint_file(const std::string& dir, int64_t step) {
   char name[32];
-  std::snprintf(name, sizeof name, "step_%08ld.hapt", static_cast<long>(step));
+  std::snprintf(name, sizeof name, "step_%08ld.safetensors", static_cast<long>(step));
   return (std::filesystem::path(dir) / name).string();
 }
 
@@ -231,8 +236,8 @@ void Trainer::save_periodic_checkpoint(int64_t step) const {
 }
 
 int64_t Trainer::load_checkpoint(const std::string& path) {
-  std::map<std::string, Tensor> by_name;
-  for (auto& [name, value] : load_tensors(path)) by_name[name] = value;
+  const Checkpoint checkpoint = read_checkpoint(path);
+  std::map<std::string, Tensor> by_name(checkpoint.tensors.begin(), checkpoint.tensors.end());
   std::set<std::string> used;
   auto take = [&](const std::string& n) {
     auto it = by_name.find(n);
@@ -263,9 +268,8 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
       place(st->slots[s], "optim." + optimizer_->state_slots()[s] + "." + name, name);
     st->step = static_cast<int64_t>(take("optim.step." + name).item());
   }
-  random_seed_ = static_cast<uint64_t>(take("meta.random_seed").item());
-  const auto step = static_cast<int64_t>(take("meta.step").item());
-  used.insert("meta.random_step");
+  random_seed_ = checkpoint.random_seed;
+  const int64_t step = checkpoint.step;
   // A checkpoint of another model (a deeper one, say) holds tensors this one does not read.
   std::vector<std::string> unknown;
   for (const auto& [name, value] : by_name)
@@ -283,6 +287,29 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
   return step;
 }
 
+std::map<std::string, std::string> Trainer::run_metadata(const nlohmann::json& run_config) const {
+  auto digest = [](const std::string& text) {
+    return crc32_hex(crc32_of(text.data(), text.size()));
+  };
+  std::string slots;
+  for (const std::string& s : optimizer_->state_slots()) slots += (slots.empty() ? "" : ",") + s;
+  std::map<std::string, std::string> meta = {
+      {"model", model_->type_name()},
+      {"model_digest", model_digest(model_->named_parameters())},
+      {"optimizer", optimizer_->name()},
+      {"optimizer_slots", slots},
+      {"batch_size", std::to_string(config_.batch_size)},
+      {"world_size", std::to_string(engine_->world_size())},
+      {"config_digest", run_config.is_null() ? "none" : digest(run_config.dump())},
+      {"plan_fingerprint", "one process"}};
+  if (engine_->program())
+    meta["plan_fingerprint"] =
+        digest(
+            plan_to_json(*engine_->cost_model(), *engine_->program()).at("instructions").dump()) +
+        " (" + engine_->program()->strategy + ")";
+  return meta;
+}
+
 TrainSummary Trainer::fit(const FitOptions& options) {
   using Clock = std::chrono::steady_clock;
   const TrainConfig& t = config_;
@@ -298,10 +325,12 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     const std::string reason = unwritable_reason(probe);
     HAP_CHECK(reason.empty(), "train.checkpoint_dir: cannot write '", probe, "': ", reason);
     for (const auto& e : std::filesystem::directory_iterator(t.checkpoint_dir, ec))
-      if (e.path().filename().string().find(".hapt.tmp.") != std::string::npos)
+      if (e.path().filename().string().rfind("step_", 0) == 0 &&
+          e.path().filename().string().find(kTemporaryInfix) != std::string::npos)
         std::filesystem::remove(e.path(), ec);
   }
   if (!options.resume_path.empty()) start = load_checkpoint(options.resume_path);
+  checkpoint_metadata_ = run_metadata(options.run_config);
 
   JsonlLog log(lead ? t.log_file : "", /*append=*/start > 0);
   nlohmann::json config_record = {{"type", "config"},

@@ -16,6 +16,7 @@
 //   hap::train::TrainSummary s = trainer.fit();
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -64,8 +65,8 @@ struct FitOptions {
   nlohmann::json run_config;
 };
 
-// The newest checkpoint train.checkpoint_dir holds (step_<8 digits>.hapt with the highest step),
-// or "" when it holds none (or does not exist).
+// The newest checkpoint train.checkpoint_dir holds (step_<8 digits>.safetensors, or .hapt as
+// earlier versions wrote, with the highest step), or "" when it holds none (or does not exist).
 std::string newest_checkpoint(const std::string& dir);
 // The periodic checkpoint of `step` in `dir`.
 std::string checkpoint_file(const std::string& dir, int64_t step);
@@ -142,6 +143,8 @@ class Trainer {
   // Into train.checkpoint_dir, keeping the newest train.keep_checkpoints.
   void save_periodic_checkpoint(int64_t step) const;
   int64_t load_checkpoint(const std::string& path);
+  // The metadata every checkpoint of this run carries (models/serialize.h).
+  std::map<std::string, std::string> run_metadata(const nlohmann::json& run_config) const;
 
   std::shared_ptr<nn::Model> model_;
   std::shared_ptr<Dataset> data_;
@@ -150,6 +153,8 @@ class Trainer {
   std::unique_ptr<optim::Optimizer> optimizer_;
   uint64_t random_seed_ = 0;         // dropout's seed: the model's, or a resumed checkpoint's
   double collective_timeout_s_ = 0;  // on ranks: the watchdog's (DistributedOptions)
+  // What every checkpoint of this run records besides the step (set by fit()).
+  std::map<std::string, std::string> checkpoint_metadata_;
 };
 
 }  // namespace hap::train

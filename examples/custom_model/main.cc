@@ -6,8 +6,8 @@
 //   mpirun -np 3 custom_model --cluster three-devices.yaml [--steps N] [--save FILE]
 //
 // Prints the plan (on ranks), a loss line every 10 steps, and with --save writes the final
-// parameters and optimizer state as logical tensors (.hapt). Exits 0 when the loss fell below 10%
-// of the first step's, 1 when it did not, 2 for a bad command line.
+// parameters and optimizer state as logical tensors (safetensors). Exits 0 when the loss fell below
+// 10% of the first step's, 1 when it did not, 2 for a bad command line.
 #include <hap/hap.h>
 
 #include <cmath>

@@ -14,11 +14,11 @@ trap 'rm -rf "$TMP"' EXIT
 losses() { grep -E '^step .*\| loss ' | sed -E 's/.*\| loss ([0-9.]+) .*/\1/'; }
 
 # Exit code 1 only says that 90 steps did not reach 10% of the first loss.
-"$EXE" --steps 90 --save "$TMP/one.hapt" > "$TMP/one.log"
+"$EXE" --steps 90 --save "$TMP/one.safetensors" > "$TMP/one.log"
 [ $? -le 1 ] || { cat "$TMP/one.log"; echo "one process failed"; exit 1; }
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 3 "$EXE" --cluster "$SRC/examples/custom_model/three-devices.yaml" \
-  --steps 90 --save "$TMP/dist.hapt" > "$TMP/dist.log" 2> "$TMP/dist.err"
-[ -s "$TMP/dist.hapt" ] && ! grep -q "error" "$TMP/dist.err" || { cat "$TMP/dist.log" "$TMP/dist.err"; echo "mpirun -np 3 failed"; exit 1; }
+  --steps 90 --save "$TMP/dist.safetensors" > "$TMP/dist.log" 2> "$TMP/dist.err"
+[ -s "$TMP/dist.safetensors" ] && ! grep -q "error" "$TMP/dist.err" || { cat "$TMP/dist.log" "$TMP/dist.err"; echo "mpirun -np 3 failed"; exit 1; }
 
 grep -q "segment 2:" "$TMP/dist.log" || { cat "$TMP/dist.log"; echo "no ratio vector per block"; exit 1; }
 grep -qE "^  (grad_all_reduce|all_reduce|all_gather|reduce_scatter) " "$TMP/dist.log" \
@@ -32,13 +32,13 @@ echo "$dist" > "$TMP/dist.losses"
 import sys
 tmp = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
-import hapt
+import safetensors_io
 one = open(f"{tmp}/one.losses").read().split()
 dist = open(f"{tmp}/dist.losses").read().split()
 for a, b in zip(one, dist):
     if abs(float(a) - float(b)) > 2e-4 * abs(float(a)):
         sys.exit(f"loss differs: one process {a}, 3 ranks {b}")
-x, y = hapt.load(f"{tmp}/one.hapt"), hapt.load(f"{tmp}/dist.hapt")
+x, y = (safetensors_io.load(f"{tmp}/{n}.safetensors")[0] for n in ("one", "dist"))
 if set(x) != set(y):
     sys.exit(f"checkpoints hold different tensors: {sorted(set(x) ^ set(y))}")
 worst = 0.0

@@ -216,7 +216,7 @@ TEST_F(SerializeTest, CheckpointResumesTrainingExactly) {
   // Weights only: optimizer entries are ignored when no optimizer is given.
   TrainingRun c(5);
   EXPECT_EQ(load_checkpoint(path("run.ckpt"), *c.model, nullptr), 2);
-  for (const auto& [name, t] : load_tensors(path("run.ckpt")))
+  for (const auto& [name, t] : read_checkpoint(path("run.ckpt")).tensors)
     if (name.starts_with("model.")) {
       EXPECT_TRUE(same_values(t, c.model->parameter(name.substr(6)))) << name;
     }

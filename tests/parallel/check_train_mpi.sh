@@ -41,11 +41,11 @@ echo "JSONL log written"
 last() { tail -n 1; }
 straight=$(echo "$single" | last)
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
-  --stop-after 6 --save "$TMP/dist.hapt" || { echo "mpirun --save failed"; exit 1; }
-resumed=$("$TRAIN" "${ARGS[@]}" --resume "$TMP/dist.hapt" | losses | last)
-"$TRAIN" "${ARGS[@]}" --quiet --stop-after 6 --save "$TMP/one.hapt" || { echo "--save failed"; exit 1; }
+  --stop-after 6 --save "$TMP/dist.safetensors" || { echo "mpirun --save failed"; exit 1; }
+resumed=$("$TRAIN" "${ARGS[@]}" --resume "$TMP/dist.safetensors" | losses | last)
+"$TRAIN" "${ARGS[@]}" --quiet --stop-after 6 --save "$TMP/one.safetensors" || { echo "--save failed"; exit 1; }
 resumed_dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
-               --resume "$TMP/one.hapt" | losses | last)
+               --resume "$TMP/one.safetensors" | losses | last)
 for r in "$resumed" "$resumed_dist"; do
   python3 -c "import sys; a,b=float('$straight'),float('${r:-nan}'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
     || { echo "resumed run ends at loss '$r', the straight run at $straight"; exit 1; }
@@ -55,7 +55,7 @@ echo "checkpoints resume across plans: $straight $resumed $resumed_dist"
 # from the newest with --resume auto and end where the straight run ends.
 "$TRAIN" "${ARGS[@]}" --quiet --set train.checkpoint_every=3 --set train.checkpoint_dir="$TMP/ck" \
   --stop-after 7 || { echo "periodic checkpoints failed"; exit 1; }
-[ -f "$TMP/ck/step_00000006.hapt" ] && [ -f "$TMP/ck/step_00000007.hapt" ] \
+[ -f "$TMP/ck/step_00000006.safetensors" ] && [ -f "$TMP/ck/step_00000007.safetensors" ] \
   || { echo "periodic checkpoints: $(ls "$TMP/ck")"; exit 1; }
 auto=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
        --set train.checkpoint_every=3 --set train.checkpoint_dir="$TMP/ck" --resume auto | losses | last)
@@ -75,7 +75,7 @@ start=$(date +%s)
 wait $job
 rc=$?
 elapsed=$(( $(date +%s) - start ))
-[ $rc -eq 143 ] && grep -q "stopped by signal 15" "$TMP/sig.err" && ls "$TMP/sig"/step_*.hapt > /dev/null \
+[ $rc -eq 143 ] && grep -q "stopped by signal 15" "$TMP/sig.err" && ls "$TMP/sig"/step_*.safetensors > /dev/null \
   && [ $elapsed -le 10 ] || { echo "SIGTERM to one rank: rc=$rc after ${elapsed}s: $(cat "$TMP/sig.err")"; exit 1; }
 echo "SIGTERM to one rank: every rank stopped, $(ls "$TMP/sig"), exit 143 in ${elapsed}s"
 # The watchdog: a stopped rank (SIGSTOP) no longer hangs the others; they stop within the
@@ -102,10 +102,10 @@ for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but
   set_arg=${case%%:*} want=${case#*:}
   for launcher in one ranks; do
     if [ $launcher = one ]; then
-      err=$("$TRAIN" "${ARGS[@]}" --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.hapt" 2>&1 >/dev/null)
+      err=$("$TRAIN" "${ARGS[@]}" --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.safetensors" 2>&1 >/dev/null)
     else
       err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
-            --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.hapt" 2>&1 >/dev/null)
+            --set "$set_arg" --set train.warmup_steps=0 --resume "$TMP/one.safetensors" 2>&1 >/dev/null)
     fi
     rc=$?
     [ $rc -ne 0 ] && echo "$err" | grep -q "$want" \
@@ -115,9 +115,9 @@ for case in "model.n_layer=1:this model does not have" "model.vocab_size=300:but
 done
 # Resumed with another train.seed: dropout keeps the checkpoint's seed (batches follow
 # train.seed), on one process and on ranks alike.
-reseeded=$("$TRAIN" "${ARGS[@]}" --set train.seed=7 --resume "$TMP/one.hapt" | losses | last)
+reseeded=$("$TRAIN" "${ARGS[@]}" --set train.seed=7 --resume "$TMP/one.safetensors" | losses | last)
 reseeded_dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
-                --set train.seed=7 --resume "$TMP/one.hapt" | losses | last)
+                --set train.seed=7 --resume "$TMP/one.safetensors" | losses | last)
 python3 -c "import sys; a,b=float('${reseeded:-nan}'),float('${reseeded_dist:-nan}'); sys.exit(0 if abs(a-b) <= 2e-5*abs(a) else 1)" \
   || { echo "resumed with train.seed=7: one process ends at '$reseeded', 4 ranks at '$reseeded_dist'"; exit 1; }
 echo "resumed with another train.seed: $reseeded $reseeded_dist"

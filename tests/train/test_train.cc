@@ -124,13 +124,15 @@ TEST(Train, PeriodicCheckpointsKeepTheNewestAndTheNewestResumesTheRun) {
     std::sort(names.begin(), names.end());
     return names;
   };
-  EXPECT_EQ(listing(), (std::vector<std::string>{"step_00000004.hapt", "step_00000005.hapt"}));
+  EXPECT_EQ(listing(),
+            (std::vector<std::string>{"step_00000004.safetensors", "step_00000005.safetensors"}));
   EXPECT_EQ(newest_checkpoint(ck), checkpoint_file(ck, 5));
-  std::ofstream(fs::path(ck) / "step_00000006.hapt.tmp.4242") << "half a write";
+  std::ofstream(fs::path(ck) / "step_00000006.safetensors.tmp.4242") << "half a write";
   const TrainSummary resumed = train(c, {.resume_path = newest_checkpoint(ck), .quiet = true});
   EXPECT_EQ(resumed.steps_run, 3);
   EXPECT_EQ(resumed.last_loss, straight.last_loss);  // bitwise
-  EXPECT_EQ(listing(), (std::vector<std::string>{"step_00000006.hapt", "step_00000008.hapt"}));
+  EXPECT_EQ(listing(),
+            (std::vector<std::string>{"step_00000006.safetensors", "step_00000008.safetensors"}));
   EXPECT_HAS(
       test_util::error_of([&] { load_run_config(tiny_config(), {"train.checkpoint_every=2"}); }),
       "train.checkpoint_every: expected an integer in [0, 0] (set train.checkpoint_dir");
