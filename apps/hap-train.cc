@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/mpi.h"
 #include "train/cluster_config.h"
 #include "train/config.h"
 #include "train/from_config.h"
@@ -104,8 +105,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     fit.resume_path = newest_checkpoint(config.train.checkpoint_dir);
-    const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");  // under mpirun: rank 0 says it
-    if (!fit.quiet && (rank == nullptr || std::string(rank) == "0"))
+    if (!fit.quiet && hap::parallel::launcher_rank() <= 0)  // under mpirun or srun: rank 0 says it
       std::printf(
           "hap-train: --resume auto: %s\n",
           fit.resume_path.empty()

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,6 +75,17 @@ bool MpiSession::active() {
   MPI_Initialized(&initialised);
   MPI_Finalized(&finalised);
   return initialised && !finalised;
+}
+
+int launcher_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"}) {
+    const char* v = std::getenv(name);
+    if (v == nullptr || *v == 0) continue;
+    char* end = nullptr;
+    const long r = std::strtol(v, &end, 10);
+    if (*end == 0 && r >= 0 && r <= INT32_MAX) return static_cast<int>(r);
+  }
+  return -1;
 }
 
 // ---- waiting ----

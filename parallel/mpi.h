@@ -72,6 +72,12 @@ class MpiSession {
   bool owns_ = false;
 };
 
+// The rank the launcher gave this process, read from its environment before MPI starts:
+// mpirun's OMPI_COMM_WORLD_RANK, then PMIX_RANK (OpenMPI under `srun --mpi=pmix`), then srun's
+// SLURM_PROCID (last: ranks mpirun starts inside an sbatch allocation all see SLURM_PROCID=0).
+// -1 when the process was not launched as a rank.
+int launcher_rank();
+
 // How a rank waits for its collectives to complete. Spin waits inside MPI (lowest latency, keeps
 // the core busy). Sleep polls the request and sleeps between polls (10 us, doubling to 100 us), so
 // a rank waiting for a slower one leaves the core to others: scripts/hap-emulate uses it so that

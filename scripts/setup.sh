@@ -16,6 +16,7 @@ PACKAGES=(
   python3-matplotlib python3-yaml # benchmark charts and drivers
   iproute2                        # hap-emulate: network namespaces, veth pairs, tc
   procps                          # pgrep: the mpirun tests signal and stop single ranks
+  slurm-wlm                       # the slurm test: srun hap-train on a one-node local Slurm
   fortunes                        # default English training corpus (/usr/share/games/fortunes)
 )
 

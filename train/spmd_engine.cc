@@ -216,6 +216,7 @@ std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
     throw ConfigError("the cluster '" + distributed.cluster.name + "' has " +
                       std::to_string(distributed.cluster.size()) + " devices but " +
                       std::to_string(comm.size()) + " ranks were launched (run mpirun -np " +
+                      std::to_string(distributed.cluster.size()) + " or srun -n " +
                       std::to_string(distributed.cluster.size()) + ")");
   // Ranks usually share a machine's cores: by default each computes on one thread.
   set_num_threads(config.threads > 0 ? config.threads : 1);
