@@ -80,6 +80,13 @@ int main(int argc, char** argv) {
   cli.add_flag("--profile", fit.profile,
                "at the end, print where the step time went (op kernels; with --cluster also each "
                "collective, per rank)");
+  std::string trace_steps;
+  cli.add_option("--trace", fit.trace_path,
+                 "write a Chrome trace / Perfetto timeline (JSON) of --trace-steps: every op, "
+                 "collective and wait of every rank, one track per rank");
+  cli.add_option("--trace-steps", trace_steps,
+                 "the steps --trace records: N or FIRST-LAST, numbered as the progress lines "
+                 "(default: the second step run)");
   cli.add_option("--cluster", cluster_path,
                  "train on MPI ranks: the cluster they form (YAML); the config's parallel section "
                  "(--set parallel.strategy=hap|dp-ev|dp-cp|tp|dp-ep) says how");
@@ -117,6 +124,32 @@ int main(int argc, char** argv) {
     if (const std::string reason = unwritable_reason(fit.checkpoint_path); !reason.empty()) {
       std::fprintf(stderr, "hap-train: config error: --save '%s': cannot write: %s\n",
                    fit.checkpoint_path.c_str(), reason.c_str());
+      return 2;
+    }
+  if (!trace_steps.empty()) {
+    long long first = 0, last = 0;
+    char dash = 0, extra = 0;
+    const int n = std::sscanf(trace_steps.c_str(), "%lld%c%lld%c", &first, &dash, &last, &extra);
+    if (n == 1) last = first;
+    if (!(n == 1 || (n == 3 && dash == '-')) || first < 1 || last < first ||
+        last > config.train.steps) {
+      std::fprintf(stderr,
+                   "hap-train: config error: --trace-steps '%s': expected N or FIRST-LAST with "
+                   "1 <= FIRST <= LAST <= train.steps (%ld)\n",
+                   trace_steps.c_str(), static_cast<long>(config.train.steps));
+      return 2;
+    }
+    if (fit.trace_path.empty()) {
+      std::fprintf(stderr, "hap-train: config error: --trace-steps needs --trace FILE\n");
+      return 2;
+    }
+    fit.trace_first = first - 1;
+    fit.trace_last = last - 1;
+  }
+  if (!fit.trace_path.empty())
+    if (const std::string reason = unwritable_reason(fit.trace_path); !reason.empty()) {
+      std::fprintf(stderr, "hap-train: config error: --trace '%s': cannot write: %s\n",
+                   fit.trace_path.c_str(), reason.c_str());
       return 2;
     }
   // SIGTERM, SIGINT, SIGUSR1: finish the step, write a checkpoint, exit 128 + the signal.

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <optional>
+
+#include "core/timeline.h"
 
 namespace hap::ops {
 
@@ -151,9 +154,12 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   KernelFn kernel = device.is_cpu() ? def.cpu : def.cuda;
   HAP_CHECK(kernel != nullptr, "op ", def.name, " has no kernel for device ", device.str());
   KernelContext ctx{kind, inputs, out_meta, attrs};
+  std::optional<timeline::Scope> span;  // in --trace timelines: the kernel and its module
+  if (timeline::recording()) span.emplace("op", def.name, current_scope());
   auto t0 =
       g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   std::vector<Tensor> outputs = kernel(ctx);
+  span.reset();
   if (g_profiling)
     g_stats.kernel_s[static_cast<size_t>(kind)] +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "core/strided_copy.h"
+#include "core/timeline.h"
 #include "parallel/shard.h"
 
 namespace hap::parallel {
@@ -109,6 +111,9 @@ class Timed {
     if (outer_) {
       start_ = std::chrono::steady_clock::now();
       g_stats.bytes[kind_] += bytes;
+      if (timeline::recording())
+        span_.emplace("collective", collective_stat_name(kind),
+                      std::to_string(static_cast<int64_t>(bytes)) + " bytes");
     }
   }
   ~Timed() {
@@ -125,6 +130,7 @@ class Timed {
   int kind_;
   bool outer_;
   std::chrono::steady_clock::time_point start_;
+  std::optional<timeline::Scope> span_;  // in --trace timelines
 };
 
 double tensor_bytes(const Tensor& x) {

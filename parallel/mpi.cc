@@ -8,12 +8,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include "core/error.h"
 #include "core/strided_copy.h"
 #include "core/tensor.h"
+#include "core/timeline.h"
 
 namespace hap::parallel {
 
@@ -126,6 +128,8 @@ double collective_timeout() { return g_collective_timeout.load(); }
 void set_current_step(std::int64_t step) { g_current_step.store(step); }
 
 void complete(MPI_Request& request, const char* call) {
+  std::optional<timeline::Scope> span;  // time blocked on the other ranks, in --trace timelines
+  if (timeline::recording()) span.emplace("wait", std::string(call, std::strcspn(call, "(")));
   int rc = MPI_SUCCESS;
   const double timeout = g_collective_timeout.load();
   if (wait_policy() == WaitPolicy::Spin && timeout <= 0) {

@@ -48,9 +48,14 @@ class Engine {
   // Rank 0 or the one process; the largest value over ranks (a step's time is its slowest
   // rank's); wait for every rank.
   virtual bool lead() const = 0;
+  virtual int rank() const = 0;
   virtual int world_size() const = 0;
   virtual double max_over_ranks(double value) const = 0;
   virtual void barrier() const = 0;
+  // Every rank's `s`, in rank order (a collective on ranks).
+  virtual std::vector<std::string> gather_strings(const std::string& s) const = 0;
+  // What this rank's track in a --trace timeline is called ("rank 2: P100-1").
+  virtual std::string track_name() const = 0;
 
   // Starts timing kernels (and collectives); prints where `steps` profiled steps of `seconds`
   // went (rank 0 prints).

@@ -90,9 +90,12 @@ class LocalEngine : public Engine {
   }
 
   bool lead() const override { return true; }
+  int rank() const override { return 0; }
   int world_size() const override { return 1; }
   double max_over_ranks(double value) const override { return value; }
   void barrier() const override {}
+  std::vector<std::string> gather_strings(const std::string& s) const override { return {s}; }
+  std::string track_name() const override { return "one process"; }
 
   void start_profile() override {
     ops::reset_dispatch_stats();

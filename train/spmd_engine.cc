@@ -89,11 +89,22 @@ class SpmdEngine : public Engine {
   }
 
   bool lead() const override { return comm_.rank() == 0; }
+  int rank() const override { return comm_.rank(); }
   int world_size() const override { return comm_.size(); }
   double max_over_ranks(double value) const override {
     return comm_.allreduce(value, parallel::ReduceOp::Max);
   }
   void barrier() const override { comm_.barrier(); }
+  std::vector<std::string> gather_strings(const std::string& s) const override {
+    std::vector<std::string> all(static_cast<size_t>(comm_.size()));
+    for (int r = 0; r < comm_.size(); ++r)
+      all[static_cast<size_t>(r)] = comm_.broadcast_string(comm_.rank() == r ? s : "", r);
+    return all;
+  }
+  std::string track_name() const override {
+    return "rank " + std::to_string(comm_.rank()) + ": " +
+           cluster_.devices[static_cast<size_t>(comm_.rank())].name;
+  }
 
   void start_profile() override {
     ops::reset_dispatch_stats();

@@ -9,16 +9,19 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
+#include "core/timeline.h"
 #include "models/lr_schedule.h"
 #include "models/serialize.h"
 #include "parallel/mpi.h"
 #include "train/engine.h"
 #include "train/metrics_log.h"
 #include "train/plan_io.h"
+#include "train/timeline_file.h"
 #include "train/trace.h"
 
 namespace hap::train {
@@ -310,6 +313,14 @@ std::map<std::string, std::string> Trainer::run_metadata(const nlohmann::json& r
   return meta;
 }
 
+// Rank 0 writes every rank's spans as one timeline file.
+void Trainer::write_trace(const std::string& path, const std::vector<timeline::Span>& spans) const {
+  const std::vector<std::string> events =
+      engine_->gather_strings(timeline_events_json(spans, engine_->rank(), engine_->track_name()));
+  if (engine_->lead()) write_timeline_file(path, events);
+  engine_->barrier();
+}
+
 TrainSummary Trainer::fit(const FitOptions& options) {
   using Clock = std::chrono::steady_clock;
   const TrainConfig& t = config_;
@@ -378,30 +389,60 @@ TrainSummary Trainer::fit(const FitOptions& options) {
   const int64_t end = options.stop_after >= 0 ? std::min(t.steps, options.stop_after) : t.steps;
   double profiled_s = 0;  // wall time of the profiled steps (the first is warm-up)
   int64_t profiled_steps = 0;
+  // --trace: [trace_begin, trace_end) of this run's steps; by default the second (the first also
+  // warms up).
+  int64_t trace_begin = -1, trace_end = -1;
+  bool tracing = false;
+  if (!options.trace_path.empty()) {
+    trace_begin = options.trace_first >= 0 ? options.trace_first : std::min(start + 1, end - 1);
+    trace_end = (options.trace_last >= 0 ? options.trace_last : trace_begin) + 1;
+    HAP_CHECK(trace_begin < trace_end, "--trace-steps: the last step traced (", trace_end,
+              ") is before the first (", trace_begin + 1, ")");
+    HAP_CHECK(trace_begin >= start && trace_begin < end, "--trace-steps: step ", trace_begin + 1,
+              " is not run (this run runs steps ", start + 1, " to ", end, ")");
+  }
   for (int64_t step = start; step < end; ++step) {
     if (options.profile && step == start + 1) engine_->start_profile();
+    if (step == trace_begin) {
+      engine_->barrier();  // every rank's time counts from the same moment
+      timeline::start();
+      tracing = true;
+    }
+    std::optional<timeline::Scope> step_span;
+    if (timeline::recording()) step_span.emplace("step", "step " + std::to_string(step + 1));
     // The watchdog (on ranks): the first step also warms up, and gets 4 times as long.
     parallel::set_current_step(step);
     parallel::set_collective_timeout(collective_timeout_s_ * (step == start ? 4 : 1));
     const auto t0 = Clock::now();
     const double lr = schedule.at(step);
     optimizer_->set_lr(lr);
+    std::optional<timeline::Scope> phase;
+    phase.emplace("phase", "forward");
     const double loss = engine_->forward(static_cast<uint64_t>(step), random_seed_);
+    phase.emplace("phase", "backward");
     HAP_CHECK(std::isfinite(loss), "training diverged: the loss is ", loss, " at step ", step,
               " (lower train.lr, or enable train.grad_clip)");
     optimizer_->zero_grad();
     engine_->backward();
+    phase.emplace("phase", "grad_norm");
     const double norm = engine_->grad_norm();
     HAP_CHECK(std::isfinite(norm), "training diverged: the gradient norm is ", norm, " at step ",
               step);
     // torch.nn.utils.clip_grad_norm_'s rule.
     if (t.grad_clip > 0 && t.grad_clip / (norm + 1e-6) < 1)
       engine_->scale_grads(t.grad_clip / (norm + 1e-6));
+    phase.emplace("phase", "update");
     engine_->update(*optimizer_);
+    phase.reset();
+    step_span.reset();
     // The slowest rank sets the pace: a step takes its time.
     const double ms = engine_->max_over_ranks(
         std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
     step_ms.push_back(ms);
+    if (tracing && (step + 1 == trace_end || step + 1 == end)) {
+      tracing = false;
+      write_trace(options.trace_path, timeline::stop());
+    }
     if (options.profile && step > start) {
       profiled_s += ms / 1e3;
       ++profiled_steps;

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/timeline.h"
 #include "models/model.h"
 #include "models/optim.h"
 #include "parallel/communicator.h"
@@ -60,6 +61,11 @@ struct FitOptions {
   bool quiet = false;           // no progress lines on stdout
   // At the end, print where the step time went: op kernels, and on ranks each collective.
   bool profile = false;
+  // A Chrome trace / Perfetto timeline of steps trace_first..trace_last (0-based, inclusive; -1:
+  // the second step run, and one step) of every rank, written to trace_path ("" = none).
+  std::string trace_path;
+  int64_t trace_first = -1;
+  int64_t trace_last = -1;
   // The run's whole configuration for the log's first record (to_json of a RunConfig); null
   // leaves it out.
   nlohmann::json run_config;
@@ -143,6 +149,7 @@ class Trainer {
   // Into train.checkpoint_dir, keeping the newest train.keep_checkpoints.
   void save_periodic_checkpoint(int64_t step) const;
   int64_t load_checkpoint(const std::string& path);
+  void write_trace(const std::string& path, const std::vector<timeline::Span>& spans) const;
   // The metadata every checkpoint of this run carries (models/serialize.h).
   std::map<std::string, std::string> run_metadata(const nlohmann::json& run_config) const;
 

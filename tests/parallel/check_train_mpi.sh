@@ -35,6 +35,23 @@ for kind in config train eval done; do
   grep -q "\"type\":\"$kind\"" "$TMP/run.jsonl" || { echo "no $kind record in the JSONL log"; exit 1; }
 done
 echo "JSONL log written"
+# --trace on ranks: one timeline file, one track per rank named after its device, each with the
+# traced steps, its ops and its collectives (and the waits inside them).
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+  --trace "$TMP/trace.json" --trace-steps 3-4 || { echo "mpirun --trace failed"; exit 1; }
+python3 - "$TMP/trace.json" <<'PY' || exit 1
+import collections, json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+names = {e["pid"]: e["args"]["name"] for e in events if e["name"] == "process_name"}
+assert sorted(names) == [0, 1, 2, 3] and all(n.startswith(f"rank {p}: ") for p, n in names.items()), names
+for pid in range(4):
+    mine = [e for e in events if e["pid"] == pid and e["ph"] == "X"]
+    cats = collections.Counter(e["cat"] for e in mine)
+    steps = [e["name"] for e in mine if e["cat"] == "step"]
+    assert steps == ["step 3", "step 4"], (pid, steps)
+    assert cats["op"] > 50 and cats["collective"] > 0 and cats["wait"] > 0, (pid, cats)
+print("trace:", len(events), "events,", ", ".join(names[p] for p in sorted(names)))
+PY
 
 # Checkpoints hold logical tensors: stop on 4 ranks, resume on one process, and the other way
 # round; both end with the loss of the straight run.

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
@@ -218,6 +219,71 @@ TEST(TrainBinary, AnUnwritableSavePathIsRefusedBeforeTraining) {
             2);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   EXPECT_NE(err.find("--save '/dev/null/run.hapt': cannot write"), std::string::npos) << err;
+}
+
+// --trace writes a Chrome trace / Perfetto JSON of the chosen steps: one track (process) named
+// after the rank, each step with its phases inside, every op kernel inside the phases with its
+// module, times in microseconds.
+TEST(Train, TraceWritesATimelineOfTheChosenSteps) {
+  test_util::ScratchDir dir("train_trace");
+  const std::string path = dir.path("trace.json");
+  RunConfig c = load_run_config(tiny_config(), {"train.steps=5", "train.warmup_steps=1"});
+  train(c, {.quiet = true, .trace_path = path, .trace_first = 1, .trace_last = 2});
+  std::ifstream in(path);
+  const nlohmann::json trace = nlohmann::json::parse(in);
+  std::vector<std::string> steps;
+  std::map<std::string, int> phases;
+  int ops = 0, with_module = 0;
+  double step_begin = 0, step_end = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "M") {
+      if (e.at("name") == "process_name") {
+        EXPECT_EQ(e.at("args").at("name"), "one process");
+      }
+      continue;
+    }
+    EXPECT_EQ(e.at("ph"), "X");
+    EXPECT_EQ(e.at("pid"), 0);
+    EXPECT_GE(e.at("dur").get<double>(), 0);
+    const std::string cat = e.at("cat");
+    if (cat == "step") {
+      steps.push_back(e.at("name"));
+      step_begin = steps.size() == 1 ? e.at("ts").get<double>() : step_begin;
+      step_end = e.at("ts").get<double>() + e.at("dur").get<double>();
+    } else if (cat == "phase") {
+      ++phases[e.at("name")];
+    } else if (cat == "op") {
+      ++ops;
+      with_module += e.contains("args") && e.at("args").at("detail") == "blocks.0.attn";
+    }
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{"step 2", "step 3"}));
+  EXPECT_EQ(phases, (std::map<std::string, int>{
+                        {"forward", 2}, {"backward", 2}, {"grad_norm", 2}, {"update", 2}}));
+  EXPECT_GT(ops, 50);
+  EXPECT_GT(with_module, 0) << "ops name the module they ran in";
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "X") {
+      EXPECT_GE(e.at("ts").get<double>(), step_begin - 1);
+      EXPECT_LE(e.at("ts").get<double>() + e.at("dur").get<double>(), step_end + 1);
+    }
+  }
+}
+
+TEST(TrainBinary, BadTraceOptionsExitWithCode2) {
+  std::string err;
+  EXPECT_EQ(run_binary("--config " + tiny_config() +
+                           " --set train.steps=5 --trace /tmp/x.json --trace-steps 4-2",
+                       &err),
+            2);
+  EXPECT_HAS(err,
+             "--trace-steps '4-2': expected N or FIRST-LAST with 1 <= FIRST <= LAST <= "
+             "train.steps (5)");
+  EXPECT_EQ(run_binary("--config " + tiny_config() + " --set train.steps=5 --trace-steps 2", &err),
+            2);
+  EXPECT_HAS(err, "--trace-steps needs --trace FILE");
+  EXPECT_EQ(run_binary("--config " + tiny_config() + " --trace /dev/null/t.json", &err), 2);
+  EXPECT_HAS(err, "--trace '/dev/null/t.json': cannot write");
 }
 
 TEST(TrainBinary, BadConfigValueExitsWithCode2AndNamesTheKey) {
