@@ -1,6 +1,9 @@
 #include "core/input_file.h"
 
+#include <algorithm>
 #include <filesystem>
+
+#include "core/error.h"
 
 namespace hap {
 
@@ -19,6 +22,21 @@ std::string unreadable_reason(const std::string& path, std::int64_t max_bytes, s
            std::to_string(max_bytes);
   if (bytes) *bytes = size;
   return "";
+}
+
+std::vector<std::string> regular_files_in(const std::string& dir, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  std::error_code ec;
+  fs::directory_iterator it(dir, ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code entry_ec;
+    if (!it->is_symlink(entry_ec) && it->is_regular_file(entry_ec) && !entry_ec)
+      files.push_back(it->path().string());
+  }
+  HAP_CHECK(!ec, what, ": cannot list folder '", dir, "': ", ec.message());
+  std::sort(files.begin(), files.end());
+  return files;
 }
 
 }  // namespace hap

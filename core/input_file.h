@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hap {
 
@@ -20,5 +21,10 @@ inline constexpr std::int64_t kMaxCheckpointBytes = std::int64_t{1} << 40;  // a
 // reason when opening it).
 std::string unreadable_reason(const std::string& path, std::int64_t max_bytes,
                               std::int64_t* bytes = nullptr, bool report_missing = true);
+
+// The regular files directly in folder `dir` (not through symbolic links, not in subfolders),
+// sorted by name. Throws hap::Error naming `what` ("data.path"), the folder and the OS's reason
+// when the folder cannot be listed.
+std::vector<std::string> regular_files_in(const std::string& dir, const std::string& what);
 
 }  // namespace hap

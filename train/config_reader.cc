@@ -205,9 +205,21 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
   if (in.bad())
     fail(origin, "", "cannot read the " + std::string(what) + ": " + std::strerror(errno));
 
+  // A write or copy cut short at a random byte almost never ends at a newline, and a value cut
+  // mid-line ("steps: 2" of "steps: 20") would otherwise read as another valid value.
+  const std::string& body = text.str();
+  if (!body.empty() && body.back() != '\n') {
+    const std::size_t line_start = body.find_last_of('\n') + 1;  // npos + 1 == 0
+    std::string last = body.substr(line_start);
+    if (last.size() > 60) last = last.substr(0, 60) + "...";
+    fail(
+        origin, "",
+        "the file does not end with a newline: it looks cut short (truncated) in its last line \"" +
+            last + "\"; a complete file ends with a newline");
+  }
   std::vector<YAML::Node> documents;
   try {
-    documents = YAML::LoadAll(text.str());
+    documents = YAML::LoadAll(body);
   } catch (const YAML::Exception& e) {
     std::string where;
     if (!e.mark.is_null())

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "core/input_file.h"
 #include "core/philox.h"
 
 namespace hap::train {
@@ -107,13 +108,12 @@ CifarFiles find_cifar_files(const std::string& path) {
     return f;
   }
   HAP_CHECK(fs::is_directory(st), "data: path ", path, " is neither a file nor a directory");
-  for (const fs::directory_entry& e : fs::directory_iterator(path)) {
-    const std::string name = e.path().filename().string();
-    if (!e.is_regular_file()) continue;
+  for (const std::string& file : regular_files_in(path, "data.path")) {
+    const std::string name = fs::path(file).filename().string();
     if (name.rfind("data_batch_", 0) == 0 && name.size() > 4 &&
         name.compare(name.size() - 4, 4, ".bin") == 0)
-      f.train.push_back(e.path().string());
-    if (name == "test_batch.bin") f.val.push_back(e.path().string());
+      f.train.push_back(file);
+    if (name == "test_batch.bin") f.val.push_back(file);
   }
   std::sort(f.train.begin(), f.train.end());
   HAP_CHECK(!f.train.empty(), "data: directory ", path,

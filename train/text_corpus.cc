@@ -38,11 +38,8 @@ TextCorpus TextCorpus::load(const std::string& path, double val_fraction, int64_
   TextCorpus c;
   if (fs::is_directory(st)) {
     std::vector<fs::path> files;
-    for (const auto& e : fs::directory_iterator(path)) {
-      if (e.is_symlink() || !e.is_regular_file()) continue;
-      if (e.path().extension() == ".dat") continue;  // strfile indexes, not text
-      files.push_back(e.path());
-    }
+    for (const std::string& file : regular_files_in(path, "data.path"))
+      if (fs::path(file).extension() != ".dat") files.push_back(file);  // .dat: strfile indexes
     std::sort(files.begin(), files.end());
     for (const auto& f : files) append_file(f, bytes);
     c.num_files_ = static_cast<int64_t>(files.size());

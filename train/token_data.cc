@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/input_file.h"
 #include "train/text_corpus.h"
 
 namespace hap::train {
@@ -75,9 +76,8 @@ std::vector<uint16_t> read_token_shards(const std::string& path, const std::stri
     return read_token_shard(path);
   }
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(path))
-    if (!e.is_symlink() && e.is_regular_file() && e.path().extension() == ".bin")
-      files.push_back(e.path());
+  for (const std::string& file : regular_files_in(path, key))
+    if (fs::path(file).extension() == ".bin") files.push_back(file);
   std::sort(files.begin(), files.end());
   HAP_CHECK(!files.empty(), key, ": folder '", path, "' has no *.bin token shards");
   std::vector<uint16_t> tokens;

@@ -234,8 +234,12 @@ void Trainer::save_periodic_checkpoint(int64_t step) const {
   save_checkpoint(checkpoint_file(dir, step), step);
   if (!engine_->lead()) return;
   auto found = periodic_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(config_.keep_checkpoints) < found.size(); ++i)
-    std::filesystem::remove(found[i].second);
+  for (size_t i = 0; i + static_cast<size_t>(config_.keep_checkpoints) < found.size(); ++i) {
+    std::error_code ec;  // one that cannot be removed stays: the run goes on
+    if (!std::filesystem::remove(found[i].second, ec) && ec)
+      std::fprintf(stderr, "hap-train: warning: cannot remove the old checkpoint %s: %s\n",
+                   found[i].second.c_str(), ec.message().c_str());
+  }
 }
 
 int64_t Trainer::load_checkpoint(const std::string& path) {

@@ -98,24 +98,24 @@ echo "SIGTERM to one rank: every rank stopped, $(ls "$TMP/sig"), exit 143 in ${e
 # A killed rank: SIGKILL to one rank mid-run ends the job; relaunched with --resume auto, it
 # finishes with a final checkpoint byte-identical to that of an uninterrupted run.
 # (Same config, folder included: the config's digest is part of the checkpoint.)
-KILL_ARGS=("${ARGS[@]}" --cluster "$CLUSTER" --quiet --set train.steps=1500 --set train.warmup_steps=0
-           --set train.checkpoint_every=100 --set train.checkpoint_dir="$TMP/killed")
+KILL_ARGS=("${ARGS[@]}" --cluster "$CLUSTER" --quiet --set train.steps=600 --set train.warmup_steps=0
+           --set train.checkpoint_every=50 --set train.checkpoint_dir="$TMP/killed")
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${KILL_ARGS[@]}" \
   || { echo "the uninterrupted run failed"; exit 1; }
-mv "$TMP/killed/step_00001500.safetensors" "$TMP/straight.safetensors" && rm -rf "$TMP/killed"
+mv "$TMP/killed/step_00000600.safetensors" "$TMP/straight.safetensors" && rm -rf "$TMP/killed"
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${KILL_ARGS[@]}" 2> "$TMP/killed.err" &
 job=$!
-for _ in $(seq 600); do [ -f "$TMP/killed/step_00000200.safetensors" ] && break; sleep 0.05; done
+for _ in $(seq 600); do [ -f "$TMP/killed/step_00000100.safetensors" ] && break; sleep 0.05; done
 victim=$(pgrep -P $job | tail -1)
 kill -KILL "$victim"
 wait $job
 rc=$?
-[ $rc -ne 0 ] && [ ! -f "$TMP/killed/step_00001500.safetensors" ] \
+[ $rc -ne 0 ] && [ ! -f "$TMP/killed/step_00000600.safetensors" ] \
   || { echo "SIGKILL to rank pid $victim: the job exited $rc with $(ls "$TMP/killed")"; exit 1; }
 resumed_from=$(ls "$TMP/killed" | tail -1)
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${KILL_ARGS[@]}" --resume auto > /dev/null \
   || { echo "the relaunch with --resume auto failed"; exit 1; }
-cmp "$TMP/straight.safetensors" "$TMP/killed/step_00001500.safetensors" \
+cmp "$TMP/straight.safetensors" "$TMP/killed/step_00000600.safetensors" \
   || { echo "the relaunched run's final checkpoint differs from the uninterrupted run's"; exit 1; }
 echo "SIGKILL to one rank (exit $rc), relaunched from $resumed_from: final checkpoint byte-identical"
 # The watchdog: a stopped rank (SIGSTOP) no longer hangs the others; they stop within the

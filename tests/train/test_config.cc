@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -67,6 +68,32 @@ void expect_contains(const std::string& message, std::initializer_list<std::stri
   for (const std::string& part : parts)
     EXPECT_NE(message.find(part), std::string::npos)
         << "message lacks \"" << part << "\":\n  " << message;
+}
+
+// A config cut short at any byte inside a line (a copy or write interrupted) is refused: it
+// no longer ends with a newline, and a value cut mid-line ("steps: 2" of "steps: 20") would read
+// as another valid value. (A cut exactly after a newline is a shorter valid file: it is caught
+// only when it drops a required key or section; docs/architecture.md, "Input files".)
+TEST_F(ConfigFileTest, AConfigCutShortInsideALineIsRefused) {
+  std::ifstream in(shipped("gpt-tiny.yaml"));
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  ASSERT_GT(text.size(), 100u);
+  int refused = 0, line_ends = 0;
+  for (size_t cut = 1; cut < text.size(); ++cut) {
+    if (text[cut - 1] == '\n') {
+      ++line_ends;
+      continue;
+    }
+    const std::string path = write(text.substr(0, cut));
+    const std::string message = load_error(path);
+    EXPECT_NE(message.find("does not end with a newline: it looks cut short (truncated)"),
+              std::string::npos)
+        << "cut after byte " << cut << ": " << message;
+    ++refused;
+  }
+  EXPECT_GT(refused, 20 * line_ends) << "nearly every cut is inside a line";
+  expect_contains(load_error(write("model:\n  name: gpt\ntrain:\n  steps: 2")),
+                  {"run.yaml", "in its last line \"  steps: 2\""});
 }
 
 TEST(ShippedConfig, GptLoadsWithTheDocumentedValues) {
