@@ -353,10 +353,13 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   };
   for (size_t start_index = 0;; ++start_index) {
     if (start_index == starts.size()) {
-      // No start fits in memory: where memory rather than speed decides the split, start hap
-      // from shares proportional to each device's memory (the LP then trades towards speed).
-      if (options.strategy != Strategy::Hap || std::isfinite(best.predicted_step_s) ||
-          start_index > 2)
+      // Where memory binds (or no start fits), memory rather than speed may decide the split:
+      // start hap from shares proportional to each device's memory too (the LP then trades
+      // towards speed). Tried only when nothing fitted, a little more memory on one device
+      // could make the plan 300x slower
+      // (Synthesizer.ALittleMoreMemoryOnOneDeviceDoesNotFallOffACliff).
+      if (options.strategy != Strategy::Hap ||
+          (std::isfinite(best.predicted_step_s) && !memory_may_matter) || start_index > 2)
         break;
       std::vector<double> by_memory(D);
       double total = 0;
@@ -461,10 +464,11 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     steps.push_back(step);
   }
   const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
-  if (options.strategy == Strategy::Hap && (memory_may_matter || fallback)) {
+  if (options.strategy == Strategy::Hap) {
     // The baselines' programs (each a program of hap's space, found in a far smaller one) are
-    // candidates too where hap's own search was not exact: where memory binds (it is exact only
-    // within the bounded pass above), and, as the fallback, where it went over its budget.
+    // candidates too: hap's alternation of search and ratio LP is a local search, and where
+    // memory binds its search is exact only within the bounded pass above; and they are the
+    // fallback where it went over its budget.
     std::string why = budget_error;
     DistributedProgram base;
     base.predicted_step_s = std::numeric_limits<double>::infinity();

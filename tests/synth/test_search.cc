@@ -459,6 +459,63 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesUnderTightMemory) {
   EXPECT_EQ(compared, 18);
 }
 
+// hap's plan is never predicted slower than any baseline's, on random small graphs and
+// clusters with memory from below the least that fits to plenty (every device, or one alone).
+TEST(Synthesizer, HapIsNeverSlowerThanAnyBaselineAsMemoryVaries) {
+  int compared = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    const Graph g = seed % 2 ? random_graph(seed + 300, 4 + static_cast<int>(seed % 3))
+                             : random_dag(seed + 300, 4 + static_cast<int>(seed % 4));
+    const int D = 2 + static_cast<int>(seed % 3);
+    const DistributedProgram roomy = synthesize(g, make_cluster(D, seed + 11), {});
+    const double peak =
+        *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
+    for (double f : {0.4, 0.6, 0.8, 1.0, 1.3}) {
+      for (int one = -1; one < 1; ++one) {
+        Cluster c = make_cluster(D, seed + 11, one < 0 ? f * peak : 2 * peak);
+        if (one >= 0) c.devices[0].memory_bytes = static_cast<int64_t>(f * peak);
+        double hap = std::numeric_limits<double>::infinity();
+        try {
+          hap = synthesize(g, c, {}).predicted_step_s;
+        } catch (const Error&) {
+        }
+        for (Strategy s : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
+          SynthesisOptions o;
+          o.strategy = s;
+          try {
+            const double base = synthesize(g, c, o).predicted_step_s;
+            EXPECT_LE(hap, base * (1 + 1e-9)) << strategy_name(s) << " seed " << seed << " memory x"
+                                              << f << (one < 0 ? "" : " (device 0)");
+            ++compared;
+          } catch (const Error&) {
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 200);  // the rest ran out of memory
+}
+
+// Found by sweeping memory on random graphs: a little more memory on one device made the plan
+// 300x slower, because the start from memory-proportional shares (which found the fast plan)
+// was tried only when no other start fitted. It is now tried wherever memory binds.
+TEST(Synthesizer, ALittleMoreMemoryOnOneDeviceDoesNotFallOffACliff) {
+  for (const auto& [seed, less, more] :
+       {std::tuple<uint64_t, double, double>{6, 0.80, 0.85}, {24, 0.50, 0.55}}) {
+    const Graph g = random_dag(seed + 300, 4 + static_cast<int>(seed % 4));
+    const int D = 2 + static_cast<int>(seed % 3);
+    const DistributedProgram roomy = synthesize(g, make_cluster(D, seed + 11), {});
+    const double peak =
+        *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
+    auto plan = [&](double f) {
+      Cluster c = make_cluster(D, seed + 11, 2 * peak);
+      c.devices[0].memory_bytes = static_cast<int64_t>(f * peak);
+      return synthesize(g, c, {}).predicted_step_s;
+    };
+    EXPECT_LE(plan(more), plan(less) * 1.01) << "seed " << seed;
+  }
+}
+
 // Equal speeds, but one device has a fraction of the other's memory: neither the even nor the
 // FLOP-proportional split fits, a memory-weighted one does, and hap finds it.
 TEST(Synthesizer, HapSplitsByMemoryWhenNoSpeedBasedSplitFits) {
