@@ -95,6 +95,20 @@ elapsed=$(( $(date +%s) - start ))
 [ $rc -eq 143 ] && grep -q "stopped by signal 15" "$TMP/sig.err" && ls "$TMP/sig"/step_*.safetensors > /dev/null \
   && [ $elapsed -le 10 ] || { echo "SIGTERM to one rank: rc=$rc after ${elapsed}s: $(cat "$TMP/sig.err")"; exit 1; }
 echo "SIGTERM to one rank: every rank stopped, $(ls "$TMP/sig"), exit 143 in ${elapsed}s"
+# SIGTERM to mpirun itself: it forwards the signal to every rank, which stop after the same step
+# and write the checkpoint (mpirun then exits non-zero on its own terms).
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" --quiet \
+  --set train.steps=10000000 --set train.warmup_steps=0 --set train.checkpoint_dir="$TMP/sigrun" \
+  > "$TMP/sigrun.out" 2>&1 &
+job=$!
+for _ in $(seq 60); do [ "$(pgrep -P $job | wc -l)" -ge 4 ] && break; sleep 0.5; done
+sleep 3
+kill -TERM $job
+wait $job
+rc=$?
+[ $rc -ne 0 ] && grep -q "stopped by signal 15" "$TMP/sigrun.out" && ls "$TMP/sigrun"/step_*.safetensors > /dev/null \
+  || { echo "SIGTERM to mpirun: rc=$rc: $(tail -c 1000 "$TMP/sigrun.out")"; exit 1; }
+echo "SIGTERM to mpirun: every rank stopped, $(ls "$TMP/sigrun"), mpirun exit $rc"
 # A killed rank: SIGKILL to one rank mid-run ends the job; relaunched with --resume auto, it
 # finishes with a final checkpoint byte-identical to that of an uninterrupted run.
 # (Same config, folder included: the config's digest is part of the checkpoint.)
