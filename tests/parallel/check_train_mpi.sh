@@ -12,19 +12,13 @@ trap 'rm -rf "$TMP"' EXIT
 CFG="$SRC/configs/gpt-tiny.yaml"
 CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 ARGS=(--config "$CFG" --set train.steps=12 --set train.log_every=4 --set model.dropout=0.1)
-losses() { grep -E '^step .*\| loss ' | sed -E 's/.*\| loss ([0-9.]+) .*/\1/'; }
+source "$SRC/tests/losses.sh"
 
 single=$("$TRAIN" "${ARGS[@]}" | losses) || { echo "single-process run failed"; exit 1; }
 for strategy in hap dp-ev tp; do
   dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
          --set parallel.strategy="$strategy" | losses) || { echo "mpirun ($strategy) failed"; exit 1; }
-  if [ -z "$dist" ] || [ "$(echo "$dist" | wc -l)" != "$(echo "$single" | wc -l)" ]; then
-    echo "mpirun ($strategy) printed losses '$dist', single-process '$single'"; exit 1
-  fi
-  paste <(echo "$single") <(echo "$dist") | while read -r a b; do
-    python3 -c "import sys; a,b=float('$a'),float('$b'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
-      || { echo "loss differs ($strategy): single $a, distributed $b"; exit 1; }
-  done || exit 1
+  same_losses "$strategy" single-process "$single" mpirun "$dist" || exit 1
   echo "$strategy: losses match: $(echo $dist)"
 done
 

@@ -7,6 +7,8 @@
 set -u
 MPIEXEC=$1 TRAIN=$2 SRC=$3
 CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
+source "$SRC/tests/losses.sh"
+# Training and validation losses.
 losses() { grep -E '\| (val )?loss ' | sed -E 's/.*\| (val )?loss ([0-9.]+).*/\2/'; }
 
 run_case() {
@@ -16,13 +18,7 @@ run_case() {
   single=$("$TRAIN" "${args[@]}" | losses) || { echo "$name: single-process run failed"; exit 1; }
   dist=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${args[@]}" \
          --cluster "$CLUSTER" | losses) || { echo "$name: mpirun failed"; exit 1; }
-  if [ -z "$dist" ] || [ "$(echo "$dist" | wc -l)" != "$(echo "$single" | wc -l)" ]; then
-    echo "$name: mpirun printed losses '$dist', single-process '$single'"; exit 1
-  fi
-  paste <(echo "$single") <(echo "$dist") | while read -r a b; do
-    python3 -c "import sys; a,b=float('$a'),float('$b'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
-      || { echo "$name: loss differs: single $a, distributed $b"; exit 1; }
-  done || exit 1
+  same_losses "$name" single-process "$single" mpirun "$dist" || exit 1
   echo "$name: losses match: $(echo $dist)"
 }
 

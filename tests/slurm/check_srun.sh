@@ -33,7 +33,7 @@ MPIEXEC=$1 TRAIN=$2 SRC=$3
 CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 ARGS=(--config "$SRC/configs/gpt-tiny.yaml" --set train.steps=12 --set train.log_every=4
       --cluster "$CLUSTER")
-losses() { grep -E '^step .*\| loss ' | sed -E 's/.*\| loss ([0-9.]+) .*/\1/'; }
+source "$SRC/tests/losses.sh"
 # 4 ranks on this machine's cores: MPI must yield while it waits, or the spinning ranks starve the
 # working ones (mpirun --oversubscribe does this by itself; under srun Slurm's 4 slots look like 4
 # cores to OpenMPI).
@@ -61,13 +61,7 @@ grep -q "^hap-train: done on 4 ranks" "$TMP/srun.out" \
 srun_losses=$(losses < "$TMP/srun.out")
 mpi_losses=$(timeout 120 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" | losses) \
   || { echo "mpirun hap-train failed"; exit 1; }
-if [ -z "$srun_losses" ] || [ "$(echo "$srun_losses" | wc -l)" != "$(echo "$mpi_losses" | wc -l)" ]; then
-  echo "srun printed losses '$(echo $srun_losses)', mpirun '$(echo $mpi_losses)'"; exit 1
-fi
-paste <(echo "$mpi_losses") <(echo "$srun_losses") | while read -r a b; do
-  python3 -c "import sys; a,b=float('$a'),float('$b'); sys.exit(0 if abs(a-b) <= 2e-4*abs(a) else 1)" \
-    || { echo "loss differs: mpirun $a, srun $b"; exit 1; }
-done || exit 1
+same_losses "srun -n 4" mpirun "$mpi_losses" srun "$srun_losses" || exit 1
 echo "srun and mpirun losses match: $(echo $srun_losses)"
 
 # Messages printed before MPI starts come from rank 0 only (its rank read from PMIx/Slurm).
