@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace hap {
@@ -26,5 +27,9 @@ std::string unreadable_reason(const std::string& path, std::int64_t max_bytes,
 // sorted by name. Throws hap::Error naming `what` ("data.path"), the folder and the OS's reason
 // when the folder cannot be listed.
 std::vector<std::string> regular_files_in(const std::string& dir, const std::string& what);
+
+// The offset of the first byte of `text` that is not part of well-formed UTF-8 (overlong forms,
+// surrogates and code points past U+10FFFF count as malformed), or std::string_view::npos.
+std::size_t invalid_utf8_at(std::string_view text);
 
 }  // namespace hap

@@ -1,5 +1,6 @@
 #include "core/tensor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -22,8 +23,13 @@ Storage::~Storage() { allocator->deallocate(data, nbytes, device.index); }
 namespace {
 std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device,
                                       bool with_storage) {
-  for (int64_t d : shape)
+  int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
+  for (int64_t d : shape) {
     HAP_CHECK(d >= 0, "tensor shape ", shape_str(shape), " has a negative dimension");
+    // Strides multiply every size (a zero counts as one): none may overflow.
+    HAP_CHECK(!__builtin_mul_overflow(bytes, std::max<int64_t>(d, 1), &bytes), "tensor shape ",
+              shape_str(shape), " has more elements than 64-bit sizes can count");
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->shape = shape;
   impl->strides = contiguous_strides(shape);

@@ -196,6 +196,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
               "' is not allowed (writing ", path, ")");
     HAP_CHECK(names.insert(name).second, "save_safetensors: tensor name '", name,
               "' appears twice (writing ", path, ")");
+    HAP_CHECK(invalid_utf8_at(name) == std::string::npos, "save_safetensors: tensor name #",
+              entries.size(), " is not UTF-8 text (writing ", path, ")");
     HAP_CHECK(t.defined() && t.has_storage(), "save_safetensors: tensor '", name,
               "' has no data (writing ", path, ")");
     HAP_CHECK(t.device().is_cpu(), "save_safetensors: tensor '", name, "' is on ", t.device().str(),
@@ -207,9 +209,12 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
     entries.push_back(std::move(e));
     data.push_back(std::move(c));
   }
-  for (const auto& [k, v] : metadata)
+  for (const auto& [k, v] : metadata) {
     HAP_CHECK(!is_checksum_key(k), "save_safetensors: metadata key '", k,
               "' is reserved for HAP's checksums");
+    HAP_CHECK(invalid_utf8_at(k) == std::string::npos && invalid_utf8_at(v) == std::string::npos,
+              "save_safetensors: a metadata entry is not UTF-8 text (writing ", path, ")");
+  }
   meta[kHeaderCrcKey] = crc32_hex(header_crc(entries, meta));
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();

@@ -171,6 +171,8 @@ NamedTensors load_tensors(const std::string& path) {
     std::string name(name_len, '\0');
     r.bytes(name.data(), name_len, "the name of " + which);
     HAP_CHECK(!name.empty(), "load_tensors: ", path, ": ", which, " has an empty name");
+    HAP_CHECK(invalid_utf8_at(name) == std::string::npos, "load_tensors: ", path, ": the name of ",
+              which, " is not UTF-8 text");
     HAP_CHECK(names.insert(name).second, "load_tensors: ", path, ": tensor name '", name,
               "' appears twice");
     uint8_t code = r.pod<uint8_t>("the dtype of '" + name + "'");
@@ -280,7 +282,7 @@ Checkpoint read_checkpoint(const std::string& path) {
     }
     HAP_CHECK(t.dtype() == DType::I64 && t.dim() == 0, "read_checkpoint: ", path, ": '", name,
               "' must be an i64 scalar, got ", t.str());
-    *field = static_cast<int64_t>(t.item());
+    *field = *t.data<int64_t>();  // exact (item() goes through a double)
     ++found;
   }
   HAP_CHECK(found == 3, "read_checkpoint: ", path,
@@ -342,7 +344,7 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optim
     Tensor t = take(name, {});
     HAP_CHECK(t.dtype() == DType::I64, "load_checkpoint: ", path, ": '", name,
               "' must be an i64 scalar, got ", t.str());
-    return static_cast<int64_t>(t.item());
+    return *t.contiguous().data<int64_t>();
   };
 
   // Check everything before changing anything.

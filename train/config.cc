@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/input_file.h"
 #include "models/zoo.h"
 #include "train/config_reader.h"
 #include "train/dataset.h"
@@ -128,6 +129,9 @@ void apply_overrides(Origin& origin, YAML::Node& root,
 
     // The value is a YAML scalar, so `--set train.lr=1e-3` means what `lr: 1e-3` means in the file.
     YAML::Node value;
+    if (const std::size_t bad = invalid_utf8_at(text); bad != std::string::npos)
+      fail(origin, key_path,
+           "a --set argument that is not UTF-8 text (byte " + std::to_string(bad + 1) + ")");
     try {
       value = YAML::Load(text.substr(equals + 1));
     } catch (const YAML::Exception& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -216,6 +217,21 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
         origin, "",
         "the file does not end with a newline: it looks cut short (truncated) in its last line \"" +
             last + "\"; a complete file ends with a newline");
+  }
+  // YAML is Unicode text; the names and paths in it end up in JSON logs and plans.
+  if (const std::size_t bad = invalid_utf8_at(body); bad != std::string::npos) {
+    const std::size_t line =
+        static_cast<std::size_t>(
+            std::count(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(bad), '\n')) +
+        1;
+    const std::size_t line_start = body.rfind('\n', bad == 0 ? 0 : bad - 1);
+    const std::size_t column =
+        bad - (line_start == std::string::npos || bad == 0 ? 0 : line_start + 1) + 1;
+    char byte[8];
+    std::snprintf(byte, sizeof byte, "0x%02x", static_cast<unsigned char>(body[bad]));
+    fail(origin, "",
+         "the file is not UTF-8 text: byte " + std::string(byte) + " at line " +
+             format_number(line) + ", column " + format_number(column) + " (save it as UTF-8)");
   }
   std::vector<YAML::Node> documents;
   try {

@@ -12,6 +12,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/rng.h"
 #include "core/shape.h"
 #include "core/strided_copy.h"
@@ -65,6 +66,33 @@ TEST(Shape, NumelStridesAndString) {
   EXPECT_EQ(contiguous_strides({}), Strides{});
   EXPECT_EQ(shape_str({2, 3}), "[2, 3]");
   EXPECT_EQ(shape_str({}), "[]");
+}
+
+// A shape whose sizes overflow 64-bit counts is refused, also with a zero among them (its
+// strides multiply the other sizes): what a damaged file's header could ask for.
+TEST(Shape, SizesThatOverflowAreRefusedEvenWithAZeroDim) {
+  const int64_t huge = int64_t{1} << 40;
+  EXPECT_NE(error_of([&] {
+              Tensor::empty({0, huge, huge});
+            }).find("more elements than 64-bit"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Tensor::empty({huge, huge});
+            }).find("more elements than 64-bit"),
+            std::string::npos);
+  EXPECT_EQ(Tensor::empty({0, huge}).numel(), 0);
+}
+
+// Well-formed UTF-8 passes; a Latin-1 byte, a truncated sequence, an overlong form, a surrogate
+// and a code point past U+10FFFF are found at their offset.
+TEST(Utf8, InvalidSequencesAreFoundAtTheirOffset) {
+  EXPECT_EQ(invalid_utf8_at("plain \xc3\xa9t\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"),
+            std::string_view::npos);
+  EXPECT_EQ(invalid_utf8_at("caf\xe9"), 3u);
+  EXPECT_EQ(invalid_utf8_at("ab\xe2\x82"), 2u);
+  EXPECT_EQ(invalid_utf8_at("\xc0\xaf"), 0u);
+  EXPECT_EQ(invalid_utf8_at("x\xed\xa0\x80"), 1u);
+  EXPECT_EQ(invalid_utf8_at("\xf4\x90\x80\x80"), 0u);
 }
 
 TEST(Shape, WrapDimAcceptsNegativeAndNamesTheRangeWhenOutOfBounds) {

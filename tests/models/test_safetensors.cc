@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -272,6 +273,10 @@ TEST(Safetensors, HaptCheckpointsOfEarlierVersionsStayReadable) {
   EXPECT_EQ(load_checkpoint(dir.path("old.hapt"), fresh, nullptr), 9);
   for (const auto& [name, t] : model.named_parameters())
     EXPECT_TRUE(same_values(t, fresh.parameter(name))) << name;
+  // Counters are read exactly (not through a double), up to the largest i64.
+  old[old.size() - 3].second = i64(std::numeric_limits<int64_t>::max());
+  save_tensors(dir.path("max.hapt"), old);
+  EXPECT_EQ(read_checkpoint(dir.path("max.hapt")).step, std::numeric_limits<int64_t>::max());
   old.pop_back();
   save_tensors(dir.path("partial.hapt"), old);
   EXPECT_HAS(error_of([&] { read_checkpoint(dir.path("partial.hapt")); }),

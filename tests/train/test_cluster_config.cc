@@ -238,6 +238,12 @@ TEST_F(ClusterFileTest, ValidClusterLoadsWithCountExpansionAndDefaultNames) {
   EXPECT_DOUBLE_EQ(c.inter_node.latency_s, 1e-5);
 }
 
+TEST_F(ClusterFileTest, ANameThatIsNotUtf8IsRefused) {
+  const std::string message = load_error(write(edited("name: big", "name: b\xefg")));
+  EXPECT_NE(message.find("not UTF-8 text: byte 0xef at line 7, column 17"), std::string::npos)
+      << message;
+}
+
 TEST_F(ClusterFileTest, DefaultIndexCountsEarlierDevicesOfTheTypeOnTheNode) {
   const Cluster c = load_cluster_config(write(R"(
 nodes:

@@ -198,6 +198,15 @@ TEST(ShippedConfig, DescribeSummarisesTheRun) {
                          "adamw", "runs/gpt.jsonl"});
 }
 
+// Configs are UTF-8 text (their names and paths end up in JSON logs and plans): a Latin-1 byte
+// is refused naming its line and column, in the file and in a --set argument.
+TEST_F(ConfigFileTest, TextThatIsNotUtf8IsRefusedNamingWhere) {
+  expect_contains(load_error(write(edited("path: corpus.txt", "path: caf\xe9.txt"))),
+                  {"run.yaml", "not UTF-8 text: byte 0xe9 at line 8, column 12"});
+  expect_contains(load_error(write(kValidRun), {ConfigOverride("data.path=caf\xe9")}),
+                  {"data.path", "not UTF-8 text (byte 14)"});
+}
+
 TEST_F(ConfigFileTest, DefaultsFillOptionalKeys) {
   const RunConfig c = load_run_config(write(kValidRun), {});
   EXPECT_EQ(c.model.options.integer("vocab_size"), 256);
