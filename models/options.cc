@@ -130,7 +130,7 @@ std::string range_text(const OptionSpec& s) {
 void check_options(const std::vector<OptionSpec>& specs, const Options& values) {
   for (const auto& [name, value] : values.values()) {
     auto it = std::find_if(specs.begin(), specs.end(),
-                           [&](const OptionSpec& s) { return s.name == name; });
+                           [&key = name](const OptionSpec& s) { return s.name == key; });
     if (it == specs.end()) throw OptionError(name, "no such option");
     const OptionSpec& s = *it;
     bool typed = false;

@@ -388,7 +388,8 @@ std::string options_line(const std::string& name, const nn::Options& o,
 
 nlohmann::json options_json(const std::string& name, const nn::Options& o) {
   nlohmann::json j = {{"name", name}};
-  for (const auto& [key, value] : o.values()) std::visit([&](const auto& x) { j[key] = x; }, value);
+  for (const auto& [key, value] : o.values())
+    std::visit([&j, &k = key](const auto& x) { j[k] = x; }, value);
   return j;
 }
 

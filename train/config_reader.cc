@@ -1,5 +1,9 @@
 #include "train/config_reader.h"
 
+#include <yaml-cpp/anchor.h>
+#include <yaml-cpp/eventhandler.h>
+#include <yaml-cpp/parser.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -191,6 +195,28 @@ std::string SectionReader::mapping_expectation() const {
   return "a mapping with keys " + join(keys_);
 }
 
+namespace {
+
+// Notes where each YAML document starts, and nothing else.
+class DocumentCounter : public YAML::EventHandler {
+ public:
+  std::vector<YAML::Mark> marks;
+  void OnDocumentStart(const YAML::Mark& mark) override { marks.push_back(mark); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+  void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                const std::string&) override {}
+  void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {}
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {}
+  void OnMapEnd() override {}
+};
+
+}  // namespace
+
 YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
   std::error_code ec;
   if (std::filesystem::is_directory(origin.file, ec))
@@ -233,9 +259,27 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
          "the file is not UTF-8 text: byte " + std::string(byte) + " at line " +
              format_number(line) + ", column " + format_number(column) + " (save it as UTF-8)");
   }
-  std::vector<YAML::Node> documents;
+  YAML::Node document;
   try {
-    documents = YAML::LoadAll(body);
+    // Counted first, event by event: yaml-cpp's LoadAll never returns on some malformed text (a
+    // stray ',' where a block starts makes it yield empty documents forever, until memory runs
+    // out), and the parser then restarts each document at the same place.
+    DocumentCounter counter;
+    std::istringstream in(body);
+    YAML::Parser parser(in);
+    while (counter.marks.size() < 2 && parser.HandleNextDocument(counter)) {
+      const std::size_t n = counter.marks.size();
+      if (n >= 2 && counter.marks[n - 1].pos == counter.marks[n - 2].pos)
+        fail(origin, "",
+             "YAML syntax error at line " + format_number(counter.marks[n - 1].line + 1) +
+                 ", column " + format_number(counter.marks[n - 1].column + 1) +
+                 ": a token that cannot start a block (a stray ',' or ']'?)");
+    }
+    if (counter.marks.size() > 1)
+      fail(origin, "",
+           "expected one YAML document, found another one at line " +
+               format_number(counter.marks[1].line + 1));
+    document = YAML::Load(body);
   } catch (const YAML::Exception& e) {
     std::string where;
     if (!e.mark.is_null())
@@ -255,9 +299,7 @@ YAML::Node parse_yaml_file(const Origin& origin, std::string_view what) {
     }
     fail(origin, "", "YAML syntax error" + where + ": " + e.msg + tab);
   }
-  if (documents.size() > 1)
-    fail(origin, "", "expected one YAML document, found " + format_number(documents.size()));
-  return documents.empty() ? YAML::Node() : documents.front();
+  return document;
 }
 
 }  // namespace hap::train::detail

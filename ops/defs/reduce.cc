@@ -395,10 +395,11 @@ void register_reduce_ops(OpTable& t) {
           // NaN ranks above every number, as in argmax (and PyTorch); NaNs tie with each other.
           // Without this the comparator is not a strict weak order and the sort is undefined.
           auto above = [](T x, T y) { return x > y || (x != x && y == y); };
+          const bool largest = a.largest;  // (clang 14 cannot capture `a` through the loop)
           auto cmp = [&](int64_t l, int64_t r) {
             T vl = p[l * s.inner], vr = p[r * s.inner];
-            if (above(vl, vr)) return a.largest;
-            if (above(vr, vl)) return !a.largest;
+            if (above(vl, vr)) return largest;
+            if (above(vr, vl)) return !largest;
             return l < r;  // ties keep index order: deterministic
           };
           std::partial_sort(order.begin(), order.begin() + k, order.end(), cmp);

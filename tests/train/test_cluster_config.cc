@@ -696,7 +696,12 @@ TEST_F(ClusterFileTest, FileProblems) {
       load_error(scalar),
       {scalar + ": expected a mapping with keys name, inter_node, nodes", "got 'just text'"});
   const std::string two = write("name: a\n---\nname: b\n");
-  expect_contains(load_error(two), {two + ": expected one YAML document, found 2"});
+  expect_contains(load_error(two),
+                  {two + ": expected one YAML document, found another one at line 2"});
+  // A stray ',' where a block starts made yaml-cpp yield empty documents until memory ran out
+  // (found by fuzz_cluster_config).
+  const std::string stray = write(", flops_per_s: 1.6e10\nname: a\n");
+  expect_contains(load_error(stray), {stray + ": YAML syntax error at line 1, column 1"});
 }
 
 }  // namespace
