@@ -24,10 +24,10 @@
 #include <string>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "parallel/communicator.h"
 #include "train/cluster_profile.h"
 #include "train/config.h"
-#include "train/output_path.h"
 
 namespace {
 
@@ -35,7 +35,7 @@ using hap::parallel::Communicator;
 
 // An interrupted profile leaves no file behind.
 void remove_partial_output_and_exit(int sig) {
-  hap::train::remove_partial_output();
+  hap::remove_partial_output();
   _exit(128 + sig);
 }
 

@@ -19,6 +19,13 @@ inline constexpr const char* kTemporaryInfix = ".tmp.";
 void write_atomically(const std::string& path, const std::string& what,
                       const std::function<void(std::FILE*)>& write);
 
+// write_atomically of `text`.
+void write_file_atomically(const std::string& path, const std::string& text);
+
+// Removes the temporary file of a write_atomically in progress, if any. Async-signal-safe: for a
+// SIGINT/SIGTERM handler that then ends the process.
+void remove_partial_output();
+
 // fwrite of n bytes or a hap::Error naming `what` and `path`.
 void check_write(std::FILE* f, const void* data, std::size_t n, const std::string& what,
                  const std::string& path);

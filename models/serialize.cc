@@ -62,11 +62,7 @@ std::string errno_str() { return std::strerror(errno); }
 class Writer {
  public:
   Writer(FILE* f, const std::string& path) : f_(f), path_(path) {}
-  void bytes(const void* p, size_t n) {
-    if (n == 0) return;
-    HAP_CHECK(std::fwrite(p, 1, n, f_) == n, "save_tensors: writing ", path_,
-              " failed: ", errno_str());
-  }
+  void bytes(const void* p, size_t n) { check_write(f_, p, n, "save_tensors", path_); }
   template <typename T>
   void pod(T v) {
     bytes(&v, sizeof(T));
@@ -237,6 +233,12 @@ int64_t meta_int(const TensorMetadata& meta, const std::string& key, const std::
 
 }  // namespace
 
+int64_t i64_scalar_value(const Tensor& t, const std::string& path, const std::string& name) {
+  HAP_CHECK(t.dtype() == DType::I64 && t.numel() == 1 && t.dim() == 0, path, ": '", name,
+            "' must be an i64 scalar, got ", t.str());
+  return *t.contiguous().data<int64_t>();  // exact: item() goes through a double
+}
+
 std::string model_digest(const std::vector<std::pair<std::string, Tensor>>& named_parameters) {
   std::string s;
   for (const auto& [name, t] : named_parameters)
@@ -280,9 +282,7 @@ Checkpoint read_checkpoint(const std::string& path) {
       c.tensors.emplace_back(std::move(name), std::move(t));
       continue;
     }
-    HAP_CHECK(t.dtype() == DType::I64 && t.dim() == 0, "read_checkpoint: ", path, ": '", name,
-              "' must be an i64 scalar, got ", t.str());
-    *field = *t.data<int64_t>();  // exact (item() goes through a double)
+    *field = i64_scalar_value(t, "read_checkpoint: " + path, name);
     ++found;
   }
   HAP_CHECK(found == 3, "read_checkpoint: ", path,
@@ -341,10 +341,7 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optim
     return it->second;
   };
   auto take_i64 = [&](const std::string& name) {
-    Tensor t = take(name, {});
-    HAP_CHECK(t.dtype() == DType::I64, "load_checkpoint: ", path, ": '", name,
-              "' must be an i64 scalar, got ", t.str());
-    return *t.contiguous().data<int64_t>();
+    return i64_scalar_value(take(name, {}), "load_checkpoint: " + path, name);
   };
 
   // Check everything before changing anything.

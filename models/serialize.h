@@ -58,6 +58,10 @@ void write_checkpoint(const std::string& path, const Checkpoint& c);
 // Throws naming the file for anything else.
 Checkpoint read_checkpoint(const std::string& path);
 
+// The value of an i64 scalar entry `name` of a checkpoint, exactly; throws naming `path` and
+// `name` for anything else.
+int64_t i64_scalar_value(const Tensor& t, const std::string& path, const std::string& name);
+
 // "model_digest": a CRC-32 (hex) of the parameters' names, shapes and dtypes.
 std::string model_digest(const std::vector<std::pair<std::string, Tensor>>& named_parameters);
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/philox.h"
 #include "core/rng.h"
 #include "models/clip.h"
@@ -23,7 +24,6 @@
 #include "synth/cost_model.h"
 #include "train/cluster_config.h"
 #include "train/from_config.h"
-#include "train/output_path.h"
 #include "train/trace.h"
 #include "train/trainer.h"
 

@@ -3,10 +3,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/error.h"
 
@@ -33,40 +31,6 @@ std::string unwritable_reason(const std::string& path, bool create_parents) {
   if (!fs::is_directory(dir, ec)) return "'" + dir.string() + "' is not a directory";
   if (::access(dir.c_str(), W_OK) != 0) return std::strerror(errno);
   return "";
-}
-
-namespace {
-// The temporary file being written, for remove_partial_output (a fixed buffer: signal-safe).
-char g_tmp_path[4096] = {0};
-}  // namespace
-
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::filesystem::path p(path);
-  const std::filesystem::path dir = p.has_parent_path() ? p.parent_path() : ".";
-  const std::string tmp =
-      (dir / ("." + p.filename().string() + ".tmp." + std::to_string(::getpid()))).string();
-  HAP_CHECK(tmp.size() < sizeof g_tmp_path, "output path too long: ", path);
-  std::snprintf(g_tmp_path, sizeof g_tmp_path, "%s", tmp.c_str());
-  {
-    std::ofstream out(tmp);
-    HAP_CHECK(static_cast<bool>(out), "cannot write '", tmp, "' (for ", path,
-              "): ", std::strerror(errno));
-    out << text;
-    out.flush();
-    HAP_CHECK(static_cast<bool>(out), "writing '", tmp, "' failed (disk full?)");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    ::unlink(tmp.c_str());
-    g_tmp_path[0] = 0;
-    HAP_CHECK(false, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
-  }
-  g_tmp_path[0] = 0;
-}
-
-void remove_partial_output() {
-  if (g_tmp_path[0]) ::unlink(g_tmp_path);
 }
 
 }  // namespace hap::train

@@ -10,13 +10,7 @@ namespace hap::train {
 // the nearest existing ancestor is a directory this process may write into.
 std::string unwritable_reason(const std::string& path, bool create_parents = false);
 
-// Writes `text` to `path` through a temporary file in the same folder and a rename, so an
-// interrupted write leaves the old file or none, never half a file. Throws hap::Error naming the
-// path and the reason.
-void write_file_atomically(const std::string& path, const std::string& text);
-
-// Removes the temporary file of a write_file_atomically in progress, if any. Async-signal-safe:
-// for a SIGINT/SIGTERM handler that then ends the process.
-void remove_partial_output();
+// Writing an output file atomically: core/atomic_file.h (write_file_atomically,
+// remove_partial_output).
 
 }  // namespace hap::train

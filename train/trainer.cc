@@ -273,10 +273,7 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
     optim::Optimizer::ParamState* st = optimizer_->state(p);
     for (size_t s = 0; s < st->slots.size(); ++s)
       place(st->slots[s], "optim." + optimizer_->state_slots()[s] + "." + name, name);
-    const Tensor step = take("optim.step." + name);
-    HAP_CHECK(step.dtype() == DType::I64 && step.numel() == 1, path, ": 'optim.step.", name,
-              "' must be an i64 scalar, got ", step.str());
-    st->step = *step.contiguous().data<int64_t>();
+    st->step = i64_scalar_value(take("optim.step." + name), path, "optim.step." + name);
   }
   random_seed_ = checkpoint.random_seed;
   const int64_t step = checkpoint.step;
