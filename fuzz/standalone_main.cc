@@ -5,16 +5,27 @@
 // inputs. It stops after --runs mutated inputs or --max-seconds, whichever comes first.
 //
 //   fuzz_plan [--runs N] [--max-seconds S] [--seed K] [--max-len BYTES] [--expect-read]
-//             [--artifact-prefix P] PATH...
+//             [--timeout S] [--rss-limit-mb MB] [--artifact-prefix P] PATH...
+//
+// As under libFuzzer, an input may take at most --timeout seconds (default 10) and the process
+// at most --rss-limit-mb of address space (default 4096; an allocation beyond it throws
+// std::bad_alloc, which escapes the target): a reader that hangs or allocates without end fails
+// the test instead of holding it until ctest's timeout or the machine out of memory.
 //
 // PATH: seed files, or folders of them. Exit codes: 0 every input ended as the target expects;
-// 1 an exception escaped the target (the input is saved as P<target>-crash-<hash>, or with
-// HAP_FUZZ_KEEP_GOING=DIR the run goes on and DIR keeps one input per kind); 2 a usage
+// 1 an exception escaped the target or an input ran over --timeout (the input is saved as
+// P<target>-crash-<hash> or P<target>-timeout-<hash>, or with HAP_FUZZ_KEEP_GOING=DIR an
+// exception lets the run go on and DIR keeps one input per kind); 2 a usage
 // error or no seed file; 3 --expect-read and no seed file was read (the seeds no longer fit the
 // reader, e.g. after a format change: regenerate them). A crash input replays with --runs 0 FILE.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -163,18 +174,63 @@ Bytes mutate(const std::vector<Bytes>& seeds, Rng& rng, std::size_t max_len) {
   return x;
 }
 
-std::uint64_t fnv1a(const Bytes& x) {
+std::uint64_t fnv1a(const std::uint8_t* data, std::size_t size) {
   std::uint64_t h = 1469598103934665603ull;
-  for (std::uint8_t b : x) h = (h ^ b) * 1099511628211ull;
+  for (std::size_t i = 0; i < size; ++i) h = (h ^ data[i]) * 1099511628211ull;
   return h;
+}
+std::uint64_t fnv1a(const Bytes& x) { return fnv1a(x.data(), x.size()); }
+
+// The input being run, for the timeout handler (which may only call async-signal-safe functions:
+// it formats the file name itself and writes with open/write).
+struct Running {
+  const std::uint8_t* data = nullptr;
+  std::size_t size = 0;
+  std::string prefix;  // <artifact prefix><target>-timeout-
+  unsigned timeout_s = 10;
+};
+Running running;
+
+void write_all(int fd, const void* p, std::size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, c, n);
+    if (w <= 0) return;
+    c += w;
+    n -= static_cast<std::size_t>(w);
+  }
+}
+
+extern "C" void on_timeout(int) {
+  char path[4096];
+  const std::size_t len = std::min(running.prefix.size(), sizeof path - 17);
+  std::copy_n(running.prefix.data(), len, path);
+  const std::uint64_t h = fnv1a(running.data, running.size);
+  for (int i = 0; i < 16; ++i) path[len + i] = "0123456789abcdef"[(h >> (60 - 4 * i)) & 15];
+  path[len + 16] = '\0';
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd >= 0) {
+    write_all(fd, running.data, running.size);
+    ::close(fd);
+  }
+  constexpr char kMessage[] = "fuzz: an input ran over --timeout; it is saved as ";
+  write_all(2, kMessage, sizeof kMessage - 1);
+  write_all(2, path, len + 16);
+  write_all(2, "\n", 1);
+  ::_exit(1);
 }
 
 // Runs one input; on an escaping exception saves it and exits 1.
 void run_one(const Bytes& x, const std::string& artifact_prefix, const std::string& target,
              const std::string& origin) {
+  running.data = x.data();
+  running.size = x.size();
   try {
+    ::alarm(running.timeout_s);
     LLVMFuzzerTestOneInput(x.data(), x.size());
+    ::alarm(0);
   } catch (...) {
+    ::alarm(0);
     char hash[17];
     std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(fnv1a(x)));
     const std::string path = artifact_prefix + target + "-crash-" + hash;
@@ -189,7 +245,8 @@ void run_one(const Bytes& x, const std::string& artifact_prefix, const std::stri
 [[noreturn]] void usage(const char* prog, const std::string& problem) {
   std::fprintf(stderr,
                "%s: %s\nusage: %s [--runs N] [--max-seconds S] [--seed K] [--max-len BYTES] "
-               "[--expect-read] [--artifact-prefix P] PATH...\n",
+               "[--expect-read] [--timeout S] [--rss-limit-mb MB] [--artifact-prefix P] "
+               "PATH...\n",
                prog, problem.c_str(), prog);
   std::exit(2);
 }
@@ -202,6 +259,7 @@ int main(int argc, char** argv) {
   double max_seconds = 5;
   std::size_t max_len = 64 * 1024;
   bool expect_read = false;
+  std::uint64_t rss_limit_mb = 4096;
   std::string artifact_prefix;
   std::vector<fs::path> files;
   for (int i = 1; i < argc; ++i) {
@@ -221,6 +279,10 @@ int main(int argc, char** argv) {
         max_len = std::stoull(value());
       } else if (arg == "--expect-read") {
         expect_read = true;
+      } else if (arg == "--timeout") {
+        running.timeout_s = static_cast<unsigned>(std::stoul(value()));
+      } else if (arg == "--rss-limit-mb") {
+        rss_limit_mb = std::stoull(value());
       } else if (arg == "--artifact-prefix") {
         artifact_prefix = value();
       } else if (arg.starts_with("--")) {
@@ -240,6 +302,12 @@ int main(int argc, char** argv) {
   }
   if (files.empty()) usage(argv[0], "no seed files");
   std::sort(files.begin(), files.end());  // directory order differs between file systems
+  running.prefix = artifact_prefix + target + "-timeout-";
+  std::signal(SIGALRM, on_timeout);
+  if (rss_limit_mb > 0) {
+    const rlimit limit{rss_limit_mb << 20, rss_limit_mb << 20};
+    if (::setrlimit(RLIMIT_AS, &limit) != 0) std::perror("fuzz: setrlimit(RLIMIT_AS)");
+  }
 
   const auto start = std::chrono::steady_clock::now();
   auto seconds = [&] {
