@@ -119,9 +119,15 @@ BatchNorm::BatchNorm(const BatchNormOptions& options) : Module("BatchNorm"), opt
   HAP_CHECK(options.num_features() >= 1, "BatchNorm: num_features must be >= 1, got ",
             options.num_features());
   HAP_CHECK(options.eps() > 0, "BatchNorm: eps must be > 0, got ", options.eps());
+  HAP_CHECK(options.momentum() >= 0 && options.momentum() <= 1,
+            "BatchNorm: momentum must be in [0, 1], got ", options.momentum());
   if (options.affine()) {
     weight = register_parameter("weight", make_param(*this, "weight", {options.num_features()}));
     bias = register_parameter("bias", make_param(*this, "bias", {options.num_features()}));
+  }
+  if (options.track_running_stats()) {
+    running_mean = register_buffer("running_mean", Tensor::zeros({options.num_features()}));
+    running_var = register_buffer("running_var", Tensor::ones({options.num_features()}));
   }
 }
 
@@ -130,12 +136,14 @@ Tensor BatchNorm::forward(const Tensor& x) const {
   HAP_CHECK(x.defined() && x.dim() >= 2 && x.size(1) == options_.num_features(),
             "BatchNorm: x must be [N, ", options_.num_features(), ", ...], got ",
             x.defined() ? x.str() : "undefined");
-  return batch_norm(x, weight, bias, options_.eps());
+  if (!options_.track_running_stats()) return batch_norm(x, weight, bias, options_.eps());
+  return batch_norm(x, weight, bias, running_mean, running_var, is_training(), options_.momentum(),
+                    options_.eps());
 }
 
 std::optional<ParamInit> BatchNorm::init_rule(const std::string& name, const Tensor&) const {
-  if (name == "weight") return ParamInit::ones();
-  if (name == "bias") return ParamInit::zeros();
+  if (name == "weight" || name == "running_var") return ParamInit::ones();
+  if (name == "bias" || name == "running_mean") return ParamInit::zeros();
   return std::nullopt;
 }
 

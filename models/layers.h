@@ -111,16 +111,20 @@ class LayerNorm : public Module {
   LayerNormOptions options_;
 };
 
-// ---- BatchNorm over channels (dim 1) of [N, C, ...], with the batch's statistics ----
-// Training and evaluation both normalise by the current batch's statistics (PyTorch's
-// track_running_stats=False): the statistics are global over the logical batch under every
-// sharding, so a distributed run equals one device's. Running statistics for evaluation are not
-// kept yet.
+// ---- BatchNorm over channels (dim 1) of [N, C, ...] ----
+// Training normalises by the batch's statistics, which are global over the logical batch under
+// every sharding (a distributed run equals one device's), and updates the running statistics
+// (buffers running_mean, running_var: [C]) as PyTorch does: running = (1 - momentum) * running +
+// momentum * batch statistic, the variance unbiased. Evaluation normalises by the running
+// statistics. With track_running_stats(false) both modes use the batch's statistics and there
+// are no buffers.
 struct BatchNormOptions {
   explicit BatchNormOptions(int64_t num_features) : num_features_(num_features) {}
   HAP_ARG(int64_t, num_features);
   HAP_ARG(double, eps) = 1e-5;
+  HAP_ARG(double, momentum) = 0.1;
   HAP_ARG(bool, affine) = true;  // a learned per-channel weight and bias
+  HAP_ARG(bool, track_running_stats) = true;
 };
 
 class BatchNorm : public Module {
@@ -130,8 +134,10 @@ class BatchNorm : public Module {
   std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
   const BatchNormOptions& options() const { return options_; }
 
-  Tensor weight;  // [C], undefined without affine
-  Tensor bias;    // [C], undefined without affine
+  Tensor weight;        // [C], undefined without affine
+  Tensor bias;          // [C], undefined without affine
+  Tensor running_mean;  // [C] buffer (zeros at first), undefined without track_running_stats
+  Tensor running_var;   // [C] buffer (ones at first), undefined without track_running_stats
 
  private:
   BatchNormOptions options_;

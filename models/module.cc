@@ -28,6 +28,8 @@ void Module::check_new_name(const std::string& name, const char* what) const {
             "')");
   for (const auto& [n, _] : params_)
     HAP_CHECK(n != name, what, " name '", name, "' is already used by a parameter of ", type_name_);
+  for (const auto& [n, _] : buffers_)
+    HAP_CHECK(n != name, what, " name '", name, "' is already used by a buffer of ", type_name_);
   for (const auto& [n, _] : children_)
     HAP_CHECK(n != name, what, " name '", name, "' is already used by a submodule of ", type_name_);
 }
@@ -42,6 +44,15 @@ Tensor Module::register_parameter(std::string name, Tensor tensor, bool requires
             "; only floating-point parameters can require grad");
   tensor.set_requires_grad(requires_grad);
   params_.emplace_back(std::move(name), tensor);
+  return tensor;
+}
+
+Tensor Module::register_buffer(std::string name, Tensor tensor) {
+  check_new_name(name, "Buffer");
+  HAP_CHECK(tensor.defined(), "Buffer '", name, "' of ", type_name_, " is an undefined tensor");
+  HAP_CHECK(!tensor.requires_grad() && tensor.is_leaf(), "Buffer '", name, "' of ", type_name_,
+            " must be a leaf that does not require grad (a trained tensor is a parameter)");
+  buffers_.emplace_back(std::move(name), tensor);
   return tensor;
 }
 
@@ -89,10 +100,19 @@ std::vector<std::pair<std::string, std::shared_ptr<Module>>> Module::named_child
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters(bool recurse) const {
+  return named_tensors(&Module::params_, recurse);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_buffers(bool recurse) const {
+  return named_tensors(&Module::buffers_, recurse);
+}
+
+std::vector<std::pair<std::string, Tensor>> Module::named_tensors(
+    std::vector<std::pair<std::string, Tensor>> Module::*list, bool recurse) const {
   std::vector<std::pair<std::string, Tensor>> out;
   std::unordered_set<const TensorImpl*> seen;
   auto add_own = [&](const std::string& prefix, const Module* m) {
-    for (const auto& [n, t] : m->params_)
+    for (const auto& [n, t] : m->*list)
       if (seen.insert(t.impl()).second) out.emplace_back(join_name(prefix, n), t);
   };
   if (!recurse) {
@@ -121,6 +141,15 @@ Tensor Module::parameter(const std::string& full_name) const {
   return Tensor();
 }
 
+Tensor Module::buffer(const std::string& full_name) const {
+  const auto named = named_buffers();
+  for (const auto& [n, t] : named)
+    if (n == full_name) return t;
+  HAP_CHECK(false, type_name_, " has no buffer named '", full_name, "' (it has ", named.size(),
+            named.empty() ? "" : ", e.g. '" + named[0].first + "'", ")");
+  return Tensor();
+}
+
 int64_t Module::num_parameters() const {
   int64_t n = 0;
   for (const auto& [_, t] : named_parameters()) n += t.numel();
@@ -138,7 +167,9 @@ void Module::zero_grad() {
 void Module::to(DType dtype) {
   HAP_CHECK(is_floating(dtype), type_name_, ".to(", dtype_name(dtype),
             "): parameters can only be converted to a floating-point dtype");
-  for (auto& [name, t] : named_parameters()) {
+  auto tensors = named_parameters();
+  for (auto& b : named_buffers()) tensors.push_back(b);
+  for (auto& [name, t] : tensors) {
     if (!is_floating(t.dtype()) || t.dtype() == dtype) continue;
     Tensor converted = t.to(dtype);
     // Swap the data under the existing impl, so every handle to the parameter sees the new dtype.
@@ -170,8 +201,9 @@ ParamInit Module::init_rule_of(const std::string& full_name) const {
       owner = next;
     }
     if (owner)
-      for (const auto& [n, t] : owner->params_)
-        if (n == rel) param = t;
+      for (const auto* list : {&owner->params_, &owner->buffers_})
+        for (const auto& [n, t] : *list)
+          if (n == rel) param = t;
     if (!param.defined()) param = parameter(full_name);  // not on its path: the usual error
   }
   const Module* m = this;
@@ -195,6 +227,8 @@ void Module::reset_parameters(uint64_t seed) {
   NoGradGuard no_grad;
   for (const auto& [name, t] : named_parameters())
     init_parameter(t, init_rule_of(name), seed, name);
+  for (const auto& [name, t] : named_buffers())
+    if (t.has_storage()) init_parameter(t, init_rule_of(name), seed, name);
 }
 
 void Module::set_random_seed(uint64_t seed) {

@@ -88,6 +88,13 @@ class Module {
   // contain no '.', and be unique among this module's parameters and submodules.
   Tensor register_parameter(std::string name, Tensor tensor, bool requires_grad = true);
 
+  // Registers `tensor` as the buffer `name` (same name rules): state the module keeps but does
+  // not train, such as BatchNorm's running statistics. Buffers are saved in checkpoints beside
+  // the parameters, converted by to(), reset by reset_parameters() (by init_rule, as parameters),
+  // and on ranks every rank holds all of each (the executor updates them after training
+  // forwards). Returns the same tensor.
+  Tensor register_buffer(std::string name, Tensor tensor);
+
   // Registers `module` as the submodule `name` (same name rules) and returns it.
   template <typename M>
   std::shared_ptr<M> register_module(std::string name, std::shared_ptr<M> module) {
@@ -108,6 +115,10 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> named_children() const;
   // The parameter with this full name; throws naming the module when there is none.
   Tensor parameter(const std::string& full_name) const;
+  // Every buffer under its full dotted name, ordered as named_parameters().
+  std::vector<std::pair<std::string, Tensor>> named_buffers(bool recurse = true) const;
+  // The buffer with this full name; throws naming the module when there is none.
+  Tensor buffer(const std::string& full_name) const;
   // Total number of elements over named_parameters().
   int64_t num_parameters() const;
 
@@ -122,13 +133,15 @@ class Module {
   void to(DType dtype);
 
   // ---- initialisation ----
-  // Redraws every parameter with the rule init_rule_of(name) gives it (see models/init.h).
+  // Redraws every parameter (and buffer) with the rule init_rule_of(name) gives it (see
+  // models/init.h).
   void reset_parameters(uint64_t seed);
   // The seed of the last reset_parameters() on this module (nullopt if never): with it and the
   // init rules, a rank draws exactly its shard of every parameter (train::Trainer on ranks).
   std::optional<uint64_t> init_seed() const { return init_seed_; }
-  // The rule for the parameter `full_name`: the outermost module on its path whose init_rule()
-  // answers decides (so a model can override its layers' defaults); no answer means keep.
+  // The rule for the parameter (or buffer) `full_name`: the outermost module on its path whose
+  // init_rule() answers decides (so a model can override its layers' defaults); no answer means
+  // keep.
   ParamInit init_rule_of(const std::string& full_name) const;
   // This module's rule for the parameter `name` (relative to this module, e.g. "weight" or
   // "blocks.0.attn.proj.weight"), or nullopt to let the modules below decide.
@@ -154,6 +167,9 @@ class Module {
 
  private:
   void check_new_name(const std::string& name, const char* what) const;
+  // named_parameters() or named_buffers().
+  std::vector<std::pair<std::string, Tensor>> named_tensors(
+      std::vector<std::pair<std::string, Tensor>> Module::*list, bool recurse) const;
   void add_child(std::string name, std::shared_ptr<Module> child);
   // Sets the path of this module and of the submodules it registered first, recursively.
   void set_path(const std::string& path);
@@ -163,6 +179,7 @@ class Module {
   const Module* parent_ = nullptr;  // the module this one was first registered in
   bool training_ = true;
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   std::shared_ptr<RandomState> random_;
   uint64_t module_index_ = 0;

@@ -299,6 +299,8 @@ void save_checkpoint(const std::string& path, const nn::Module& model,
   Checkpoint c;
   auto params = model.named_parameters();
   for (const auto& [name, t] : params) c.tensors.emplace_back(kModelPrefix + name, t);
+  for (const auto& [name, t] : model.named_buffers())
+    c.tensors.emplace_back(kModelPrefix + name, t);
   c.metadata["model"] = model.type_name();
   c.metadata["model_digest"] = model_digest(params);
   if (optimizer) {
@@ -358,6 +360,8 @@ int64_t load_checkpoint(const std::string& path, nn::Module& model, optim::Optim
                           take(kOptimPrefix + optimizer->state_slots()[s] + "." + name, t.shape()));
     steps.emplace_back(st, take_i64(std::string(kOptimPrefix) + "step." + name));
   }
+  for (const auto& [name, t] : model.named_buffers())
+    copies.emplace_back(t, take(kModelPrefix + name, t.shape()));
   for (const auto& [name, t] : c.tensors) {
     bool optim_entry = name.rfind(kOptimPrefix, 0) == 0;
     if (optim_entry && !optimizer) continue;  // resuming the weights only

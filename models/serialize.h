@@ -34,12 +34,12 @@ void save_tensors(const std::string& path, const NamedTensors& tensors);
 NamedTensors load_tensors(const std::string& path);
 
 // ---- checkpoints: logical (unsharded) tensors plus the counters needed to resume ----
-// Tensors: "model.<name>" for every parameter, "optim.<slot>.<name>" and "optim.step.<name>"
-// (i64 scalar) for every parameter the optimizer holds. Metadata ("__metadata__", strings):
-// "format" (kCheckpointFormat), "step" (the caller's training step), "random_seed" and
-// "random_step" (the model's dropout seed and counter), "model" and "model_digest" (its type and
-// a CRC-32 of its parameters' names, shapes and dtypes), "optimizer" and "optimizer_slots"; a
-// trainer adds "examples_read", "config_digest" and "plan_fingerprint".
+// Tensors: "model.<name>" for every parameter and buffer, "optim.<slot>.<name>" and
+// "optim.step.<name>" (i64 scalar) for every parameter the optimizer holds. Metadata
+// ("__metadata__", strings): "format" (kCheckpointFormat), "step" (the caller's training step),
+// "random_seed" and "random_step" (the model's dropout seed and counter), "model" and
+// "model_digest" (its type and a CRC-32 of its parameters' names, shapes and dtypes), "optimizer"
+// and "optimizer_slots"; a trainer adds "examples_read", "config_digest" and "plan_fingerprint".
 inline constexpr const char* kCheckpointFormat = "hap-checkpoint-v2";
 
 struct Checkpoint {
@@ -65,7 +65,8 @@ int64_t i64_scalar_value(const Tensor& t, const std::string& path, const std::st
 // "model_digest": a CRC-32 (hex) of the parameters' names, shapes and dtypes.
 std::string model_digest(const std::vector<std::pair<std::string, Tensor>>& named_parameters);
 
-// A checkpoint of a model trained by hand (with its optimizer, if given) at `step`.
+// A checkpoint of a model trained by hand (with its optimizer, if given) at `step`: its
+// parameters and buffers as "model.<name>".
 void save_checkpoint(const std::string& path, const nn::Module& model,
                      const optim::Optimizer* optimizer, int64_t step);
 

@@ -129,8 +129,7 @@ ModelEntry vgg_model_entry() {
       OptionSpec::integer("width", 64, 1, 65536, "channels of the first stage (x1, 2, 4, 8, 8)"),
       OptionSpec::integer("hidden", 4096, 1, kMaxDimension, "the classifier's hidden width"),
       OptionSpec::number("dropout", 0.0, 0.0, 1.0, "dropout in the classifier").max_open(),
-      OptionSpec::boolean("batch_norm", false,
-                          "BatchNorm after every convolution (batch statistics; VGG19-BN)"),
+      OptionSpec::boolean("batch_norm", false, "BatchNorm after every convolution (VGG19-BN)"),
   };
   e.check = [](const Options& o, int64_t B) {
     const int64_t depth = o.integer("depth"), S = o.integer("image_size");

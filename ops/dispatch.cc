@@ -42,6 +42,7 @@ void set_record_hook(RecordHook hook) { g_record_hook = hook; }
 TraceGuard::TraceGuard(TraceHook* hook) : prev_(t_trace) { t_trace = hook; }
 TraceGuard::~TraceGuard() { t_trace = prev_; }
 bool is_tracing() { return t_trace != nullptr; }
+TraceHook* trace_hook() { return t_trace; }
 
 ScopeGuard::ScopeGuard(const std::string& name, Kind kind) {
   t_scope.push_back({name, kind == kAbsolute});

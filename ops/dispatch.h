@@ -26,6 +26,10 @@ class TraceHook {
   virtual ~TraceHook() = default;
   virtual void on_call(OpKind kind, const std::vector<Tensor>& inputs,
                        const std::vector<Tensor>& outputs, const Attrs& attrs) = 0;
+  // A module's state (a running statistic) is to become keep * state + take * value after the
+  // forward (update_running_average in ops/functional.h).
+  virtual void on_state_update(const Tensor& state, const Tensor& value, double keep,
+                               double take) = 0;
 };
 class TraceGuard {
  public:
@@ -38,6 +42,8 @@ class TraceGuard {
   TraceHook* prev_;
 };
 bool is_tracing();
+// The installed hook (null when not tracing).
+TraceHook* trace_hook();
 
 // The module path of the code now running ("blocks.3.attn"), kept by ScopeGuard; recorded with
 // each traced call so that graphs and error messages can name the module an op came from.

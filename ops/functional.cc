@@ -177,25 +177,96 @@ Tensor causal_mask(int64_t T) {
     for (int64_t j = i + 1; j < T; ++j) p[i * T + j] = 1;
   return m;
 }
-Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+namespace {
+
+// What both batch norms check and share: the per-channel shape [1, C, 1, ...] and the reduced
+// dims (all but 1).
+struct BatchNormDims {
+  Shape channel;
+  std::vector<int64_t> dims;
+  int64_t per_channel = 0;  // values per channel
+};
+
+BatchNormDims batch_norm_dims(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                              double eps) {
   HAP_CHECK(x.defined() && x.dim() >= 2, "batch_norm: x must be [N, C, ...], got ",
             x.defined() ? x.str() : "undefined");
   HAP_CHECK(eps > 0, "batch_norm: eps must be > 0, got ", eps);
   const int64_t C = x.size(1);
-  std::vector<int64_t> dims;
-  Shape channel(static_cast<size_t>(x.dim()), 1);
-  channel[1] = C;
-  for (int64_t d = 0; d < x.dim(); ++d)
-    if (d != 1) dims.push_back(d);
+  BatchNormDims d;
+  d.channel.assign(static_cast<size_t>(x.dim()), 1);
+  d.channel[1] = C;
+  for (int64_t i = 0; i < x.dim(); ++i)
+    if (i != 1) d.dims.push_back(i);
+  d.per_channel = C > 0 ? x.numel() / C : 0;
   for (const Tensor* p : {&weight, &bias})
     HAP_CHECK(!p->defined() || p->shape() == Shape{C}, "batch_norm: weight and bias must be [", C,
               "] for x ", shape_str(x.shape()), ", got ", shape_str(p->shape()));
-  Tensor centered = x - mean(x, dims, /*keepdim=*/true);
-  Tensor var = mean(centered * centered, dims, /*keepdim=*/true);
-  Tensor y = centered * rsqrt(var + eps);
+  return d;
+}
+
+Tensor batch_norm_affine(Tensor y, const Tensor& weight, const Tensor& bias, const Shape& channel) {
   if (weight.defined()) y = y * reshape(weight, channel);
   if (bias.defined()) y = y + reshape(bias, channel);
   return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const BatchNormDims d = batch_norm_dims(x, weight, bias, eps);
+  Tensor centered = x - mean(x, d.dims, /*keepdim=*/true);
+  Tensor var = mean(centered * centered, d.dims, /*keepdim=*/true);
+  return batch_norm_affine(centered * rsqrt(var + eps), weight, bias, d.channel);
+}
+
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps) {
+  const BatchNormDims d = batch_norm_dims(x, weight, bias, eps);
+  const int64_t C = x.size(1);
+  for (const Tensor* r : {&running_mean, &running_var})
+    HAP_CHECK(r->defined() && r->shape() == Shape{C} && r->dtype() == x.dtype(),
+              "batch_norm: running_mean and running_var must be [", C, "] ", dtype_name(x.dtype()),
+              " for x ", x.str(), ", got ", r->defined() ? r->str() : "undefined");
+  HAP_CHECK(momentum >= 0 && momentum <= 1, "batch_norm: momentum must be in [0, 1], got ",
+            momentum);
+  const Tensor rm = reshape(running_mean, d.channel), rv = reshape(running_var, d.channel);
+  if (!training) return batch_norm_affine((x - rm) * rsqrt(rv + eps), weight, bias, d.channel);
+  HAP_CHECK(d.per_channel > 1,
+            "batch_norm: training needs more than one value per channel, got input ",
+            shape_str(x.shape()));
+  // The batch's statistics in training, the running ones in evaluation: one traced graph runs
+  // both on ranks (train_eval_select), with the same arithmetic as the eager paths.
+  Tensor batch_mean = mean(x, d.dims, /*keepdim=*/true);
+  Tensor centered = x - train_eval_select(batch_mean, rm);
+  Tensor batch_var = mean(centered * centered, d.dims, /*keepdim=*/true);
+  Tensor y = centered * rsqrt(train_eval_select(batch_var, rv) + eps);
+  const double n = static_cast<double>(d.per_channel);
+  update_running_average(running_mean, batch_mean, 1 - momentum, momentum);
+  update_running_average(running_var, batch_var, 1 - momentum, momentum * n / (n - 1));
+  return batch_norm_affine(y, weight, bias, d.channel);
+}
+
+Tensor train_eval_select(const Tensor& train, const Tensor& eval) {
+  return call1(OpKind::TrainEvalSelect, {train, eval});
+}
+
+void update_running_average(const Tensor& state, const Tensor& value, double keep, double take) {
+  HAP_CHECK(state.defined() && value.defined() && state.numel() == value.numel() &&
+                state.dtype() == value.dtype() && is_floating(state.dtype()),
+            "update_running_average: the value must have the state's dtype and number of "
+            "elements, got state ",
+            state.defined() ? state.str() : "undefined", " and value ",
+            value.defined() ? value.str() : "undefined");
+  if (ops::TraceHook* hook = ops::trace_hook()) {
+    hook->on_state_update(state, value, keep, take);
+    return;
+  }
+  HAP_CHECK(!state.requires_grad(), "update_running_average: the state ", state.str(),
+            " requires grad (a parameter, not a buffer)");
+  const Tensor next = state.detach() * keep + reshape(value.detach(), state.shape()) * take;
+  state.copy_from(next);
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& ids) {

@@ -63,6 +63,21 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 // that under any sharding of x the statistics are those of the whole logical batch (a batch split
 // reduces them across ranks) and the result equals one device's.
 Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// Batch norm with running statistics (PyTorch's track_running_stats): in training it normalises
+// by the batch's statistics and updates running_mean/running_var ([C], in place) by
+//   running = (1 - momentum) * running + momentum * batch statistic
+// (the variance unbiased, as PyTorch); in evaluation it normalises by the running statistics.
+// Training needs more than one value per channel. A traced training forward records the updates
+// (synth::Graph::state_updates) and, through train_eval_select, the evaluation path.
+Tensor batch_norm(const Tensor& x, const Tensor& weight, const Tensor& bias,
+                  const Tensor& running_mean, const Tensor& running_var, bool training,
+                  double momentum, double eps);
+// `train` (training) or `eval` (evaluation) of one shape: see ops TrainEvalSelect. Eagerly, only
+// training is meaningful (a layer in eval() uses its evaluation path directly).
+Tensor train_eval_select(const Tensor& train, const Tensor& eval);
+// state <- keep * state + take * value (value: any shape with state's number of elements), in
+// place and outside autograd; recorded instead while tracing, for the executor to apply on ranks.
+void update_running_average(const Tensor& state, const Tensor& value, double keep, double take);
 Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
 
 // ---- reductions (empty dims = all) ----

@@ -22,7 +22,7 @@ namespace hap::ops {
   X(Reshape) X(Permute) X(Slice) X(Expand) X(Concat) X(Split) X(Contiguous) X(MaskedFill)     \
   X(CrossEntropy) X(Attention) X(Argmax) X(TopK) X(Cast) X(LogSumExp) X(TargetLogit)         \
   X(CountTargets) X(SumOfSquares) X(SgdUpdate) X(AdamWUpdate) X(Conv2d) X(MaxPool2d)         \
-  X(AvgPool2d) X(MaskTokens) X(MoeDispatch) X(MoeCombine) X(MoeGateGrad)                                                                 \
+  X(AvgPool2d) X(MaskTokens) X(MoeDispatch) X(MoeCombine) X(MoeGateGrad) X(TrainEvalSelect)   \
   X(GeluBackward) X(ReluBackward) X(SoftmaxBackward) X(LogSoftmaxBackward)                    \
   X(LayerNormBackward) X(RmsNormBackward) X(EmbeddingBackward) X(CrossEntropyBackward)        \
   X(AttentionBackward) X(SliceBackward) X(IndexBackward) X(TargetLogitBackward)              \

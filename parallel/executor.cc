@@ -145,6 +145,13 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
     local = spec.local_shape(gt.shape, comm_.rank());
     slice = spec.logical_slice(gt.shape, comm_.rank());
   }
+  if (gt.role == synth::TensorRole::State) {
+    auto it = state_value_.find(t);
+    HAP_CHECK(it != state_value_.end(), "executor: buffer '", gt.name,
+              "' has no value (set_states before forward)");
+    // A copy: the update after the forward must not change what this forward read.
+    return box_of(it->second, local, slice).contiguous().clone();
+  }
   if (gt.role == synth::TensorRole::Constant) {
     // A tensor the forward made itself (a mask, positions): its data was captured by the tracer.
     HAP_CHECK(gt.value.defined() && gt.value.has_storage(), "executor: tensor %", t, " (", gt.name,
@@ -157,8 +164,48 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
   return (*inputs)(gt.name, local, slice);
 }
 
+void Executor::set_states(const std::vector<std::pair<std::string, Tensor>>& states) {
+  std::map<std::string, Tensor> by_name(states.begin(), states.end());
+  states_.clear();
+  state_value_.clear();
+  for (const synth::GraphTensor& t : graph_.tensors) {
+    if (t.role != synth::TensorRole::State) continue;
+    auto it = by_name.find(t.name);
+    HAP_CHECK(it != by_name.end(), "executor: no value given for buffer '", t.name, "'");
+    const Tensor& v = it->second;
+    HAP_CHECK(v.defined() && v.has_storage() && v.shape() == t.shape && v.dtype() == t.dtype,
+              "executor: buffer '", t.name, "' must be ", dtype_name(t.dtype), shape_str(t.shape),
+              " with data, got ", v.defined() ? v.str() : "undefined");
+    states_.emplace_back(t.name, v);
+    state_value_[t.id] = v;
+  }
+}
+
+Tensor Executor::full_value(int t) const {
+  const std::map<int, Tensor>& v = values_[t];
+  if (auto it = v.find(prop_key(Prop::replicated())); it != v.end()) return it->second.detach();
+  if (auto it = v.find(prop_key(Prop::partial())); it != v.end())
+    return all_reduce(comm_, it->second.detach().contiguous(), CollectiveMethod::Grouped);
+  // Every rank runs the same program: the same properties are present on every rank.
+  HAP_ASSERT(!v.empty(), "tensor %", t, " has no value in this forward");
+  const auto& [key, local] = *v.begin();
+  const Prop p = Prop::sharded(key - 2);
+  return all_gather(comm_, local.detach().contiguous(), p.dim,
+                    lengths(t, p, value_segment_[t].at(key)), CollectiveMethod::Grouped);
+}
+
+void Executor::apply_state_updates() {
+  NoGradGuard no_grad;
+  for (const synth::StateUpdate& u : graph_.state_updates) {
+    const Tensor& state = state_value_.at(u.state);
+    const Tensor value = hap::reshape(full_value(u.value), state.shape());
+    state.copy_from(state * u.keep + value * u.take);
+  }
+}
+
 Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
   values_.assign(graph_.tensors.size(), {});
+  value_segment_.assign(graph_.tensors.size(), {});
   for (const Instruction& in : program_.instructions) {
     if (in.kind == InstrKind::Compute) {
       const synth::GraphNode& n = graph_.nodes[in.node];
@@ -175,6 +222,7 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
         if (it == values_[t].end()) {
           HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", q.str(), " value");
           it = values_[t].emplace(prop_key(q), leaf_value(t, q, in.segment, &inputs)).first;
+          value_segment_[t][prop_key(q)] = in.segment;
         }
         args.push_back(it->second);
       }
@@ -184,8 +232,10 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
           def.local ? def.local(ctx, args, n.attrs) : ops::call(n.kind, args, n.attrs);
       HAP_ASSERT(outs.size() == n.outputs.size(), "op ", def.name, "'s local run returned ",
                  outs.size(), " outputs, expected ", n.outputs.size());
-      for (size_t o = 0; o < outs.size(); ++o)
+      for (size_t o = 0; o < outs.size(); ++o) {
         values_[n.outputs[o]][prop_key(ctx.output_prop(o))] = outs[o];
+        value_segment_[n.outputs[o]][prop_key(ctx.output_prop(o))] = in.segment;
+      }
       continue;
     }
     // Backward only (backward()), and the optimizer's (update()).
@@ -196,6 +246,7 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
       HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", in.from.str(),
                  " value");
       it = values_[t].emplace(prop_key(in.from), leaf_value(t, in.from, in.segment, &inputs)).first;
+      value_segment_[t][prop_key(in.from)] = in.segment;
     }
     Tensor x = it->second, y;
     const CollectiveMethod m = in.method;
@@ -235,7 +286,9 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
         HAP_ASSERT(false, "unexpected instruction ", synth::instr_name(in.kind));
     }
     values_[t][prop_key(in.to)] = y;
+    value_segment_[t][prop_key(in.to)] = in.segment;
   }
+  if (options.training) apply_state_updates();
   const auto& lv = values_[graph_.loss];
   if (auto it = lv.find(prop_key(Prop::partial())); it != lv.end()) return it->second;
   auto it = lv.find(prop_key(Prop::replicated()));

@@ -54,6 +54,12 @@ class Executor {
   const std::vector<std::pair<std::string, Tensor>>& parameters() const { return params_; }
   Prop storage(const std::string& name) const;
 
+  // The model's buffers (the graph's State tensors, by name): every rank holds all of each, and
+  // a training forward() updates them in place by the graph's state updates (a collective: the
+  // full value of each updated statistic). Every State tensor must be given before forward().
+  void set_states(const std::vector<std::pair<std::string, Tensor>>& states);
+  const std::vector<std::pair<std::string, Tensor>>& states() const { return states_; }
+
   // Runs the program's forward on this rank's inputs and returns the local loss, a Partial
   // (the global loss is the sum over ranks) ready for backward().
   Tensor forward(const TensorSource& inputs, const ForwardOptions& options = {});
@@ -88,6 +94,9 @@ class Executor {
   std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
   Tensor gather(const Tensor& local, int tensor) const;
+  // The full logical value of a tensor of the current forward, on every rank (a collective).
+  Tensor full_value(int tensor) const;
+  void apply_state_updates();
   int param_tensor(const std::string& name) const;
 
   const synth::Graph& graph_;
@@ -99,8 +108,12 @@ class Executor {
   std::map<std::string, int> param_tensor_;  // name -> graph tensor
   std::map<int, Tensor> param_local_;        // graph tensor -> local leaf
   std::map<int, int> param_segment_;         // graph tensor -> segment its shard lengths use
-  // Values of the current forward: graph tensor -> property (prop_key) -> local tensor.
+  std::vector<std::pair<std::string, Tensor>> states_;
+  std::map<int, Tensor> state_value_;  // graph tensor -> the full buffer
+  // Values of the current forward: graph tensor -> property (prop_key) -> local tensor, and the
+  // segment whose shard lengths a Sharded value has.
   std::vector<std::map<int, Tensor>> values_;
+  std::vector<std::map<int, int>> value_segment_;
 };
 
 }  // namespace hap::parallel

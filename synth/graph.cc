@@ -20,6 +20,8 @@ const char* role_name(TensorRole r) {
       return "const";
     case TensorRole::Activation:
       return "act";
+    case TensorRole::State:
+      return "state";
     case TensorRole::Loss:
       return "loss";
   }
@@ -116,7 +118,8 @@ std::string Graph::str() const {
      << parameter_count() << " parameters, " << std::setprecision(4) << total_flops() / 1e9
      << " GFLOP forward\n";
   for (const GraphTensor& t : tensors)
-    if (t.role == TensorRole::Input || t.role == TensorRole::Parameter)
+    if (t.role == TensorRole::Input || t.role == TensorRole::Parameter ||
+        t.role == TensorRole::State)
       os << "  " << role_name(t.role) << " " << tensor_str(t.id) << "\n";
   for (const GraphNode& n : nodes) {
     os << "  [" << n.id << "] " << std::left << std::setw(20)
@@ -205,16 +208,34 @@ class Tracer : public ops::TraceHook {
     n.flops = def.flops ? def.flops(in_meta, out_meta, attrs) : 0.0;
     graph.nodes.push_back(std::move(n));
   }
+
+  void on_state_update(const Tensor& state, const Tensor& value, double keep,
+                       double take) override {
+    auto s = ids.find(state.impl());
+    HAP_CHECK(s != ids.end() && graph.tensors[s->second].role == TensorRole::State,
+              "trace: a running average updates ", state.str(),
+              ", which is not one of the model's buffers (register it with register_buffer)");
+    auto v = ids.find(value.impl());
+    HAP_CHECK(v != ids.end() && graph.tensors[v->second].producer >= 0,
+              "trace: the running average of buffer '", graph.tensors[s->second].name,
+              "' takes a value no traced op computed");
+    for (const StateUpdate& u : graph.state_updates)
+      HAP_CHECK(u.state != s->second, "trace: buffer '", graph.tensors[s->second].name,
+                "' is updated twice in one forward (a module called twice?)");
+    graph.state_updates.push_back({s->second, v->second, keep, take});
+  }
 };
 
 }  // namespace
 
 Graph trace(const std::function<Tensor()>& forward,
             const std::vector<std::pair<std::string, Tensor>>& parameters,
-            const std::vector<std::pair<std::string, Tensor>>& inputs) {
+            const std::vector<std::pair<std::string, Tensor>>& inputs,
+            const std::vector<std::pair<std::string, Tensor>>& states) {
   Tracer tracer;
   for (const auto& [name, t] : parameters) tracer.add_leaf(t, name, TensorRole::Parameter);
   for (const auto& [name, t] : inputs) tracer.add_leaf(t, name, TensorRole::Input);
+  for (const auto& [name, t] : states) tracer.add_leaf(t, name, TensorRole::State);
   Tensor loss;
   {
     NoGradGuard no_grad;  // tracing records the forward only

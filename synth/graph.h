@@ -1,7 +1,9 @@
 // The IR the synthesizer works on: the single-device graph of a model's forward pass, captured by
 // tracing (shape-only tensors, no data). Nodes are op calls with the module they came from;
 // tensors carry shape, dtype and role. A tensor the forward creates itself (a mask, a position
-// index) is a Constant and keeps its data, so that every rank can read its part.
+// index) is a Constant and keeps its data, so that every rank can read its part. A module's
+// buffer (a running statistic) is a State: read like a constant, but its value lives with the
+// executor and changes after each training forward by the graph's state updates.
 #pragma once
 #include <functional>
 #include <string>
@@ -13,7 +15,7 @@
 
 namespace hap::synth {
 
-enum class TensorRole : uint8_t { Input, Parameter, Constant, Activation, Loss };
+enum class TensorRole : uint8_t { Input, Parameter, Constant, Activation, Loss, State };
 const char* role_name(TensorRole r);
 
 struct GraphTensor {
@@ -40,10 +42,20 @@ struct GraphNode {
   double bytes = 0;    // bytes read and written by the forward kernel
 };
 
+// After a training forward, state <- keep * state + take * value (value: a tensor the forward
+// computed, with the state's number of elements), as ops' update_running_average recorded it.
+struct StateUpdate {
+  int state = -1;  // a State tensor
+  int value = -1;
+  double keep = 0;
+  double take = 0;
+};
+
 struct Graph {
   std::vector<GraphTensor> tensors;
   std::vector<GraphNode> nodes;  // in program (topological) order
   int loss = -1;
+  std::vector<StateUpdate> state_updates;  // in the order the forward made them
 
   double total_flops() const;
   int64_t parameter_count() const;
@@ -63,12 +75,14 @@ std::vector<int> narrow_order(const Graph& graph);
 // all-Replicated one is implicit and not listed).
 std::vector<ops::ShardSignature> signatures_of(const Graph& graph, const GraphNode& node);
 
-// Runs `forward` with tracing on and returns its graph. `parameters` and `inputs` name the leaf
-// tensors forward reads (their data is never touched, so shape-only tensors work); any other
-// tensor that appears as an op input becomes a Constant, with a copy of its data. forward returns
-// the loss, a scalar.
+// Runs `forward` with tracing on and returns its graph. `parameters`, `inputs` and `states` (a
+// model's buffers) name the leaf tensors forward reads (their data is never touched, so
+// shape-only tensors work); any other tensor that appears as an op input becomes a Constant, with
+// a copy of its data. forward returns the loss, a scalar. A state update of a tensor not passed
+// in `states`, or of a value no traced op computed, is an error.
 Graph trace(const std::function<Tensor()>& forward,
             const std::vector<std::pair<std::string, Tensor>>& parameters,
-            const std::vector<std::pair<std::string, Tensor>>& inputs);
+            const std::vector<std::pair<std::string, Tensor>>& inputs,
+            const std::vector<std::pair<std::string, Tensor>>& states = {});
 
 }  // namespace hap::synth

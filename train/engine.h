@@ -38,6 +38,10 @@ class Engine {
   // stay on in evaluation (a masked-LM's masking) draw from (seed, step 0's streams).
   virtual double eval_loss(uint64_t index, uint64_t random_seed) = 0;
 
+  // The model's buffers (running statistics) by full name, whole, the same on every rank; a
+  // checkpoint reads them and a resume writes them in place (copy_from).
+  virtual const std::vector<std::pair<std::string, Tensor>>& buffers() const = 0;
+
   // Checkpoints hold logical tensors: the full tensor of a local one laid out like parameter
   // `name` (a collective on ranks: every rank calls it, in the same order), and this rank's part
   // of a full one.

@@ -34,14 +34,17 @@ class LocalEngine : public Engine {
         data_(std::move(data)),
         config_(config),
         inputs_(model_->inputs(config.batch_size)),
-        params_(model_->named_parameters()) {
-    for (const auto& [name, p] : params_)
-      HAP_CHECK(p.has_storage(), "parameter '", name,
-                "' of the model has no data (was the model built "
-                "under a MetaGuard?); one process trains a model built with its parameters");
+        params_(model_->named_parameters()),
+        buffers_(model_->named_buffers()) {
+    for (const auto* list : {&params_, &buffers_})
+      for (const auto& [name, p] : *list)
+        HAP_CHECK(p.has_storage(), "'", name,
+                  "' of the model has no data (was the model built "
+                  "under a MetaGuard?); one process trains a model built with its parameters");
   }
 
   const std::vector<std::pair<std::string, Tensor>>& parameters() const override { return params_; }
+  const std::vector<std::pair<std::string, Tensor>>& buffers() const override { return buffers_; }
 
   double forward(uint64_t step, uint64_t random_seed) override {
     model_->train();
@@ -116,6 +119,7 @@ class LocalEngine : public Engine {
   TrainConfig config_;
   std::vector<nn::InputSpec> inputs_;
   std::vector<std::pair<std::string, Tensor>> params_;
+  std::vector<std::pair<std::string, Tensor>> buffers_;
   Tensor loss_;
 };
 

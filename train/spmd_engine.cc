@@ -54,6 +54,9 @@ class SpmdEngine : public Engine {
   const std::vector<std::pair<std::string, Tensor>>& parameters() const override {
     return executor_->parameters();
   }
+  const std::vector<std::pair<std::string, Tensor>>& buffers() const override {
+    return executor_->states();
+  }
 
   double forward(uint64_t step, uint64_t random_seed) override {
     loss_ = executor_->forward(
@@ -172,6 +175,23 @@ class SpmdEngine : public Engine {
           nn::init_parameter(p, rule, *seed, name, slice);
           return p;
         });
+    // Buffers are whole on every rank: the model's own where it has their data (so that they
+    // stay one with the model), else made from their init rules (zeros, ones).
+    std::vector<std::pair<std::string, Tensor>> buffers;
+    for (const auto& [name, b] : model_->named_buffers()) {
+      if (b.has_storage()) {
+        buffers.emplace_back(name, b);
+        continue;
+      }
+      const nn::ParamInit rule = model_->init_rule_of(name);
+      HAP_CHECK(rule.kind != nn::ParamInit::Kind::Keep, "buffer '", name,
+                "' has no data and no init rule to make it from (build the model with data, or "
+                "give it an init_rule())");
+      Tensor made = Tensor::empty(b.shape(), TensorOptions{}.with_dtype(b.dtype()));
+      nn::init_parameter(made, rule, seed.value_or(0), name);
+      buffers.emplace_back(name, made);
+    }
+    executor_->set_states(buffers);
   }
 
   // This rank's part of each input of batch `index`: only its rows are read; a split of another

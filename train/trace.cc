@@ -19,8 +19,8 @@ synth::Graph trace_model(nn::Model& model, std::int64_t batch_size) {
   const uint64_t step = model.random_step();
   model.train();
   model.set_random_step(0);
-  synth::Graph g =
-      synth::trace([&] { return model.loss(batch); }, model.named_parameters(), inputs);
+  synth::Graph g = synth::trace([&] { return model.loss(batch); }, model.named_parameters(), inputs,
+                                model.named_buffers());
   model.set_random_step(step);
   model.train(was_training);
   return g;

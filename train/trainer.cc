@@ -149,7 +149,8 @@ double Trainer::evaluate() {
 }
 
 // Checkpoints hold logical (unsharded) tensors, so a run on any plan, cluster, or one process can
-// resume them: "model.<name>", "optim.<slot>.<name>" and "optim.step.<name>" per parameter, and
+// resume them: "model.<name>", "optim.<slot>.<name>" and "optim.step.<name>" per parameter,
+// "model.<name>" per buffer (running statistics), and
 // the metadata models/serialize.h describes (what save_checkpoint writes for a model trained by
 // hand, plus the data position, the config's digest and the plan's fingerprint).
 void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
@@ -157,6 +158,7 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
   auto i64 = [](int64_t v) { return Tensor::from_vector(std::vector<int64_t>{v}, {}); };
   for (const auto& [name, p] : engine_->parameters())
     c.tensors.emplace_back("model." + name, engine_->logical(name, p));
+  for (const auto& [name, b] : engine_->buffers()) c.tensors.emplace_back("model." + name, b);
   for (const auto& [name, p] : engine_->parameters()) {
     const optim::Optimizer::ParamState* st = optimizer_->state(p);
     HAP_ASSERT(st != nullptr, "parameter ", name, " is not in the optimizer");
@@ -274,6 +276,12 @@ int64_t Trainer::load_checkpoint(const std::string& path) {
     for (size_t s = 0; s < st->slots.size(); ++s)
       place(st->slots[s], "optim." + optimizer_->state_slots()[s] + "." + name, name);
     st->step = i64_scalar_value(take("optim.step." + name), path, "optim.step." + name);
+  }
+  for (const auto& [name, b] : engine_->buffers()) {
+    const Tensor full = take("model." + name);
+    HAP_CHECK(full.shape() == b.shape() && full.dtype() == b.dtype(), path, ": 'model.", name,
+              "' is ", full.str(), " but the model's buffer is ", b.str());
+    b.copy_from(full);
   }
   random_seed_ = checkpoint.random_seed;
   const int64_t step = checkpoint.step;

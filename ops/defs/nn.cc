@@ -658,9 +658,51 @@ void def_mask_tokens(OpTable& t) {
   };
 }
 
+// ---- TrainEvalSelect(train, eval): `train` in training, `eval` in evaluation ----
+// What a layer with running statistics (BatchNorm) records so that one traced graph serves both
+// modes on ranks: the executor's local hook picks by the forward's mode. Called eagerly (only in
+// training) it is a copy of `train`, with the gradient flowing to `train` alone.
+void def_train_eval_select(OpTable& t) {
+  OpDef& d = def_of(t, OpKind::TrainEvalSelect);
+  d.name = "train_eval_select";
+  d.num_inputs = 2;
+  d.infer = [](const Metas& in, const Attrs&) {
+    HAP_CHECK(in[0].shape == in[1].shape && in[0].dtype == in[1].dtype,
+              "train_eval_select: both inputs must have one shape and dtype, got ",
+              shape_str(in[0].shape), " ", dtype_name(in[0].dtype), " and ", shape_str(in[1].shape),
+              " ", dtype_name(in[1].dtype));
+    return Metas{in[0]};
+  };
+  d.shard = [](const Metas& in, const Metas&, const Attrs&) {
+    std::vector<ShardSignature> sigs;
+    for (int64_t dim = 0; dim < static_cast<int64_t>(in[0].shape.size()); ++dim)
+      if (in[0].shape[static_cast<size_t>(dim)] > 1)
+        sigs.push_back({{Prop::sharded(dim), Prop::sharded(dim)}, {Prop::sharded(dim)}});
+    return sigs;
+  };
+  d.local = [](ShardContext& ctx, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+    if (!ctx.training()) return std::vector<Tensor>{inputs[1]};
+    return std::vector<Tensor>{call1(OpKind::TrainEvalSelect, inputs, attrs)};
+  };
+  d.saves_inputs = false;
+  d.moves_data = true;
+  d.cpu = [](const KernelContext& c) {
+    Tensor out = c.alloc(0);
+    strided_copy(out, c.inputs[0]);
+    return std::vector<Tensor>{out};
+  };
+  // The training output does not depend on `eval`: its gradient is zero where one is asked for.
+  d.backward = [](const BackwardContext& c) {
+    const Tensor& g = c.grad_outputs[0];
+    return std::vector<Tensor>{
+        g, c.needs_input_grad[1] ? call1(OpKind::MulScalar, {g}, ScalarAttrs{0.0}) : Tensor()};
+  };
+}
+
 }  // namespace
 
 void register_nn_ops(OpTable& t) {
+  def_train_eval_select(t);
   def_softmax<false>(t);
   def_softmax<true>(t);
   def_norm<false>(t);

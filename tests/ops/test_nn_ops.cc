@@ -272,6 +272,102 @@ TEST(NnBatchNorm, BadShapesAreNamed) {
   EXPECT_HAS(error_of([] { batch_norm(randn({2, 3}, 1), Tensor(), Tensor(), 0.0); }), "eps");
 }
 
+// ---------------- batch_norm with running statistics ----------------
+
+// Per channel c of x [N, C, ...]: the batch mean and biased variance.
+std::pair<std::vector<double>, std::vector<double>> channel_stats(const Tensor& x) {
+  const std::vector<double> v = x.to_vector();
+  const int64_t C = x.size(1), inner = x.numel() / (x.size(0) * C);
+  const double n = static_cast<double>(x.numel() / C);
+  std::vector<double> mean(static_cast<size_t>(C)), var(static_cast<size_t>(C));
+  for (int64_t pass = 0; pass < 2; ++pass)
+    for (int64_t i = 0; i < x.size(0); ++i)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t k = 0; k < inner; ++k) {
+          const double e = v[static_cast<size_t>((i * C + c) * inner + k)];
+          const size_t cs = static_cast<size_t>(c);
+          if (pass == 0)
+            mean[cs] += e / n;
+          else
+            var[cs] += (e - mean[cs]) * (e - mean[cs]) / n;
+        }
+  return {mean, var};
+}
+
+TEST(NnBatchNorm, TrainingUpdatesTheRunningStatisticsAsPyTorchDoes) {
+  Tensor x = randn({6, 3, 4, 5}, 31, 0, f64()) * 2.0 + 3.0;
+  Tensor w = randn({3}, 32, 0, f64()), b = randn({3}, 33, 0, f64());
+  const std::vector<double> m0 = {0.5, -1.0, 2.0}, v0 = {1.0, 3.0, 0.25};
+  Tensor rm = Tensor::from_vector(m0, {3}, f64()), rv = Tensor::from_vector(v0, {3}, f64());
+  const Tensor y = batch_norm(x, w, b, rm, rv, /*training=*/true, 0.3, 1e-5);
+  // The output is the batch-statistics batch norm's; the statistics move by momentum 0.3, the
+  // variance unbiased over the 120 values per channel.
+  expect_close(y, batch_norm(x, w, b, 1e-5).to_vector(), 1e-12, 1e-12, "training output");
+  const auto [mean, var] = channel_stats(x);
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_NEAR(rm.to_vector()[c], 0.7 * m0[c] + 0.3 * mean[c], 1e-12) << c;
+    EXPECT_NEAR(rv.to_vector()[c], 0.7 * v0[c] + 0.3 * var[c] * 120.0 / 119.0, 1e-12) << c;
+  }
+}
+
+TEST(NnBatchNorm, EvaluationNormalisesByTheRunningStatisticsAndLeavesThem) {
+  Tensor x = randn({4, 3, 5}, 34, 0, f64());
+  Tensor w = randn({3}, 35, 0, f64()), b = randn({3}, 36, 0, f64());
+  const std::vector<double> m = {0.5, -1.0, 2.0}, v = {1.0, 3.0, 0.25};
+  Tensor rm = Tensor::from_vector(m, {3}, f64()), rv = Tensor::from_vector(v, {3}, f64());
+  const std::vector<double> y =
+      batch_norm(x, w, b, rm, rv, /*training=*/false, 0.1, 1e-3).to_vector();
+  const std::vector<double> xv = x.to_vector(), wv = w.to_vector(), bv = b.to_vector();
+  for (size_t i = 0; i < xv.size(); ++i) {
+    const size_t c = (i / 5) % 3;
+    EXPECT_NEAR(y[i], (xv[i] - m[c]) / std::sqrt(v[c] + 1e-3) * wv[c] + bv[c], 1e-12) << i;
+  }
+  EXPECT_EQ(rm.to_vector(), m);
+  EXPECT_EQ(rv.to_vector(), v);
+}
+
+TEST(NnBatchNorm, GradientsWithRunningStatisticsMatchFiniteDifferences) {
+  Tensor x = randn({4, 3, 2, 3}, 37, 0, f64(true));
+  Tensor w = randn({3}, 38, 0, f64(true)), b = randn({3}, 39, 0, f64(true));
+  Tensor rm = randn({3}, 40, 0, f64()), rv = exp(randn({3}, 41, 0, f64()));
+  for (const bool training : {true, false})
+    expect_gradcheck(
+        [&](const std::vector<Tensor>& in) {
+          return batch_norm(in[0], in[1], in[2], rm, rv, training, 0.1, 1e-5);
+        },
+        {x, w, b}, training ? "training" : "evaluation");
+}
+
+TEST(NnBatchNorm, RunningStatisticsMistakesAreNamed) {
+  Tensor x = randn({2, 3, 4}, 1);
+  Tensor rm = Tensor::zeros({3}), rv = Tensor::ones({3});
+  EXPECT_HAS(
+      error_of([&] { batch_norm(x, Tensor(), Tensor(), Tensor::zeros({4}), rv, true, 0.1, 1e-5); }),
+      "running_mean and running_var must be [3]");
+  EXPECT_HAS(error_of([&] { batch_norm(x, Tensor(), Tensor(), rm, rv, true, 1.5, 1e-5); }),
+             "momentum must be in [0, 1]");
+  EXPECT_HAS(error_of([&] {
+               batch_norm(randn({1, 3}, 2), Tensor(), Tensor(), rm, rv, true, 0.1, 1e-5);
+             }),
+             "more than one value per channel");
+  // Evaluation of a single example is fine.
+  EXPECT_EQ(batch_norm(randn({1, 3}, 2), Tensor(), Tensor(), rm, rv, false, 0.1, 1e-5).shape(),
+            (Shape{1, 3}));
+}
+
+TEST(NnTrainEvalSelect, IsACopyOfItsTrainingInputWithItsGradient) {
+  Tensor a = randn({2, 3}, 42, 0, f64(true)), e = randn({2, 3}, 43, 0, f64(true));
+  Tensor y = train_eval_select(a, e);
+  EXPECT_EQ(y.to_vector(), a.to_vector());
+  sum(y * y).backward();
+  expect_close(a.grad(), (a * 2.0).to_vector(), 1e-12, 1e-12, "gradient of the training input");
+  expect_close(e.grad(), std::vector<double>(6, 0.0), 0, 0, "gradient of the evaluation input");
+  EXPECT_HAS(error_of([] {
+               train_eval_select(randn({2, 3}, 1), randn({3, 2}, 2));
+             }),
+             "one shape and dtype");
+}
+
 // ---------------- layer_norm / rms_norm ----------------
 
 TEST(NnLayerNorm, MatchesReferenceWithAndWithoutParameters) {

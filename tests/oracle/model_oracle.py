@@ -5,8 +5,12 @@ Usage: model_oracle.py IN.hapt CONFIG.json OUT.hapt
 
 CONFIG    {"model": NAME, "options": {...every option of the model, as the C++ zoo resolved
           them...}, "dtype": "float64" (default) or "float32"}.
-IN.hapt   every parameter by its C++ name and every model input by name (see each model below).
-OUT.hapt  (all f64) `loss` (scalar) and `grad.{name}` for every parameter.
+IN.hapt   every parameter and buffer by its C++ name and every model input by name (see each
+          model below).
+OUT.hapt  (all f64) `loss` (scalar) and `grad.{name}` for every parameter; for a model with
+          buffers (running statistics) also `buffer.{name}`, each after the training forward,
+          and `eval_loss` and `eval_grad.{name}`, the loss and gradients of an evaluation
+          forward with them.
 
 Each model is written functionally over a dict of named tensors, so that the names are exactly
 the ones the C++ model registers. Dropout must be 0 (the oracle has no access to our RNG).
@@ -58,14 +62,26 @@ def vgg_parameter_shapes(o):
     return shapes
 
 
-def vgg_loss(p, inputs, o):
+def vgg_buffer_shapes(o):
+    shapes = OrderedDict()
+    if o.get("batch_norm", False):
+        for s, layers in enumerate(VGG_STAGES[o["depth"]]):
+            for j in range(layers):
+                for stat in ("running_mean", "running_var"):
+                    shapes[f"features.{s}.norm{j}.{stat}"] = (o["width"] * VGG_WIDTH[s],)
+    return shapes
+
+
+def vgg_loss(p, inputs, o, b, training):
     x = inputs["images"]
     for s, layers in enumerate(VGG_STAGES[o["depth"]]):
         for j in range(layers):
             x = F.conv2d(x, p[f"features.{s}.{j}.weight"], p.get(f"features.{s}.{j}.bias"), padding=1)
-            if o.get("batch_norm", False):  # batch statistics (track_running_stats=False)
-                x = F.batch_norm(x, None, None, p[f"features.{s}.norm{j}.weight"],
-                                 p[f"features.{s}.norm{j}.bias"], training=True, eps=1e-5)
+            if o.get("batch_norm", False):  # running statistics updated in place in training
+                n = f"features.{s}.norm{j}"
+                x = F.batch_norm(x, b[f"{n}.running_mean"], b[f"{n}.running_var"],
+                                 p[f"{n}.weight"], p[f"{n}.bias"], training=training,
+                                 momentum=0.1, eps=1e-5)
             x = F.relu(x)
         x = F.max_pool2d(x, 2)
     x = x.reshape(x.shape[0], -1)
@@ -175,7 +191,7 @@ def vit_parameter_shapes(o):
     return shapes
 
 
-def vit_loss(p, inputs, o):
+def vit_loss(p, inputs, o, b, training):
     images = inputs["images"]
     B, C = images.shape[0], o["n_embd"]
     x = F.conv2d(images, p["patch.weight"], p["patch.bias"], stride=o["patch_size"])
@@ -236,7 +252,7 @@ def bert_inputs(o):
     return ("idx", "mlm.inputs", "mlm.targets") if o["objective"] == "mlm" else ("idx", "targets")
 
 
-def bert_loss(p, inputs, o):
+def bert_loss(p, inputs, o, b, training):
     mlm = o["objective"] == "mlm"
     idx, targets = (inputs["mlm.inputs"], inputs["mlm.targets"]) if mlm else (inputs["idx"], inputs["targets"])
     C = o["n_embd"]
@@ -257,11 +273,17 @@ def bert_loss(p, inputs, o):
     return loss + o.get("aux_loss_coef", 0.0) * aux
 
 
+def no_buffers(o):
+    return OrderedDict()
+
+
+# name: (parameter shapes, loss(params, inputs, options, buffers, training), input names,
+#        buffer shapes)
 MODELS = {
-    "vgg19": (vgg_parameter_shapes, vgg_loss, lambda o: ("images", "labels")),
-    "vit": (vit_parameter_shapes, vit_loss, lambda o: ("images", "labels")),
-    "bert": (bert_parameter_shapes, bert_loss, bert_inputs),
-    "bert_moe": (bert_parameter_shapes, bert_loss, bert_inputs),
+    "vgg19": (vgg_parameter_shapes, vgg_loss, lambda o: ("images", "labels"), vgg_buffer_shapes),
+    "vit": (vit_parameter_shapes, vit_loss, lambda o: ("images", "labels"), no_buffers),
+    "bert": (bert_parameter_shapes, bert_loss, bert_inputs, no_buffers),
+    "bert_moe": (bert_parameter_shapes, bert_loss, bert_inputs, no_buffers),
 }
 
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -293,21 +315,25 @@ def read_config(path):
 
 def run(in_path, config_path, out_path):
     name, options, dtype = read_config(config_path)
-    shapes_of, loss_of, inputs_of = MODELS[name]
+    shapes_of, loss_of, inputs_of, buffer_shapes_of = MODELS[name]
     try:
         shapes = shapes_of(options)
+        buffer_shapes = buffer_shapes_of(options)
         input_names = inputs_of(options)
     except KeyError as e:
         raise OracleError(f"{config_path}: option {e} is missing for model {name}") from None
-    tensors = oracle_cli.load_tensors(in_path, list(shapes) + list(input_names))
-    params = OrderedDict()
-    for pname, shape in shapes.items():
+    tensors = oracle_cli.load_tensors(in_path, list(shapes) + list(buffer_shapes) + list(input_names))
+
+    def leaf(pname, shape, what):
         t = tensors[pname]
         if tuple(t.shape) != shape:
-            raise OracleError(f"{in_path}: parameter '{pname}' has shape {list(t.shape)}, expected {list(shape)}")
-        params[pname] = t.to(dtype).clone().requires_grad_(True)
+            raise OracleError(f"{in_path}: {what} '{pname}' has shape {list(t.shape)}, expected {list(shape)}")
+        return t.to(dtype).clone()
+
+    params = OrderedDict((n, leaf(n, s, "parameter").requires_grad_(True)) for n, s in shapes.items())
+    buffers = OrderedDict((n, leaf(n, s, "buffer")) for n, s in buffer_shapes.items())
     inputs = {n: (tensors[n].to(dtype) if tensors[n].is_floating_point() else tensors[n]) for n in input_names}
-    loss = loss_of(params, inputs, options)
+    loss = loss_of(params, inputs, options, buffers, True)
     loss.backward()
     out = OrderedDict()
     out["loss"] = loss.detach().to(torch.float64)
@@ -315,6 +341,16 @@ def run(in_path, config_path, out_path):
         if p.grad is None:
             raise OracleError(f"parameter '{pname}' got no gradient in the {name} twin")
         out[f"grad.{pname}"] = p.grad.detach().to(torch.float64)
+    if buffers:
+        for bname, b in buffers.items():
+            out[f"buffer.{bname}"] = b.to(torch.float64)
+        for p in params.values():
+            p.grad = None
+        eval_loss = loss_of(params, inputs, options, buffers, False)
+        eval_loss.backward()
+        out["eval_loss"] = eval_loss.detach().to(torch.float64)
+        for pname, p in params.items():
+            out[f"eval_grad.{pname}"] = p.grad.detach().to(torch.float64)
     hapt.save(out_path, out)
 
 

@@ -87,6 +87,8 @@ TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
 
   const std::string dir = oracle::temp_dir(c.model).string();
   NamedTensors in = model->named_parameters();
+  const NamedTensors buffers = model->named_buffers();
+  in.insert(in.end(), buffers.begin(), buffers.end());
   in.insert(in.end(), batch.begin(), batch.end());
   if (c.extra) {
     const NamedTensors more = c.extra(*model, batch);
@@ -112,6 +114,32 @@ TEST_P(ModelOracle, LossAndEveryGradientMatchTorch) {
     ASSERT_TRUE(p.grad().defined());
     ASSERT_TRUE(ref.count("grad." + name));
     EXPECT_LE(rel_norm_error(p.grad(), ref.at("grad." + name)), 1e-4);
+  }
+  // Running statistics after the training forward, and an evaluation forward that uses them.
+  for (const auto& [name, b] : buffers) {
+    SCOPED_TRACE(name);
+    ASSERT_TRUE(ref.count("buffer." + name));
+    EXPECT_LE(rel_norm_error(b, ref.at("buffer." + name)), 1e-5);
+  }
+  if (!buffers.empty()) {
+    // The loss of these small models barely moves with the statistics; the gradients do.
+    model->zero_grad();
+    model->eval();
+    Tensor eval_loss = model->loss(nn::Batch(batch.begin(), batch.end()));
+    eval_loss.backward();
+    model->train();
+    const double ref_eval = ref.at("eval_loss").item();
+    EXPECT_LE(std::abs(eval_loss.item() - ref_eval) / std::abs(ref_eval), 1e-5)
+        << eval_loss.item() << " vs " << ref_eval;
+    double largest_change = 0;  // from the training forward's gradients
+    for (auto& [name, p] : model->named_parameters()) {
+      SCOPED_TRACE("evaluation: " + name);
+      ASSERT_TRUE(p.grad().defined());
+      EXPECT_LE(rel_norm_error(p.grad(), ref.at("eval_grad." + name)), 1e-4);
+      largest_change = std::max(largest_change, rel_norm_error(p.grad(), ref.at("grad." + name)));
+    }
+    EXPECT_GT(largest_change, 0.1)
+        << "the evaluation forward should normalise by the running statistics";
   }
 }
 

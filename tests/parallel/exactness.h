@@ -9,6 +9,7 @@
 #include <map>
 #include <string>
 
+#include "autograd/grad_mode.h"
 #include "models/clip.h"
 #include "models/module.h"
 #include "models/optim.h"
@@ -104,7 +105,9 @@ inline void expect_distributed(const synth::Graph& g, const synth::DistributedPr
 // Plans `g` with `strategy` on this world and trains it for `steps` AdamW steps beside `ref` on one
 // device (global-norm clipping at `clip` when > 0), checking the loss at every step, every
 // gradient at the first, and every parameter at the end (final_check(name, distributed, one
-// device); by default a relative error of at most 1e-4).
+// device); by default a relative error of at most 1e-4). The model's buffers (running statistics)
+// start from copies of ref's and are compared after the last step (relative 1e-4), as is the
+// loss of one evaluation forward, which uses them (relative 1e-5).
 inline void compare_with_one_device(
     const synth::Graph& g, synth::Strategy strategy, synth::SegmentMode segments, nn::Module& ref,
     const std::function<Tensor()>& ref_loss, const std::map<std::string, Tensor>& data, int steps,
@@ -127,6 +130,9 @@ inline void compare_with_one_device(
         ADD_FAILURE() << "unknown parameter " << name;
         return Tensor();
       });
+  std::vector<std::pair<std::string, Tensor>> states;
+  for (const auto& [name, b] : ref.named_buffers()) states.emplace_back(name, b.clone());
+  ex.set_states(states);
   auto inputs = [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
     return box(data.at(name), local, s);
   };
@@ -159,6 +165,18 @@ inline void compare_with_one_device(
     ref_opt.step();
   }
   for (auto& [name, p] : named) final_check(name, ex.gathered_value(name), p);
+  const auto ref_buffers = ref.named_buffers();
+  ASSERT_EQ(ex.states().size(), ref_buffers.size());
+  for (size_t i = 0; i < ref_buffers.size(); ++i) {
+    EXPECT_EQ(ex.states()[i].first, ref_buffers[i].first);
+    EXPECT_LE(rel_err(ex.states()[i].second, ref_buffers[i].second), 1e-4) << ref_buffers[i].first;
+  }
+  NoGradGuard no_grad;
+  const double eval_loss = ex.global_loss(ex.forward(inputs, {.training = false}));
+  ref.eval();
+  const double ref_eval_loss = ref_loss().item();
+  ref.train();
+  EXPECT_LE(std::abs(eval_loss - ref_eval_loss) / std::abs(ref_eval_loss), 1e-5) << "evaluation";
 }
 
 }  // namespace hap::parallel::testing

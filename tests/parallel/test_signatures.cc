@@ -75,6 +75,7 @@ std::vector<Case> cases() {
     c.push_back({"", OpKind::MaskedFill, {normal(s, 15), mask}, ops::ScalarAttrs{-4.0}});
   }
   c.push_back({"", OpKind::Cast, {normal(s, 16)}, ops::CastAttrs{DType::F32}});
+  c.push_back({"", OpKind::TrainEvalSelect, {normal({4, 1, 6}, 71), normal({4, 1, 6}, 72)}, {}});
   c.push_back({"", OpKind::Dropout, {normal({4, 6, 5}, 17)}, ops::RandomAttrs{0.3, 99, 7, {}}});
   {
     // Routing groups of 5 tokens, 2 choices, 3 experts of capacity 3 (some choices dropped).

@@ -122,6 +122,40 @@ TEST(Tracer, TheLossMustBeAScalarComputedByTracedOps) {
              "not computed by traced ops");
 }
 
+TEST(Tracer, BufferUpdatesBecomeStateUpdatesAndEvaluationSelects) {
+  nn::BatchNorm bn(nn::BatchNormOptions(3).momentum(0.2));
+  Tensor x = Tensor::meta({4, 3, 5}, DType::F32);
+  const Graph g = trace([&] { return mean(bn.forward(x)); }, bn.named_parameters(), {{"x", x}},
+                        bn.named_buffers());
+  std::set<std::string> states;
+  for (const GraphTensor& t : g.tensors)
+    if (t.role == TensorRole::State) states.insert(t.name);
+  EXPECT_EQ(states, (std::set<std::string>{"running_mean", "running_var"}));
+  ASSERT_EQ(g.state_updates.size(), 2u);
+  const double n = 4 * 5;
+  const double takes[2] = {0.2, 0.2 * n / (n - 1)};  // the variance unbiased
+  for (size_t i = 0; i < 2; ++i) {
+    const StateUpdate& u = g.state_updates[i];
+    EXPECT_EQ(g.tensors[static_cast<size_t>(u.state)].name,
+              i == 0 ? "running_mean" : "running_var");
+    EXPECT_DOUBLE_EQ(u.keep, 0.8);
+    EXPECT_DOUBLE_EQ(u.take, takes[i]);
+    const GraphTensor& value = g.tensors[static_cast<size_t>(u.value)];
+    ASSERT_GE(value.producer, 0);
+    EXPECT_EQ(g.nodes[static_cast<size_t>(value.producer)].kind, ops::OpKind::Mean);
+  }
+  int selects = 0;
+  for (const GraphNode& node : g.nodes) selects += node.kind == ops::OpKind::TrainEvalSelect;
+  EXPECT_EQ(selects, 2);
+  EXPECT_NE(g.str().find("state"), std::string::npos);
+
+  // Buffers not passed as states cannot be updated.
+  EXPECT_HAS(test_util::error_of([&] {
+               trace([&] { return mean(bn.forward(x)); }, bn.named_parameters(), {{"x", x}});
+             }),
+             "not one of the model's buffers");
+}
+
 TEST(Tracer, GptBlocksTraceUnderTheirModulePaths) {
   nn::GPTConfig c;
   c.vocab_size = 11;

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "models/serialize.h"
 #include "tests/test_util.h"
 #include "train/config.h"
 #include "train/from_config.h"
@@ -194,6 +195,35 @@ TEST(Train, StoppingAndResumingFromACheckpointGivesTheSameRun) {
   }
   EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8}));
   EXPECT_EQ(configs, 2);
+  fs::remove_all(dir);
+}
+
+// A model with running statistics (VGG-BN): its checkpoint holds them, and a resumed run
+// evaluates exactly as the uninterrupted one (the evaluation normalises by them).
+TEST(Train, RunningStatisticsAreCheckpointedAndResumed) {
+  fs::path dir = fs::temp_directory_path() / ("hap_train_bn_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string ckpt = (dir / "half.safetensors").string();
+  const std::string vgg = std::string(HAP_SOURCE_DIR) + "/configs/vgg19.yaml";
+  const std::vector<std::string> small = {
+      "model.depth=11",       "model.width=4",   "model.hidden=16",        "model.batch_norm=true",
+      "train.batch_size=8",   "train.steps=6",   "train.warmup_steps=2",   "train.eval_every=6",
+      "train.eval_batches=1", "train.log_file=", "data.synthetic_size=256"};
+  const RunConfig c = load_run_config(vgg, {small.begin(), small.end()});
+  const TrainSummary straight = train(c, {.quiet = true});
+  train(c, {.checkpoint_path = ckpt, .stop_after = 3, .quiet = true});
+  const Checkpoint saved = read_checkpoint(ckpt);
+  int stats = 0;
+  for (const auto& [name, t] : saved.tensors) {
+    if (name.find(".running_") == std::string::npos) continue;
+    ++stats;
+    EXPECT_EQ(name.rfind("model.features.", 0), 0u) << name;
+  }
+  EXPECT_EQ(stats, 2 * 8);  // mean and variance of 8 BatchNorm layers
+  const TrainSummary resumed = train(c, {.resume_path = ckpt, .quiet = true});
+  EXPECT_EQ(resumed.last_loss, straight.last_loss);
+  ASSERT_GT(straight.last_val_loss, 0);
+  EXPECT_EQ(resumed.last_val_loss, straight.last_val_loss);
   fs::remove_all(dir);
 }
 
