@@ -10,6 +10,7 @@
 #include "model_test_util.h"
 #include "models/layers.h"
 #include "models/module.h"
+#include "ops/functional.h"
 
 namespace hap::nn {
 namespace {
@@ -174,6 +175,43 @@ TEST(Module, ToConvertsParametersInPlaceKeepingHandlesValid) {
   std::vector<double> after = w.to_vector();
   for (size_t i = 0; i < before.size(); ++i) EXPECT_EQ(static_cast<float>(after[i]), before[i]);
   EXPECT_HAS(error_of([&] { m.to(DType::I64); }), "floating-point");
+}
+
+// Buffers: named like parameters, kept apart from them, converted by to() and reset by
+// reset_parameters() through the init rules (BatchNorm: running_mean zeros, running_var ones).
+TEST(Module, BuffersAreNamedConvertedAndResetLikeParameters) {
+  struct Net : Module {
+    std::shared_ptr<BatchNorm> norm;
+    Tensor count;
+    Net() : Module("Net") {
+      count = register_buffer("count", Tensor::zeros({1}));
+      norm = register_module("norm", std::make_shared<BatchNorm>(BatchNormOptions(3)));
+    }
+  } net;
+  std::vector<std::string> names;
+  for (const auto& [n, _] : net.named_buffers()) names.push_back(n);
+  EXPECT_EQ(names, (std::vector<std::string>{"count", "norm.running_mean", "norm.running_var"}));
+  EXPECT_EQ(net.named_parameters().size(), 2u);  // norm.weight, norm.bias
+  EXPECT_TRUE(same_values(net.buffer("norm.running_var"), Tensor::ones({3})));
+  EXPECT_HAS(error_of([&] { net.buffer("norm.weight"); }), "no buffer named 'norm.weight'");
+  EXPECT_HAS(error_of([&] { net.register_buffer("count", Tensor::zeros({1})); }),
+             "already used by a buffer");
+  EXPECT_HAS(error_of([&] { net.register_parameter("count", Tensor::zeros({1})); }),
+             "already used by a buffer");
+  Tensor trained = Tensor::zeros({2});
+  trained.set_requires_grad(true);
+  EXPECT_HAS(error_of([&] { net.register_buffer("w", trained); }), "does not require grad");
+
+  // A training forward moves the statistics; reset_parameters puts them back.
+  net.norm->forward(randn({4, 3}, 7) * 3.0 + 2.0);
+  EXPECT_FALSE(same_values(net.norm->running_mean, Tensor::zeros({3})));
+  net.reset_parameters(1);
+  EXPECT_TRUE(same_values(net.norm->running_mean, Tensor::zeros({3})));
+  EXPECT_TRUE(same_values(net.norm->running_var, Tensor::ones({3})));
+  const Tensor handle = net.norm->running_var;
+  net.to(DType::F64);
+  EXPECT_EQ(handle.dtype(), DType::F64);
+  EXPECT_EQ(net.buffer("count").dtype(), DType::F64);
 }
 
 TEST(Module, Fnv1aMatchesTheReferenceValues) {

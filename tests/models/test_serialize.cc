@@ -13,8 +13,10 @@
 #include "core/rng.h"
 #include "model_test_util.h"
 #include "models/gpt.h"
+#include "models/layers.h"
 #include "models/optim.h"
 #include "models/serialize.h"
+#include "ops/functional.h"
 
 namespace hap {
 namespace {
@@ -221,6 +223,21 @@ TEST_F(SerializeTest, CheckpointResumesTrainingExactly) {
       EXPECT_TRUE(same_values(t, c.model->parameter(name.substr(6)))) << name;
     }
   EXPECT_EQ(c.opt->state(c.model->wte->weight)->step, 0);
+}
+
+TEST_F(SerializeTest, CheckpointsHoldBuffers) {
+  nn::BatchNorm a(nn::BatchNormOptions(3));
+  a.forward(randn({5, 3, 2}, 3) * 2.0 + 1.0);  // running statistics away from their start
+  save_checkpoint(path("bn.ckpt"), a, nullptr, 1);
+  nn::BatchNorm b(nn::BatchNormOptions(3));
+  EXPECT_EQ(load_checkpoint(path("bn.ckpt"), b, nullptr), 1);
+  EXPECT_TRUE(same_values(b.running_mean, a.running_mean));
+  EXPECT_TRUE(same_values(b.running_var, a.running_var));
+  // Without its running statistics a checkpoint does not fit a model that keeps them.
+  nn::BatchNorm plain(nn::BatchNormOptions(3).track_running_stats(false));
+  save_checkpoint(path("plain.ckpt"), plain, nullptr, 0);
+  EXPECT_HAS(error_of([&] { load_checkpoint(path("plain.ckpt"), b, nullptr); }),
+             "has no tensor 'model.running_mean'");
 }
 
 TEST_F(SerializeTest, CheckpointMismatchesAreReportedByName) {
