@@ -170,6 +170,18 @@ Allocator& allocator_for(DeviceKind kind) {
   return *a;
 }
 
+Allocator* registered_allocator(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.allocators[static_cast<size_t>(kind)];
+}
+
+DeviceCopyFn registered_device_copy(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.copies[static_cast<size_t>(kind)];
+}
+
 bool has_allocator(DeviceKind kind) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

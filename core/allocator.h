@@ -41,6 +41,9 @@ bool has_allocator(DeviceKind kind);
 using DeviceCopyFn = void (*)(void* dst, Device dst_device, const void* src, Device src_device,
                               size_t nbytes);
 void register_device_copy(DeviceKind kind, DeviceCopyFn copy);  // null removes it
+// What is registered now (null: nothing), so that a test can put back what it replaced.
+Allocator* registered_allocator(DeviceKind kind);
+DeviceCopyFn registered_device_copy(DeviceKind kind);
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 
 // The CPU caching allocator itself (what allocator_for(DeviceKind::CPU) wraps).

@@ -2,6 +2,9 @@
 
 #include "ops/dispatch.h"
 #include "ops/op.h"
+#ifdef HAP_HAVE_CUDA
+#include "ops/cuda/kernels.h"
+#endif
 
 namespace hap::ops {
 
@@ -25,6 +28,9 @@ OpTable build_table() {
   register_optim_ops(t);
   register_conv_ops(t);
   register_moe_ops(t);
+#ifdef HAP_HAVE_CUDA
+  cuda::register_all(t);
+#endif
   for (size_t i = 0; i < kNumOps; ++i) {
     HAP_ASSERT(t[i].name != nullptr && t[i].infer != nullptr && t[i].cpu != nullptr, "op ",
                kOpNames[i], " has no complete registry entry");

@@ -64,7 +64,7 @@ fi
 
 # ---- build ----
 build=${HAP_FUZZ_BUILD_DIR:-build-fuzz}
-CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+CC=clang-14 CXX=clang++-14 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHAP_CUDA=OFF \
   -DHAP_FUZZ=ON -DHAP_BUILD_TESTS=OFF -DHAP_BUILD_BENCH=OFF >"$build.configure.log" 2>&1 ||
   { cat "$build.configure.log" >&2; exit 2; }
 rm -f "$build.configure.log"

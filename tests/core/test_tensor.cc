@@ -11,6 +11,9 @@
 #include <vector>
 
 #include "core/allocator.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/rng.h"
@@ -443,20 +446,38 @@ void fake_copy(void* dst, Device, const void* src, Device, size_t nbytes) {
   std::memcpy(dst, src, nbytes);
 }
 
+// Stands in for the CUDA backend (the real one, when built, is put back afterwards).
 class FakeDevice : public ::testing::Test {
  protected:
   void SetUp() override {
+    saved_allocator_ = registered_allocator(DeviceKind::CUDA);
+    saved_copy_ = registered_device_copy(DeviceKind::CUDA);
     register_allocator(DeviceKind::CUDA, &allocator_);
     register_device_copy(DeviceKind::CUDA, &fake_copy);
   }
   void TearDown() override {
-    register_allocator(DeviceKind::CUDA, nullptr);
-    register_device_copy(DeviceKind::CUDA, nullptr);
+    register_allocator(DeviceKind::CUDA, saved_allocator_);
+    register_device_copy(DeviceKind::CUDA, saved_copy_);
   }
   FakeDeviceAllocator allocator_;
+  Allocator* saved_allocator_ = nullptr;
+  DeviceCopyFn saved_copy_ = nullptr;
 };
 
-TEST(Devices, WithoutABackendAllocatingOnCudaSaysSo) {
+// Without the CUDA backend in the build, or with it but no GPU, a CUDA tensor is an error that
+// says which.
+TEST(Devices, WithoutABackendOrAGpuAllocatingOnCudaSaysSo) {
+#ifdef HAP_HAVE_CUDA
+  ASSERT_TRUE(has_allocator(DeviceKind::CUDA));
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu covers it";
+  EXPECT_HAS(test_util::error_of([] { Tensor::ones({2}).to(Device::cuda(0)); }),
+             "cuda:0: no CUDA device is visible to this process");
+  EXPECT_HAS(
+      test_util::error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(1))); }),
+      "cuda:1: no CUDA device is visible");
+  EXPECT_EQ(cuda::parse_bytes("3M"), size_t{3} << 20);
+  EXPECT_HAS(test_util::error_of([] { cuda::parse_bytes("12X"); }), "'12X'");
+#else
   ASSERT_FALSE(has_allocator(DeviceKind::CUDA));
   const std::string m =
       test_util::error_of([] { Tensor::empty({2}, TensorOptions{}.with_device(Device::cuda(0))); });
@@ -464,6 +485,7 @@ TEST(Devices, WithoutABackendAllocatingOnCudaSaysSo) {
   EXPECT_HAS(m, "no cuda backend");
   EXPECT_HAS(test_util::error_of([] { Tensor::ones({2}).to(Device::cuda(0)); }),
              "no allocator for cuda");
+#endif
 }
 
 TEST(Devices, ToTheSameDeviceIsTheTensorItself) {

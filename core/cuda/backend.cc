@@ -1,0 +1,233 @@
+#include "core/cuda/backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/cuda/check.h"
+
+namespace hap::cuda {
+
+namespace {
+
+struct Probe {
+  int count = 0;
+  std::string reason;
+};
+
+const Probe& probe() {
+  static const Probe p = [] {
+    Probe r;
+    const cudaError_t e = cudaGetDeviceCount(&r.count);
+    if (e != cudaSuccess) {
+      r.count = 0;
+      r.reason = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+      cudaGetLastError();  // not sticky: leave the runtime clean
+    } else if (r.count == 0) {
+      r.reason = "the CUDA runtime reports no device";
+    }
+    return r;
+  }();
+  return p;
+}
+
+// Sizes are rounded so that near sizes share cached blocks: to 512 bytes below 1 MiB, above it to
+// 1/8 of the size's power of two.
+size_t round_size(size_t n) {
+  constexpr size_t kSmall = size_t{1} << 20;
+  if (n < kSmall) return std::max<size_t>((n + 511) / 512 * 512, 512);
+  size_t p = 1;
+  while (p < n) p <<= 1;
+  const size_t step = p / 8;
+  return (n + step - 1) / step * step;
+}
+
+size_t cap_from_environment() {
+  const char* v = std::getenv("HAP_CUDA_MEMORY_CAP");
+  if (v == nullptr || *v == '\0') return 0;
+  try {
+    return parse_bytes(v);
+  } catch (const Error& e) {
+    throw Error(std::string("HAP_CUDA_MEMORY_CAP: ") + e.what());
+  }
+}
+
+class CudaAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, int index) override {
+    check_device(index);
+    const size_t n = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    PerDevice& d = devices_[index];
+    auto it = d.free.find(n);
+    if (it != d.free.end()) {
+      void* p = it->second;
+      d.free.erase(it);
+      d.stats.cached_bytes -= n;
+      note_allocated(d, n);
+      return p;
+    }
+    if (cap_ > 0 && d.stats.allocated_bytes + n > cap_)
+      throw Error(detail::concat("cuda:", index, ": allocating ", nbytes,
+                                 " bytes would exceed the ", "memory cap of ", cap_, " bytes (",
+                                 d.stats.allocated_bytes,
+                                 " in use; HAP_CUDA_MEMORY_CAP or cuda::set_memory_cap)"));
+    if (cap_ > 0 && d.stats.allocated_bytes + d.stats.cached_bytes + n > cap_) release(index, d);
+    HAP_CUDA_CHECK(cudaSetDevice(index));
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {  // return the cache to the driver and try once more
+      cudaGetLastError();
+      release(index, d);
+      e = cudaMalloc(&p, n);
+    }
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_bytes = 0, total = 0;
+      cudaMemGetInfo(&free_bytes, &total);
+      throw Error(detail::concat("cuda:", index, ": cannot allocate ", nbytes, " bytes (",
+                                 cudaGetErrorName(e), "): ", d.stats.allocated_bytes,
+                                 " bytes in use by HAP, ", free_bytes, " of ", total,
+                                 " bytes free on the device"));
+    }
+    note_allocated(d, n);
+    return p;
+  }
+
+  void deallocate(void* ptr, size_t nbytes, int index) override {
+    if (ptr == nullptr) return;
+    const size_t n = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    PerDevice& d = devices_[index];
+    d.stats.allocated_bytes -= n;
+    d.free.emplace(n, ptr);
+    d.stats.cached_bytes += n;
+  }
+
+  AllocatorStats stats(int index) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = devices_.find(index);
+    return it == devices_.end() ? AllocatorStats{} : it->second.stats;
+  }
+
+  void reset_peak(int index) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PerDevice& d = devices_[index];
+    d.stats.peak_allocated_bytes = d.stats.allocated_bytes;
+  }
+
+  void release_cache(int index) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    release(index, devices_[index]);
+  }
+
+  void set_cap(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    cap_ = bytes;
+  }
+  size_t cap() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cap_;
+  }
+
+ private:
+  struct PerDevice {
+    std::multimap<size_t, void*> free;
+    AllocatorStats stats;
+  };
+
+  static void note_allocated(PerDevice& d, size_t n) {
+    d.stats.allocated_bytes += n;
+    d.stats.peak_allocated_bytes = std::max(d.stats.peak_allocated_bytes, d.stats.allocated_bytes);
+  }
+
+  // With mu_ held.
+  static void release(int index, PerDevice& d) {
+    if (d.free.empty()) return;
+    HAP_CUDA_CHECK(cudaSetDevice(index));
+    HAP_CUDA_CHECK(cudaDeviceSynchronize());  // no queued kernel may still use a block
+    for (auto& [n, p] : d.free) HAP_CUDA_CHECK(cudaFree(p));
+    d.free.clear();
+    d.stats.cached_bytes = 0;
+  }
+
+  mutable std::mutex mu_;
+  std::map<int, PerDevice> devices_;
+  size_t cap_ = cap_from_environment();
+};
+
+CudaAllocator& allocator() {
+  static CudaAllocator* a = new CudaAllocator();  // leaked on purpose: outlives static tensors
+  return *a;
+}
+
+void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
+  const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
+  check_device(gpu.index);
+  HAP_CUDA_CHECK(cudaSetDevice(gpu.index));
+  // Unified addressing tells the direction; a copy to the host waits for the kernels before it.
+  HAP_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
+}
+
+// Registered when the library loads; registering touches no GPU.
+const bool g_registered = [] {
+  register_allocator(DeviceKind::CUDA, &allocator());
+  register_device_copy(DeviceKind::CUDA, copy);
+  return true;
+}();
+
+}  // namespace
+
+int device_count() { return probe().count; }
+std::string unavailable_reason() { return probe().reason; }
+
+void check_device(int index) {
+  const int n = device_count();
+  HAP_CHECK(n > 0, "cuda:", index, ": no CUDA device is visible to this process (",
+            unavailable_reason(), "); use the CPU (train.device: cpu)");
+  HAP_CHECK(index >= 0 && index < n, "cuda:", index, ": no such device; this process sees ", n,
+            " CUDA device(s), cuda:0 to cuda:", n - 1);
+}
+
+std::string device_description(int index) {
+  check_device(index);
+  cudaDeviceProp p{};
+  HAP_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  return detail::concat(p.name, ", sm_", p.major, p.minor, ", ", p.totalGlobalMem >> 20, " MiB");
+}
+
+void set_memory_cap(size_t bytes) { allocator().set_cap(bytes); }
+size_t memory_cap() { return allocator().cap(); }
+
+size_t parse_bytes(const std::string& text) {
+  size_t i = 0;
+  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+  const std::string digits = text.substr(0, i), suffix = text.substr(i);
+  size_t scale = 1;
+  if (suffix == "K" || suffix == "k")
+    scale = size_t{1} << 10;
+  else if (suffix == "M" || suffix == "m")
+    scale = size_t{1} << 20;
+  else if (suffix == "G" || suffix == "g")
+    scale = size_t{1} << 30;
+  else
+    HAP_CHECK(suffix.empty(), "expected a number of bytes with an optional K, M or G, got '", text,
+              "'");
+  HAP_CHECK(!digits.empty() && digits.size() <= 15, "expected a number of bytes with an optional ",
+            "K, M or G, got '", text, "'");
+  return static_cast<size_t>(std::stoull(digits)) * scale;
+}
+
+void synchronize(int index) {
+  check_device(index);
+  HAP_CUDA_CHECK(cudaSetDevice(index));
+  HAP_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+}  // namespace hap::cuda

@@ -1,0 +1,35 @@
+// The CUDA backend's host side: which GPUs this process sees, and the caching allocator and
+// copies it registers for DeviceKind::CUDA (core/allocator.h) when the library loads. Built where
+// nvcc is found (CMake option HAP_CUDA); a process without a GPU or driver loads it all the same,
+// and only using a CUDA tensor is an error, naming the device.
+//
+// The allocator caches freed blocks by rounded size (all work runs on the default stream, so a
+// freed block is reusable by the next kernel in stream order), keeps statistics per device, and
+// honours a cap: HAP_CUDA_MEMORY_CAP (bytes, or with a K, M or G suffix) in the environment, or
+// set_memory_cap(). An allocation over the cap, or one the GPU cannot satisfy after the cache is
+// returned, is a hap::Error naming the device, the bytes asked for, in use, cached and free.
+#pragma once
+#include <cstddef>
+#include <string>
+
+namespace hap::cuda {
+
+// The number of GPUs this process can use: 0 without a driver or device (never throws).
+int device_count();
+// Why device_count() is 0 ("" when it is not): the runtime's own words.
+std::string unavailable_reason();
+// Throws a hap::Error naming cuda:`index` when it is not a usable device.
+void check_device(int index);
+// The device's name and compute capability ("NVIDIA H200, sm_90").
+std::string device_description(int index);
+
+// Bytes a CUDA device may hold through the allocator (0: no cap).
+void set_memory_cap(size_t bytes);
+size_t memory_cap();
+// Parses a cap as HAP_CUDA_MEMORY_CAP takes it ("512M", "2G", "1048576"); throws naming the text.
+size_t parse_bytes(const std::string& text);
+
+// Waits for every kernel and copy queued on the device.
+void synchronize(int index);
+
+}  // namespace hap::cuda

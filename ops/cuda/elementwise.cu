@@ -1,0 +1,351 @@
+// CUDA kernels of the elementwise ops: unary, binary with broadcasting, scalar, relu_backward,
+// contiguous and cast, for f32 and f64. Inputs may be any strided view: each thread maps its
+// output index to every input's offset (broadcast dims have stride 0), so no operand is copied
+// first. Outputs are contiguous, as on the CPU.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/cuda/check.h"
+#include "ops/cuda/kernels.h"
+#include "ops/defs/common.h"
+
+namespace hap::ops::cuda {
+namespace {
+
+constexpr int kMaxDims = 8;
+constexpr int kThreads = 256;
+
+// An operand's strides (in elements) over the output's sizes; a broadcast dim has stride 0.
+struct Indexer {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int64_t strides[kMaxDims] = {};
+};
+
+__device__ __forceinline__ int64_t offset_of(const Indexer& ix, int64_t i) {
+  int64_t off = 0;
+  for (int d = ix.ndim - 1; d >= 0; --d) {
+    const int64_t s = ix.sizes[d];
+    off += (i % s) * ix.strides[d];
+    i /= s;
+  }
+  return off;
+}
+
+Indexer indexer(const Tensor& t, const Shape& out, const char* op) {
+  HAP_CHECK(out.size() <= kMaxDims, "op ", op, " on cuda: at most ", kMaxDims, " dimensions, got ",
+            shape_str(out));
+  Indexer ix;
+  ix.ndim = static_cast<int>(out.size());
+  const int64_t lead = static_cast<int64_t>(out.size()) - t.dim();
+  for (int64_t d = 0; d < ix.ndim; ++d) {
+    ix.sizes[d] = out[static_cast<size_t>(d)];
+    const int64_t td = d - lead;
+    ix.strides[d] =
+        td < 0 || (t.size(td) == 1 && ix.sizes[d] != 1) ? 0 : t.strides()[static_cast<size_t>(td)];
+  }
+  return ix;
+}
+
+// A kernel's pointer to element 0 of a device tensor of dtype T.
+template <typename T>
+T* ptr(const Tensor& t) {
+  HAP_ASSERT(dtype_of<T>::value == t.dtype(), "cuda kernel reads ", t.str(), " as ",
+             dtype_name(dtype_of<T>::value));
+  return static_cast<T*>(t.raw_data());
+}
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 65536 ? (b > 0 ? b : 1) : 65536);
+}
+
+#define HAP_GRID_STRIDE_LOOP(i, n)                                                       \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+template <typename T, typename F>
+__global__ void unary_kernel(T* out, const T* x, Indexer ix, int64_t n, F f) {
+  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(x[offset_of(ix, i)]); }
+}
+
+template <typename T, typename F>
+__global__ void binary_kernel(T* out, const T* a, Indexer ia, const T* b, Indexer ib, int64_t n,
+                              F f) {
+  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(a[offset_of(ia, i)], b[offset_of(ib, i)]); }
+}
+
+template <typename To, typename From>
+__global__ void convert_kernel(To* out, const From* x, Indexer ix, int64_t n) {
+  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = static_cast<To>(x[offset_of(ix, i)]); }
+}
+
+// ---- the functors (a scalar attribute travels in the functor) ----
+struct Add {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct Sub {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a - b;
+  }
+};
+struct Mul {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a * b;
+  }
+};
+struct Div {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a / b;
+  }
+};
+struct ReluGrad {
+  template <typename T>
+  __device__ T operator()(T g, T y) const {
+    return y > T(0) ? g : T(0);
+  }
+};
+struct Neg {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return -x;
+  }
+};
+struct Exp {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return exp(x);
+  }
+};
+struct Log {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return log(x);
+  }
+};
+struct Sqrt {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return sqrt(x);
+  }
+};
+struct Rsqrt {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return T(1) / sqrt(x);
+  }
+};
+struct Tanh {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return tanh(x);
+  }
+};
+struct Relu {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x > T(0) ? x : T(0);
+  }
+};
+struct Sigmoid {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return T(1) / (T(1) + exp(-x));
+  }
+};
+struct AddScalar {
+  double v;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x + static_cast<T>(v);
+  }
+};
+struct MulScalar {
+  double v;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x * static_cast<T>(v);
+  }
+};
+struct PowScalar {  // x * x for a square, as the CPU kernel
+  double v;
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return v == 2.0 ? x * x : pow(x, static_cast<T>(v));
+  }
+};
+struct Copy {
+  template <typename T>
+  __device__ T operator()(T x) const {
+    return x;
+  }
+};
+
+void check_launch(const char* op) {
+  const cudaError_t e = cudaGetLastError();
+  HAP_CHECK(e == cudaSuccess, "op ", op, " on cuda: kernel launch failed: ", cudaGetErrorName(e),
+            ": ", cudaGetErrorString(e));
+}
+
+// Runs f on the float dtype of `out` (f32 or f64); other dtypes have no CUDA kernel yet.
+template <typename Fn>
+void on_float(const Tensor& out, const char* op, Fn fn) {
+  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  if (out.dtype() == DType::F32) {
+    fn(float{});
+  } else if (out.dtype() == DType::F64) {
+    fn(double{});
+  } else {
+    HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(out.dtype()),
+              " has no CUDA kernel yet (f32 and f64 have)");
+  }
+  check_launch(op);
+}
+
+template <typename F>
+std::vector<Tensor> unary(const KernelContext& c, F f) {
+  Tensor out = c.alloc(0);
+  const int64_t n = out.numel();
+  if (n == 0) return {out};
+  const Indexer ix = indexer(c.inputs[0], out.shape(), op_name(c.kind));
+  on_float(out, op_name(c.kind), [&](auto tag) {
+    using T = decltype(tag);
+    unary_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix, n, f);
+  });
+  return {out};
+}
+
+template <typename F>
+std::vector<Tensor> binary(const KernelContext& c, F f) {
+  Tensor out = c.alloc(0);
+  const int64_t n = out.numel();
+  if (n == 0) return {out};
+  const Indexer ia = indexer(c.inputs[0], out.shape(), op_name(c.kind)),
+                ib = indexer(c.inputs[1], out.shape(), op_name(c.kind));
+  on_float(out, op_name(c.kind), [&](auto tag) {
+    using T = decltype(tag);
+    binary_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ia,
+                                               ptr<T>(c.inputs[1]), ib, n, f);
+  });
+  return {out};
+}
+
+// A strided copy of any dtype, by element size.
+std::vector<Tensor> contiguous(const KernelContext& c) {
+  Tensor out = c.alloc(0);
+  const int64_t n = out.numel();
+  if (n == 0) return {out};
+  const Tensor& x = c.inputs[0];
+  const Indexer ix = indexer(x, out.shape(), "contiguous");
+  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  auto copy = [&](auto tag) {
+    using T = decltype(tag);
+    unary_kernel<<<blocks_for(n), kThreads>>>(static_cast<T*>(out.raw_data()),
+                                              static_cast<const T*>(x.raw_data()), ix, n, Copy{});
+  };
+  switch (dtype_size(out.dtype())) {
+    case 1:
+      copy(uint8_t{});
+      break;
+    case 2:
+      copy(uint16_t{});
+      break;
+    case 4:
+      copy(uint32_t{});
+      break;
+    case 8:
+      copy(uint64_t{});
+      break;
+    default:
+      HAP_CHECK(false, "contiguous on cuda: unexpected element size of ", out.str());
+  }
+  check_launch("contiguous");
+  return {out};
+}
+
+std::vector<Tensor> cast(const KernelContext& c) {
+  Tensor out = c.alloc(0);
+  const int64_t n = out.numel();
+  if (n == 0) return {out};
+  const Tensor& x = c.inputs[0];
+  const Indexer ix = indexer(x, out.shape(), "cast");
+  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  auto from = [&](auto to_tag) {
+    using To = decltype(to_tag);
+    if (x.dtype() == DType::F32)
+      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<float>(x), ix, n);
+    else if (x.dtype() == DType::F64)
+      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<double>(x), ix, n);
+    else if (x.dtype() == DType::I64)
+      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<int64_t>(x), ix, n);
+    else
+      HAP_CHECK(false, "cast on cuda: from ", dtype_name(x.dtype()), " has no CUDA kernel yet");
+  };
+  if (out.dtype() == DType::F32)
+    from(float{});
+  else if (out.dtype() == DType::F64)
+    from(double{});
+  else
+    HAP_CHECK(false, "cast on cuda: to ", dtype_name(out.dtype()), " has no CUDA kernel yet");
+  check_launch("cast");
+  return {out};
+}
+
+}  // namespace
+
+void register_elementwise(OpTable& t) {
+  t[static_cast<size_t>(OpKind::Add)].cuda = [](const KernelContext& c) {
+    return binary(c, Add{});
+  };
+  t[static_cast<size_t>(OpKind::Sub)].cuda = [](const KernelContext& c) {
+    return binary(c, Sub{});
+  };
+  t[static_cast<size_t>(OpKind::Mul)].cuda = [](const KernelContext& c) {
+    return binary(c, Mul{});
+  };
+  t[static_cast<size_t>(OpKind::Div)].cuda = [](const KernelContext& c) {
+    return binary(c, Div{});
+  };
+  t[static_cast<size_t>(OpKind::ReluBackward)].cuda = [](const KernelContext& c) {
+    return binary(c, ReluGrad{});
+  };
+  t[static_cast<size_t>(OpKind::Neg)].cuda = [](const KernelContext& c) { return unary(c, Neg{}); };
+  t[static_cast<size_t>(OpKind::Exp)].cuda = [](const KernelContext& c) { return unary(c, Exp{}); };
+  t[static_cast<size_t>(OpKind::Log)].cuda = [](const KernelContext& c) { return unary(c, Log{}); };
+  t[static_cast<size_t>(OpKind::Sqrt)].cuda = [](const KernelContext& c) {
+    return unary(c, Sqrt{});
+  };
+  t[static_cast<size_t>(OpKind::Rsqrt)].cuda = [](const KernelContext& c) {
+    return unary(c, Rsqrt{});
+  };
+  t[static_cast<size_t>(OpKind::Tanh)].cuda = [](const KernelContext& c) {
+    return unary(c, Tanh{});
+  };
+  t[static_cast<size_t>(OpKind::Relu)].cuda = [](const KernelContext& c) {
+    return unary(c, Relu{});
+  };
+  t[static_cast<size_t>(OpKind::Sigmoid)].cuda = [](const KernelContext& c) {
+    return unary(c, Sigmoid{});
+  };
+  t[static_cast<size_t>(OpKind::AddScalar)].cuda = [](const KernelContext& c) {
+    return unary(c, AddScalar{attr<ScalarAttrs>(c.attrs).value});
+  };
+  t[static_cast<size_t>(OpKind::MulScalar)].cuda = [](const KernelContext& c) {
+    return unary(c, MulScalar{attr<ScalarAttrs>(c.attrs).value});
+  };
+  t[static_cast<size_t>(OpKind::PowScalar)].cuda = [](const KernelContext& c) {
+    return unary(c, PowScalar{attr<ScalarAttrs>(c.attrs).value});
+  };
+  t[static_cast<size_t>(OpKind::Contiguous)].cuda = contiguous;
+  t[static_cast<size_t>(OpKind::Cast)].cuda = cast;
+}
+
+}  // namespace hap::ops::cuda

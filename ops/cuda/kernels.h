@@ -1,0 +1,13 @@
+// The CUDA backend's op kernels: each family fills the `cuda` slot of its ops' registry entries
+// (ops/op.h). The registry calls register_all() once when the CUDA backend is built; an op whose
+// slot stays empty is an error on a CUDA tensor that names the op and the device.
+#pragma once
+#include "ops/op.h"
+
+namespace hap::ops::cuda {
+
+void register_elementwise(OpTable& t);  // ops/cuda/elementwise.cu
+
+inline void register_all(OpTable& t) { register_elementwise(t); }
+
+}  // namespace hap::ops::cuda
