@@ -7,64 +7,12 @@
 #include <cstdint>
 #include <string>
 
-#include "core/cuda/check.h"
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/defs/common.h"
 
 namespace hap::ops::cuda {
 namespace {
-
-constexpr int kMaxDims = 8;
-constexpr int kThreads = 256;
-
-// An operand's strides (in elements) over the output's sizes; a broadcast dim has stride 0.
-struct Indexer {
-  int ndim = 0;
-  int64_t sizes[kMaxDims] = {};
-  int64_t strides[kMaxDims] = {};
-};
-
-__device__ __forceinline__ int64_t offset_of(const Indexer& ix, int64_t i) {
-  int64_t off = 0;
-  for (int d = ix.ndim - 1; d >= 0; --d) {
-    const int64_t s = ix.sizes[d];
-    off += (i % s) * ix.strides[d];
-    i /= s;
-  }
-  return off;
-}
-
-Indexer indexer(const Tensor& t, const Shape& out, const char* op) {
-  HAP_CHECK(out.size() <= kMaxDims, "op ", op, " on cuda: at most ", kMaxDims, " dimensions, got ",
-            shape_str(out));
-  Indexer ix;
-  ix.ndim = static_cast<int>(out.size());
-  const int64_t lead = static_cast<int64_t>(out.size()) - t.dim();
-  for (int64_t d = 0; d < ix.ndim; ++d) {
-    ix.sizes[d] = out[static_cast<size_t>(d)];
-    const int64_t td = d - lead;
-    ix.strides[d] =
-        td < 0 || (t.size(td) == 1 && ix.sizes[d] != 1) ? 0 : t.strides()[static_cast<size_t>(td)];
-  }
-  return ix;
-}
-
-// A kernel's pointer to element 0 of a device tensor of dtype T.
-template <typename T>
-T* ptr(const Tensor& t) {
-  HAP_ASSERT(dtype_of<T>::value == t.dtype(), "cuda kernel reads ", t.str(), " as ",
-             dtype_name(dtype_of<T>::value));
-  return static_cast<T*>(t.raw_data());
-}
-
-int blocks_for(int64_t n) {
-  const int64_t b = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(b < 65536 ? (b > 0 ? b : 1) : 65536);
-}
-
-#define HAP_GRID_STRIDE_LOOP(i, n)                                                       \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 template <typename T, typename F>
 __global__ void unary_kernel(T* out, const T* x, Indexer ix, int64_t n, F f) {
@@ -188,27 +136,6 @@ struct Copy {
     return x;
   }
 };
-
-void check_launch(const char* op) {
-  const cudaError_t e = cudaGetLastError();
-  HAP_CHECK(e == cudaSuccess, "op ", op, " on cuda: kernel launch failed: ", cudaGetErrorName(e),
-            ": ", cudaGetErrorString(e));
-}
-
-// Runs f on the float dtype of `out` (f32 or f64); other dtypes have no CUDA kernel yet.
-template <typename Fn>
-void on_float(const Tensor& out, const char* op, Fn fn) {
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
-  if (out.dtype() == DType::F32) {
-    fn(float{});
-  } else if (out.dtype() == DType::F64) {
-    fn(double{});
-  } else {
-    HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(out.dtype()),
-              " has no CUDA kernel yet (f32 and f64 have)");
-  }
-  check_launch(op);
-}
 
 template <typename F>
 std::vector<Tensor> unary(const KernelContext& c, F f) {

@@ -7,7 +7,11 @@
 namespace hap::ops::cuda {
 
 void register_elementwise(OpTable& t);  // ops/cuda/elementwise.cu
+void register_reduce(OpTable& t);       // ops/cuda/reduce.cu: sum, mean
 
-inline void register_all(OpTable& t) { register_elementwise(t); }
+inline void register_all(OpTable& t) {
+  register_elementwise(t);
+  register_reduce(t);
+}
 
 }  // namespace hap::ops::cuda

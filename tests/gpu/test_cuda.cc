@@ -137,6 +137,30 @@ TEST(Cuda, ElementwiseOpsMatchTheCpu) {
   }
 }
 
+TEST(Cuda, SumAndMeanOverAnyDimsMatchTheCpu) {
+  HAP_REQUIRE_GPU();
+  for (DType d : {DType::F32, DType::F64}) {
+    const double rtol = d == DType::F64 ? 1e-12 : 1e-6, atol = d == DType::F64 ? 1e-12 : 1e-6;
+    // [7, 33, 5] as a transposed view of a [5, 33, 7] block; and a long contiguous vector.
+    const Tensor block = randn({5, 33, 7}, 9, 0, f64()).to(d);
+    const Tensor x = block.as_strided({7, 33, 5}, {1, 7, 231}, 0);
+    const Tensor x_gpu = block.to(kGpu).as_strided({7, 33, 5}, {1, 7, 231}, 0);
+    const Tensor v = randn({100003}, 10, 0, f64()).to(d);
+    for (OpKind k : {OpKind::Sum, OpKind::Mean}) {
+      for (const ops::ReduceAttrs& a :
+           {ops::ReduceAttrs{{}, false}, ops::ReduceAttrs{{1}, false},
+            ops::ReduceAttrs{{0, 2}, true}, ops::ReduceAttrs{{-1}, true},
+            ops::ReduceAttrs{{0, 1, 2}, false}}) {
+        SCOPED_TRACE(std::string(ops::op_name(k)) + " dims " + shape_str(a.dims) + " " +
+                     dtype_name(d));
+        expect_close(ops::call1(k, {x_gpu}, a), ops::call1(k, {x}, a), rtol, atol, "[7, 33, 5]");
+      }
+      expect_close(ops::call1(k, {v.to(kGpu)}, ops::ReduceAttrs{}),
+                   ops::call1(k, {v}, ops::ReduceAttrs{}), rtol, atol, "100003 elements");
+    }
+  }
+}
+
 TEST(Cuda, AnOpWithoutACudaKernelNamesTheOpAndTheDevice) {
   HAP_REQUIRE_GPU();
   Tensor x = randn({4, 4}, 1).to(kGpu);
