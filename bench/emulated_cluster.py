@@ -7,14 +7,19 @@ PyTorch twins from tests/oracle/model_oracle.py under DDP, bench/torch_ddp_zoo.p
 For each emulated cluster (default: emu-mixed4 and emu-2node), in one run:
   1. hap-profile measures the cluster under scripts/hap-emulate and writes
      bench/results/profiled-<cluster>.yaml (compute rates, memory, fitted links);
-  2. hap-train trains the GPT of --config with each strategy on that profiled file, under the
+  2. hap-train trains the model of --config with each strategy on that profiled file, under the
      emulator, logging every step; the median step time (after --skip warm-up steps) is
      compared with the cost model's predicted step time from the same plan;
   3. PyTorch DDP (gloo) trains the same model, global batch and quotas (bench/torch_ddp_gpt.py).
+Steps 2 and 3 run in --rounds interleaved rounds (every strategy once per round, in turn), so
+that a slow spell of the machine falls on all of them alike: each strategy reports the median of
+all its steps, each round's median and the spread of those (max / min - 1); strategies whose
+plans are the same program (hap often finds dp-cp's) report how far apart they measured.
 Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
 (measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
 
-  /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--clusters emu-mixed4,emu-2node]
+  /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--rounds 3]
+                                             [--clusters emu-mixed4,emu-2node]
 """
 import argparse
 import json
@@ -68,6 +73,11 @@ def profile_vs_quotas(build, profiled):
             "max_ratio_deviation": max(abs(x) for x in deviation)}
 
 
+def spread(values):
+    """max / min - 1 of positive values (0 for one value)."""
+    return max(values) / min(values) - 1
+
+
 def steps_from_log(path, skip):
     ms = []
     with open(path) as f:
@@ -84,6 +94,8 @@ def main(argv):
     p.add_argument("--clusters", default="emu-mixed4,emu-2node")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     p.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the median")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds of every strategy (default 3)")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--out", default="bench/results/emulated_cluster.json")
     p.add_argument("--png", default="bench/results/emulated_cluster.png")
@@ -91,6 +103,8 @@ def main(argv):
     args = p.parse_args(argv)
     if args.steps <= args.skip:
         raise SystemExit("emulated_cluster: --steps must exceed --skip")
+    if args.rounds < 1:
+        raise SystemExit("emulated_cluster: --rounds must be at least 1")
     emulate = os.path.join(ROOT, "scripts", "hap-emulate")
     train = os.path.join(args.build, "hap-train")
     profile = os.path.join(args.build, "hap-profile")
@@ -98,6 +112,7 @@ def main(argv):
     work = os.path.join(ROOT, "runs", "bench-emulated", model["name"])
     os.makedirs(work, exist_ok=True)
     results = {"config": args.config, "steps": args.steps, "skipped_warmup_steps": args.skip,
+               "rounds": args.rounds,
                "machine_cores": len(os.sched_getaffinity(0)),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
 
@@ -112,46 +127,84 @@ def main(argv):
         print(f"{name} profile: rate ratios vs quota ratios off by at most "
               f"{entry['profile']['max_ratio_deviation'] * 100:.1f}%", flush=True)
         runs = [(s, profiled, s) for s in STRATEGIES] + [("hap-declared", declared, "hap")]
+        step_ms = {label: [] for label, _, _ in runs}
+        round_medians = {label: [] for label, _, _ in runs}
+        programs, predicted = {}, {}
+        ddp_ms, ddp_round_medians, torch_version = [], [], None
+        for rnd in range(args.rounds):
+            for label, cluster_file, strategy in runs:
+                log = os.path.join(work, f"{name}-{label}-r{rnd}.jsonl")
+                plan = os.path.join(work, f"{name}-{label}-plan.json")
+                if os.path.exists(log):
+                    os.remove(log)
+                run([emulate, declared, "--", train, "--config", args.config, "--cluster", cluster_file,
+                     "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
+                     "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
+                     "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
+                     "--plan-json", plan, "--quiet"], os.path.join(work, f"{name}-{label}.log"))
+                ms = steps_from_log(log, args.skip)
+                step_ms[label] += ms
+                round_medians[label].append(statistics.median(ms))
+                with open(plan) as f:
+                    plan_json = json.load(f)
+                predicted[label] = plan_json["predicted_step_s"] * 1e3
+                programs[label] = json.dumps([plan_json["ratios"], plan_json["instructions"]],
+                                             sort_keys=True)
+                print(f"{name} {label} round {rnd + 1}/{args.rounds}: median "
+                      f"{round_medians[label][-1]:.1f} ms/step", flush=True)
+            if not args.no_ddp:
+                out = os.path.join(work, f"{name}-ddp-r{rnd}.json")
+                if model["name"] == "gpt":
+                    peer = ["bench/torch_ddp_gpt.py",
+                            "--n-layer", str(model["n_layer"]), "--n-head", str(model["n_head"]),
+                            "--n-embd", str(model["n_embd"]), "--vocab", str(model["vocab_size"]),
+                            "--block-size", str(model["block_size"]), "--seq", str(model["seq_len"])]
+                else:
+                    peer = ["bench/torch_ddp_zoo.py", "--model",
+                            json.dumps({"model": model["name"], "options": model["options"]})]
+                run([emulate, declared, "--", "/usr/bin/python3"] + peer +
+                    ["--batch", str(model["batch_size"]), "--steps", str(args.steps - args.skip),
+                     "--warmup", str(args.skip), "--json", out], os.path.join(work, f"{name}-ddp.log"))
+                with open(out) as f:
+                    ddp = json.load(f)
+                ddp_ms += ddp["step_ms"]
+                ddp_round_medians.append(ddp["median_ms"])
+                torch_version = ddp["torch_version"]
+                print(f"{name} pytorch-ddp round {rnd + 1}/{args.rounds}: median "
+                      f"{ddp['median_ms']:.1f} ms/step", flush=True)
         for label, cluster_file, strategy in runs:
-            log = os.path.join(work, f"{name}-{label}.jsonl")
-            plan = os.path.join(work, f"{name}-{label}-plan.json")
-            if os.path.exists(log):
-                os.remove(log)
-            run([emulate, declared, "--", train, "--config", args.config, "--cluster", cluster_file,
-                 "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
-                 "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
-                 "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
-                 "--plan-json", plan, "--quiet"], os.path.join(work, f"{name}-{label}.log"))
-            ms = steps_from_log(log, args.skip)
-            with open(plan) as f:
-                predicted_ms = json.load(f)["predicted_step_s"] * 1e3
-            median = statistics.median(ms)
-            result = {"median_ms": median, "predicted_ms": predicted_ms, "cluster_file": cluster_file,
-                      "prediction_error": (predicted_ms - median) / median, "step_ms": ms}
+            median = statistics.median(step_ms[label])
+            result = {"median_ms": median, "predicted_ms": predicted[label],
+                      "cluster_file": cluster_file,
+                      "prediction_error": (predicted[label] - median) / median,
+                      "round_medians_ms": round_medians[label],
+                      "round_spread": spread(round_medians[label]), "step_ms": step_ms[label]}
             if label == "hap-declared":
                 entry["hap_planned_on_declared_file"] = result
             else:
                 entry["strategies"][strategy] = result
-            print(f"{name} {label}: median {median:.1f} ms/step, predicted {predicted_ms:.1f} ms",
-                  flush=True)
+            print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
+                  f"(round medians {spread(round_medians[label]) * 100:.1f}% apart), predicted "
+                  f"{predicted[label]:.1f} ms", flush=True)
         if not args.no_ddp:
-            out = os.path.join(work, f"{name}-ddp.json")
-            if model["name"] == "gpt":
-                peer = ["bench/torch_ddp_gpt.py",
-                        "--n-layer", str(model["n_layer"]), "--n-head", str(model["n_head"]),
-                        "--n-embd", str(model["n_embd"]), "--vocab", str(model["vocab_size"]),
-                        "--block-size", str(model["block_size"]), "--seq", str(model["seq_len"])]
-            else:
-                peer = ["bench/torch_ddp_zoo.py", "--model",
-                        json.dumps({"model": model["name"], "options": model["options"]})]
-            run([emulate, declared, "--", "/usr/bin/python3"] + peer +
-                ["--batch", str(model["batch_size"]), "--steps", str(args.steps - args.skip),
-                 "--warmup", str(args.skip), "--json", out], os.path.join(work, f"{name}-ddp.log"))
-            with open(out) as f:
-                ddp = json.load(f)
-            entry["pytorch_ddp"] = {"median_ms": ddp["median_ms"], "step_ms": ddp["step_ms"],
-                                    "torch_version": ddp["torch_version"]}
-            print(f"{name} pytorch-ddp: median {ddp['median_ms']:.1f} ms/step", flush=True)
+            entry["pytorch_ddp"] = {"median_ms": statistics.median(ddp_ms), "step_ms": ddp_ms,
+                                    "round_medians_ms": ddp_round_medians,
+                                    "round_spread": spread(ddp_round_medians),
+                                    "torch_version": torch_version}
+            print(f"{name} pytorch-ddp: median {entry['pytorch_ddp']['median_ms']:.1f} ms/step",
+                  flush=True)
+        # The same program planned under two names (hap finding dp-cp's, say) must measure alike.
+        same = []
+        labels = [label for label, _, _ in runs if label != "hap-declared"]
+        for i, a in enumerate(labels):
+            for b in labels[i + 1:]:
+                if programs[a] == programs[b]:
+                    ma, mb = (entry["strategies"][x]["median_ms"] for x in (a, b))
+                    same.append({"strategies": [a, b], "median_ms": [ma, mb],
+                                 "apart": max(ma, mb) / min(ma, mb) - 1})
+                    print(f"{name}: {a} and {b} are the same program; medians "
+                          f"{(max(ma, mb) / min(ma, mb) - 1) * 100:.1f}% apart", flush=True)
+        entry["identical_programs"] = same
         s = entry["strategies"]
         entry["hap_speedup_over_dp_ev"] = s["dp-ev"]["median_ms"] / s["hap"]["median_ms"]
         entry["hap_speedup_over_best_baseline"] = min(
@@ -202,7 +255,8 @@ def chart(results, path):
         ax.set_ylabel("ms per training step")
         ax.set_title(f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev")
         ax.legend()
-    fig.suptitle(f"{results['config']} on emulated mixed clusters, {results['steps']} steps per run")
+    fig.suptitle(f"{results['config']} on emulated mixed clusters, {results['steps']} steps per run, "
+                 f"{results.get('rounds', 1)} interleaved round(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
