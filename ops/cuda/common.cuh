@@ -83,4 +83,10 @@ void on_float(const Tensor& out, const char* op, Fn fn) {
   check_launch(op);
 }
 
+// A contiguous copy of any view of a device tensor, any dtype (ops/cuda/elementwise.cu).
+Tensor contiguous_copy(const Tensor& x);
+
+// x itself when contiguous, else contiguous_copy(x).
+inline Tensor dense(const Tensor& x) { return x.is_contiguous() ? x : contiguous_copy(x); }
+
 }  // namespace hap::ops::cuda

@@ -165,38 +165,7 @@ std::vector<Tensor> binary(const KernelContext& c, F f) {
   return {out};
 }
 
-// A strided copy of any dtype, by element size.
-std::vector<Tensor> contiguous(const KernelContext& c) {
-  Tensor out = c.alloc(0);
-  const int64_t n = out.numel();
-  if (n == 0) return {out};
-  const Tensor& x = c.inputs[0];
-  const Indexer ix = indexer(x, out.shape(), "contiguous");
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
-  auto copy = [&](auto tag) {
-    using T = decltype(tag);
-    unary_kernel<<<blocks_for(n), kThreads>>>(static_cast<T*>(out.raw_data()),
-                                              static_cast<const T*>(x.raw_data()), ix, n, Copy{});
-  };
-  switch (dtype_size(out.dtype())) {
-    case 1:
-      copy(uint8_t{});
-      break;
-    case 2:
-      copy(uint16_t{});
-      break;
-    case 4:
-      copy(uint32_t{});
-      break;
-    case 8:
-      copy(uint64_t{});
-      break;
-    default:
-      HAP_CHECK(false, "contiguous on cuda: unexpected element size of ", out.str());
-  }
-  check_launch("contiguous");
-  return {out};
-}
+std::vector<Tensor> contiguous(const KernelContext& c) { return {contiguous_copy(c.inputs[0])}; }
 
 std::vector<Tensor> cast(const KernelContext& c) {
   Tensor out = c.alloc(0);
@@ -227,6 +196,38 @@ std::vector<Tensor> cast(const KernelContext& c) {
 }
 
 }  // namespace
+
+Tensor contiguous_copy(const Tensor& x) {
+  Tensor out =
+      Tensor::empty(x.shape(), TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
+  const int64_t n = out.numel();
+  if (n == 0) return out;
+  const Indexer ix = indexer(x, out.shape(), "contiguous");
+  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  auto copy = [&](auto tag) {
+    using T = decltype(tag);
+    unary_kernel<<<blocks_for(n), kThreads>>>(static_cast<T*>(out.raw_data()),
+                                              static_cast<const T*>(x.raw_data()), ix, n, Copy{});
+  };
+  switch (dtype_size(out.dtype())) {
+    case 1:
+      copy(uint8_t{});
+      break;
+    case 2:
+      copy(uint16_t{});
+      break;
+    case 4:
+      copy(uint32_t{});
+      break;
+    case 8:
+      copy(uint64_t{});
+      break;
+    default:
+      HAP_CHECK(false, "contiguous on cuda: unexpected element size of ", out.str());
+  }
+  check_launch("contiguous");
+  return out;
+}
 
 void register_elementwise(OpTable& t) {
   t[static_cast<size_t>(OpKind::Add)].cuda = [](const KernelContext& c) {

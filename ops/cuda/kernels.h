@@ -8,10 +8,12 @@ namespace hap::ops::cuda {
 
 void register_elementwise(OpTable& t);  // ops/cuda/elementwise.cu
 void register_reduce(OpTable& t);       // ops/cuda/reduce.cu: sum, mean
+void register_matmul(OpTable& t);       // ops/cuda/matmul.cu: matmul, linear (cuBLAS)
 
 inline void register_all(OpTable& t) {
   register_elementwise(t);
   register_reduce(t);
+  register_matmul(t);
 }
 
 }  // namespace hap::ops::cuda

@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #ifdef HAP_HAVE_CUDA
 #include "core/cuda/backend.h"
+#include "core/cuda/cublas.h"
 #endif
 #include "core/error.h"
 #include "core/input_file.h"
@@ -487,6 +488,18 @@ TEST(Devices, WithoutABackendOrAGpuAllocatingOnCudaSaysSo) {
              "no allocator for cuda");
 #endif
 }
+
+#ifdef HAP_HAVE_CUDA
+// cuBLAS is opened on first use, found with or without a GPU (the toolkit's folder as a last
+// resort), with every function the GEMM kernels call.
+TEST(Devices, CublasOpensOnFirstUseWithTheFunctionsTheKernelsCall) {
+  const cuda::Cublas& c = cuda::cublas();
+  EXPECT_NE(c.create, nullptr);
+  EXPECT_NE(c.gemm_strided_batched, nullptr);
+  ASSERT_NE(c.status_string, nullptr);
+  EXPECT_NE(std::string(c.status_string(CUBLAS_STATUS_NOT_INITIALIZED)), "");
+}
+#endif
 
 TEST(Devices, ToTheSameDeviceIsTheTensorItself) {
   Tensor x = Tensor::ones({3});

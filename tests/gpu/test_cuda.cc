@@ -161,6 +161,50 @@ TEST(Cuda, SumAndMeanOverAnyDimsMatchTheCpu) {
   }
 }
 
+// A device copy of `x` with the same view: its storage block copied, the same strides over it.
+Tensor same_view_on_gpu(const Tensor& x) {
+  if (x.is_contiguous()) return x.to(kGpu);
+  // Only the transposed 2-D views below: [r, c] with strides {1, r}.
+  const Tensor stored = x.as_strided({x.size(1), x.size(0)}, {x.size(0), 1}, x.offset());
+  return stored.contiguous().to(kGpu).as_strided(x.shape(), x.strides(), 0);
+}
+
+TEST(Cuda, MatmulAndLinearMatchTheCpu) {
+  HAP_REQUIRE_GPU();
+  for (DType d : {DType::F32, DType::F64}) {
+    // f32: cuBLAS sums the 19 products in another order (no TF32).
+    const double rtol = d == DType::F64 ? 1e-12 : 1e-5, atol = d == DType::F64 ? 1e-12 : 1e-5;
+    auto normal = [&](const Shape& s, uint64_t seed) { return randn(s, seed, 0, f64()).to(d); };
+    const Tensor bt = normal({23, 19}, 5);
+    const Tensor b_transposed = bt.as_strided({19, 23}, {1, 19}, 0);  // [19, 23] view
+    const std::vector<std::pair<std::string, std::vector<Tensor>>> matmuls = {
+        {"2-D", {normal({37, 19}, 1), normal({19, 23}, 2)}},
+        {"3-D by 2-D", {normal({3, 37, 19}, 3), normal({19, 23}, 4)}},
+        {"by a transposed view", {normal({37, 19}, 6), b_transposed}},
+        {"batched", {normal({3, 37, 19}, 7), normal({3, 19, 23}, 8)}},
+        {"broadcast batch", {normal({1, 37, 19}, 9), normal({2, 3, 19, 23}, 10)}},
+        {"empty inner dim", {normal({4, 0}, 11), normal({0, 5}, 12)}}};
+    for (const auto& [label, in] : matmuls) {
+      SCOPED_TRACE("matmul " + label + " " + dtype_name(d));
+      expect_close(ops::call1(OpKind::MatMul, {same_view_on_gpu(in[0]), same_view_on_gpu(in[1])}),
+                   ops::call1(OpKind::MatMul, in), rtol, atol, "matmul");
+    }
+    const Tensor w = normal({23, 19}, 13), bias = normal({23}, 14);
+    const Tensor w_view = normal({19, 23}, 15).as_strided({23, 19}, {1, 23}, 0);
+    const std::vector<std::pair<std::string, std::vector<Tensor>>> linears = {
+        {"with bias", {normal({37, 19}, 16), w, bias}},
+        {"3-D without bias", {normal({2, 37, 19}, 17), w, Tensor()}},
+        {"a transposed weight view", {normal({5, 19}, 18), w_view, bias}}};
+    for (const auto& [label, in] : linears) {
+      SCOPED_TRACE("linear " + label + " " + dtype_name(d));
+      std::vector<Tensor> gpu;
+      for (const Tensor& t : in) gpu.push_back(t.defined() ? same_view_on_gpu(t) : Tensor());
+      expect_close(ops::call1(OpKind::Linear, gpu), ops::call1(OpKind::Linear, in), rtol, atol,
+                   "linear");
+    }
+  }
+}
+
 TEST(Cuda, AnOpWithoutACudaKernelNamesTheOpAndTheDevice) {
   HAP_REQUIRE_GPU();
   Tensor x = randn({4, 4}, 1).to(kGpu);

@@ -1,0 +1,124 @@
+// CUDA kernels of matmul and linear: cuBLAS strided-batched GEMMs (f32 with f32 compute, TF32
+// off; f64), operands made contiguous first where they are not (a broadcast batch operand is
+// expanded), a's batch folded into the rows when b has none; the bias added by a small kernel.
+#include <cublas_api.h>
+
+#include <climits>
+
+#include "core/cuda/cublas.h"
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/kernels.h"
+#include "ops/defs/common.h"
+
+namespace hap::ops::cuda {
+namespace {
+
+cudaDataType data_type(DType d, const char* op) {
+  if (d == DType::F32) return CUDA_R_32F;
+  if (d == DType::F64) return CUDA_R_64F;
+  HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(d),
+            " has no CUDA kernel yet (f32 and f64 have)");
+  return CUDA_R_32F;
+}
+
+// Row-major C[i] (m x n) = op(A[i]) (m x k) * op(B[i]) (k x n) for i < batch; A is stored [m, k]
+// ([k, m] when a_trans), B [k, n] ([n, k] when b_trans), all contiguous. cuBLAS is column-major:
+// it computes C^T = op(B)^T op(A)^T on the same memory.
+void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool b_trans,
+          int64_t batch, int64_t m, int64_t n, int64_t k, const char* op) {
+  const cudaDataType type = data_type(c.dtype(), op);
+  const int device = c.device().index;
+  cublasHandle_t h = ::hap::cuda::cublas_handle(device);
+  HAP_CUDA_CHECK(cudaSetDevice(device));
+  const float alpha32 = 1, beta32 = 0;
+  const double alpha64 = 1, beta64 = 0;
+  const bool f64 = c.dtype() == DType::F64;
+  HAP_CUBLAS_CHECK(::hap::cuda::cublas().gemm_strided_batched(
+      h, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, a_trans ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
+      f64 ? static_cast<const void*>(&alpha64) : &alpha32, b.raw_data(), type, b_trans ? k : n,
+      static_cast<long long>(k * n), a.raw_data(), type, a_trans ? m : k,
+      static_cast<long long>(m * k), f64 ? static_cast<const void*>(&beta64) : &beta32,
+      c.raw_data(), type, n, static_cast<long long>(m * n), batch,
+      f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+// True when the last two dims of a 2-D view are a transposed contiguous matrix.
+bool transposed_2d(const Tensor& t) {
+  return t.dim() == 2 && t.strides()[0] == 1 && t.strides()[1] == t.size(0);
+}
+
+// `t` broadcast to `shape` (its own trailing dims kept), as a contiguous tensor.
+Tensor expanded(const Tensor& t, const Shape& shape) {
+  if (t.shape() == shape) return dense(t);
+  const Indexer ix = indexer(t, shape, "matmul");
+  Strides strides(ix.strides, ix.strides + ix.ndim);
+  return contiguous_copy(t.as_strided(shape, strides, t.offset()));
+}
+
+void zero(const Tensor& t) {
+  if (t.numel() == 0) return;
+  HAP_CUDA_CHECK(cudaSetDevice(t.device().index));
+  HAP_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes()));  // +0.0 in f32 and f64
+}
+
+std::vector<Tensor> matmul(const KernelContext& c) {
+  const Tensor &a = c.inputs[0], &b = c.inputs[1];
+  Tensor out = c.alloc(0);
+  const int64_t m = out.size(out.dim() - 2), n = out.size(out.dim() - 1), k = a.size(a.dim() - 1);
+  if (out.numel() == 0) return {out};
+  if (k == 0) {
+    zero(out);
+    return {out};
+  }
+  if (b.dim() == 2) {  // one GEMM over all of a's rows
+    const bool bt = transposed_2d(b) && !b.is_contiguous();
+    gemm(out, dense(a), false, bt ? b : dense(b), bt, 1, a.numel() / k, n, k, "matmul");
+    return {out};
+  }
+  Shape batch(out.shape().begin(), out.shape().end() - 2);
+  int64_t count = 1;
+  for (int64_t s : batch) count *= s;
+  Shape ashape = batch, bshape = batch;
+  ashape.insert(ashape.end(), {m, k});
+  bshape.insert(bshape.end(), {k, n});
+  gemm(out, expanded(a, ashape), false, expanded(b, bshape), false, count, m, n, k, "matmul");
+  return {out};
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* out, const T* bias, int64_t bias_stride, int64_t rows,
+                                int64_t n) {
+  HAP_GRID_STRIDE_LOOP(i, rows * n) { out[i] += bias[(i % n) * bias_stride]; }
+}
+
+std::vector<Tensor> linear(const KernelContext& c) {
+  const Tensor &x = c.inputs[0], &w = c.inputs[1], &bias = c.inputs[2];
+  Tensor out = c.alloc(0);
+  const int64_t in = w.size(1), n = w.size(0);
+  if (out.numel() == 0) return {out};
+  const int64_t rows = out.numel() / n;
+  if (in == 0) {
+    zero(out);
+  } else if (transposed_2d(w) && !w.is_contiguous()) {  // a view of a stored [in, out]
+    gemm(out, dense(x), false, w, false, 1, rows, n, in, "linear");
+  } else {
+    gemm(out, dense(x), false, dense(w), true, 1, rows, n, in, "linear");
+  }
+  if (bias.defined()) {
+    on_float(out, "linear", [&](auto tag) {
+      using T = decltype(tag);
+      add_bias_kernel<<<blocks_for(rows * n), kThreads>>>(ptr<T>(out), ptr<T>(bias),
+                                                          bias.strides()[0], rows, n);
+    });
+  }
+  return {out};
+}
+
+}  // namespace
+
+void register_matmul(OpTable& t) {
+  t[static_cast<size_t>(OpKind::MatMul)].cuda = matmul;
+  t[static_cast<size_t>(OpKind::Linear)].cuda = linear;
+}
+
+}  // namespace hap::ops::cuda
