@@ -205,11 +205,39 @@ TEST(Cuda, MatmulAndLinearMatchTheCpu) {
   }
 }
 
+TEST(Cuda, SoftmaxAndLogSoftmaxWithTheirBackwardMatchTheCpu) {
+  HAP_REQUIRE_GPU();
+  for (DType d : {DType::F32, DType::F64}) {
+    // f32: the CPU's exp is a polynomial (exp_fast), the GPU's its own library's.
+    const double rtol = d == DType::F64 ? 1e-12 : 1e-5, atol = d == DType::F64 ? 1e-12 : 1e-6;
+    const Tensor block = (randn({5, 33, 7}, 21, 0, f64()) * 3.0).to(d);
+    const Tensor x = block.as_strided({7, 33, 5}, {1, 7, 231}, 0);  // transposed view
+    const Tensor x_gpu = block.to(kGpu).as_strided({7, 33, 5}, {1, 7, 231}, 0);
+    const Tensor g = randn({7, 33, 5}, 22, 0, f64()).to(d);
+    const Tensor wide = randn({3, 1000}, 23, 0, f64()).to(d);  // rows longer than a block
+    for (const bool log : {false, true}) {
+      const OpKind fwd = log ? OpKind::LogSoftmax : OpKind::Softmax;
+      const OpKind bwd = log ? OpKind::LogSoftmaxBackward : OpKind::SoftmaxBackward;
+      for (int64_t dim : {0, 1, -1}) {
+        SCOPED_TRACE(std::string(ops::op_name(fwd)) + " dim " + std::to_string(dim) + " " +
+                     dtype_name(d));
+        const ops::DimAttrs a{dim, false};
+        const Tensor y = ops::call1(fwd, {x}, a), y_gpu = ops::call1(fwd, {x_gpu}, a);
+        expect_close(y_gpu, y, rtol, atol, "forward");
+        expect_close(ops::call1(bwd, {g.to(kGpu), y.to(kGpu)}, a), ops::call1(bwd, {g, y}, a), rtol,
+                     atol, "backward");
+      }
+      expect_close(ops::call1(fwd, {wide.to(kGpu)}, ops::DimAttrs{-1, false}),
+                   ops::call1(fwd, {wide}, ops::DimAttrs{-1, false}), rtol, atol, "1000 wide");
+    }
+  }
+}
+
 TEST(Cuda, AnOpWithoutACudaKernelNamesTheOpAndTheDevice) {
   HAP_REQUIRE_GPU();
   Tensor x = randn({4, 4}, 1).to(kGpu);
   EXPECT_HAS(test_util::error_of([&] {
-               ops::call1(OpKind::Softmax, {x}, ops::DimAttrs{-1, false});
+               ops::call1(OpKind::LayerNorm, {x, Tensor(), Tensor()}, ops::NormAttrs{});
              }),
              "has no kernel for device cuda:0");
 }
