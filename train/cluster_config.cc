@@ -19,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/byte_size.h"
 #include "train/config_reader.h"
 
 namespace hap::train {
@@ -58,27 +59,7 @@ const RealRange kFlopsRange = RealRange::closed(1e3, 1e18).because("FLOP/s of on
 const RealRange kBandwidthRange = RealRange::closed(1e3, 1e15).because("bytes/s");
 const RealRange kLatencyRange = RealRange::closed(0, 10).because("seconds");
 const RealRange kUpdateRange = RealRange::closed(0, 1e-3).because("seconds per parameter element");
-// 1 PB: far beyond any device, and exact in the cost model's doubles (below 2^53).
-constexpr double kMaxMemoryBytes = 1e15;
-
-constexpr std::string_view kMemoryExpectation =
-    "a whole number of bytes in [1, 1e15], or a number with a unit B, KB, MB, GB, TB, KiB, MiB, "
-    "GiB or TiB (e.g. 32GiB)";
-
-struct Unit {
-  std::string_view name;
-  double scale;
-};
-constexpr std::array<Unit, 10> kMemoryUnits = {{{"B", 1.0},
-                                                {"KB", 1e3},
-                                                {"kB", 1e3},
-                                                {"MB", 1e6},
-                                                {"GB", 1e9},
-                                                {"TB", 1e12},
-                                                {"KiB", 1024.0},
-                                                {"MiB", 1048576.0},
-                                                {"GiB", 1073741824.0},
-                                                {"TiB", 1099511627776.0}}};
+constexpr std::string_view kMemoryExpectation = kByteSizeExpectation;
 
 // ---- the file ----
 
@@ -131,31 +112,6 @@ synth::Link read_link(SectionReader& s) {
   return link;
 }
 
-// "4e9", "34359738368", "32GiB", "1.5 GB" -> bytes; nullopt when malformed or out of range.
-std::optional<std::int64_t> parse_memory(std::string_view text) {
-  std::size_t split = text.size();
-  while (split > 0 && std::isalpha(static_cast<unsigned char>(text[split - 1]))) --split;
-  const std::string_view unit_text = text.substr(split);
-  std::string_view number_text = text.substr(0, split);
-  while (!number_text.empty() && number_text.back() == ' ') number_text.remove_suffix(1);
-
-  double scale = 1.0;
-  if (!unit_text.empty()) {
-    const auto it = std::find_if(kMemoryUnits.begin(), kMemoryUnits.end(),
-                                 [&](const Unit& unit) { return unit.name == unit_text; });
-    if (it == kMemoryUnits.end()) return std::nullopt;
-    scale = it->scale;
-  }
-  double value = 0;
-  if (!detail::parse_number(number_text, value)) return std::nullopt;
-  double bytes = value * scale;
-  // A plain number counts bytes and must be whole; with a unit, round to whole bytes.
-  if (unit_text.empty() && bytes != std::floor(bytes)) return std::nullopt;
-  bytes = std::round(bytes);
-  if (!(bytes >= 1 && bytes <= kMaxMemoryBytes)) return std::nullopt;
-  return static_cast<std::int64_t>(bytes);
-}
-
 std::int64_t read_memory(const Origin& origin, SectionReader& s, const YAML::Node& entry) {
   const std::string key_path = s.path("memory_bytes");
   const std::optional<YAML::Node> node = value_of(entry, "memory_bytes");
@@ -167,7 +123,7 @@ std::int64_t read_memory(const Origin& origin, SectionReader& s, const YAML::Nod
              (node->IsScalar() ? "''" : show(*node)));
   // Marks the key as read; quoted and unquoted values are treated alike ("32GiB" or 32GiB).
   const std::string text = s.string("memory_bytes", std::nullopt, /*allow_empty=*/false);
-  const std::optional<std::int64_t> bytes = parse_memory(text);
+  const std::optional<std::int64_t> bytes = parse_byte_size(text);
   if (!bytes)
     fail(origin, key_path, "expected " + std::string(kMemoryExpectation) + ", got '" + text + "'");
   return *bytes;

@@ -85,13 +85,6 @@ void fail(const Origin& origin, std::string_view key_path, std::string_view prob
   throw ConfigError(message);
 }
 
-bool parse_number(std::string_view text, double& value) {
-  if (text.size() > 1 && text[0] == '+' && text[1] != '-') text.remove_prefix(1);
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  return ptr == end && ptr != text.data() && ec == std::errc() && std::isfinite(value);
-}
-
 SectionReader::SectionReader(const Origin& origin, std::string section, const YAML::Node& node,
                              std::span<const std::string_view> keys)
     : origin_(origin), section_(std::move(section)), keys_(keys) {

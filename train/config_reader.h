@@ -6,7 +6,6 @@
 //   <file>: <key path>: expected <what>, got <value>
 // and says when the value came from a --set override.
 #pragma once
-
 #include <yaml-cpp/yaml.h>
 
 #include <array>
@@ -22,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/byte_size.h"
 #include "train/config.h"
 
 namespace hap::train::detail {
@@ -153,7 +153,7 @@ Parsed parse_integer(std::string_view text, T& value) {
 }
 
 // Parses a whole finite decimal number (1, 0.5, 1e-3); false for anything else.
-bool parse_number(std::string_view text, double& value);
+using ::hap::parse_number;
 
 // Reads the typed values of one mapping (the document itself, or one section). Construction
 // rejects unknown and repeated keys; each getter reads one key, checks its type and range, and

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/byte_size.h"
 #include "core/cuda/check.h"
 
 namespace hap::cuda {
@@ -51,11 +52,10 @@ size_t round_size(size_t n) {
 size_t cap_from_environment() {
   const char* v = std::getenv("HAP_CUDA_MEMORY_CAP");
   if (v == nullptr || *v == '\0') return 0;
-  try {
-    return parse_bytes(v);
-  } catch (const Error& e) {
-    throw Error(std::string("HAP_CUDA_MEMORY_CAP: ") + e.what());
-  }
+  const std::optional<std::int64_t> bytes = parse_byte_size(v);
+  HAP_CHECK(bytes.has_value(), "HAP_CUDA_MEMORY_CAP: expected ", kByteSizeExpectation, ", got '", v,
+            "'");
+  return static_cast<size_t>(*bytes);
 }
 
 class CudaAllocator : public Allocator {
@@ -204,25 +204,6 @@ std::string device_description(int index) {
 
 void set_memory_cap(size_t bytes) { allocator().set_cap(bytes); }
 size_t memory_cap() { return allocator().cap(); }
-
-size_t parse_bytes(const std::string& text) {
-  size_t i = 0;
-  while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-  const std::string digits = text.substr(0, i), suffix = text.substr(i);
-  size_t scale = 1;
-  if (suffix == "K" || suffix == "k")
-    scale = size_t{1} << 10;
-  else if (suffix == "M" || suffix == "m")
-    scale = size_t{1} << 20;
-  else if (suffix == "G" || suffix == "g")
-    scale = size_t{1} << 30;
-  else
-    HAP_CHECK(suffix.empty(), "expected a number of bytes with an optional K, M or G, got '", text,
-              "'");
-  HAP_CHECK(!digits.empty() && digits.size() <= 15, "expected a number of bytes with an optional ",
-            "K, M or G, got '", text, "'");
-  return static_cast<size_t>(std::stoull(digits)) * scale;
-}
 
 void synchronize(int index) {
   check_device(index);

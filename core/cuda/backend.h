@@ -5,9 +5,10 @@
 //
 // The allocator caches freed blocks by rounded size (all work runs on the default stream, so a
 // freed block is reusable by the next kernel in stream order), keeps statistics per device, and
-// honours a cap: HAP_CUDA_MEMORY_CAP (bytes, or with a K, M or G suffix) in the environment, or
-// set_memory_cap(). An allocation over the cap, or one the GPU cannot satisfy after the cache is
-// returned, is a hap::Error naming the device, the bytes asked for, in use, cached and free.
+// honours a cap: HAP_CUDA_MEMORY_CAP in the environment (a byte count as cluster files write
+// memory: 2GiB, 512MB, 1e9), or set_memory_cap(). An allocation over the cap, or one the GPU cannot
+// satisfy after the cache is returned, is a hap::Error naming the device, the bytes asked for, in
+// use, cached and free.
 #pragma once
 #include <cstddef>
 #include <string>
@@ -26,8 +27,6 @@ std::string device_description(int index);
 // Bytes a CUDA device may hold through the allocator (0: no cap).
 void set_memory_cap(size_t bytes);
 size_t memory_cap();
-// Parses a cap as HAP_CUDA_MEMORY_CAP takes it ("512M", "2G", "1048576"); throws naming the text.
-size_t parse_bytes(const std::string& text);
 
 // Waits for every kernel and copy queued on the device.
 void synchronize(int index);
