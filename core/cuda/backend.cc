@@ -3,11 +3,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <vector>
 
 #include "core/allocator.h"
 #include "core/byte_size.h"

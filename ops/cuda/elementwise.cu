@@ -165,6 +165,20 @@ std::vector<Tensor> binary(const KernelContext& c, F f) {
   return {out};
 }
 
+// The kernel functions of the registry: a functor per op, a scalar attribute inside it.
+template <typename F>
+std::vector<Tensor> unary_op(const KernelContext& c) {
+  return unary(c, F{});
+}
+template <typename F>
+std::vector<Tensor> binary_op(const KernelContext& c) {
+  return binary(c, F{});
+}
+template <typename F>
+std::vector<Tensor> scalar_op(const KernelContext& c) {
+  return unary(c, F{attr<ScalarAttrs>(c.attrs).value});
+}
+
 std::vector<Tensor> contiguous(const KernelContext& c) { return {contiguous_copy(c.inputs[0])}; }
 
 std::vector<Tensor> cast(const KernelContext& c) {
@@ -230,50 +244,25 @@ Tensor contiguous_copy(const Tensor& x) {
 }
 
 void register_elementwise(OpTable& t) {
-  t[static_cast<size_t>(OpKind::Add)].cuda = [](const KernelContext& c) {
-    return binary(c, Add{});
-  };
-  t[static_cast<size_t>(OpKind::Sub)].cuda = [](const KernelContext& c) {
-    return binary(c, Sub{});
-  };
-  t[static_cast<size_t>(OpKind::Mul)].cuda = [](const KernelContext& c) {
-    return binary(c, Mul{});
-  };
-  t[static_cast<size_t>(OpKind::Div)].cuda = [](const KernelContext& c) {
-    return binary(c, Div{});
-  };
-  t[static_cast<size_t>(OpKind::ReluBackward)].cuda = [](const KernelContext& c) {
-    return binary(c, ReluGrad{});
-  };
-  t[static_cast<size_t>(OpKind::Neg)].cuda = [](const KernelContext& c) { return unary(c, Neg{}); };
-  t[static_cast<size_t>(OpKind::Exp)].cuda = [](const KernelContext& c) { return unary(c, Exp{}); };
-  t[static_cast<size_t>(OpKind::Log)].cuda = [](const KernelContext& c) { return unary(c, Log{}); };
-  t[static_cast<size_t>(OpKind::Sqrt)].cuda = [](const KernelContext& c) {
-    return unary(c, Sqrt{});
-  };
-  t[static_cast<size_t>(OpKind::Rsqrt)].cuda = [](const KernelContext& c) {
-    return unary(c, Rsqrt{});
-  };
-  t[static_cast<size_t>(OpKind::Tanh)].cuda = [](const KernelContext& c) {
-    return unary(c, Tanh{});
-  };
-  t[static_cast<size_t>(OpKind::Relu)].cuda = [](const KernelContext& c) {
-    return unary(c, Relu{});
-  };
-  t[static_cast<size_t>(OpKind::Sigmoid)].cuda = [](const KernelContext& c) {
-    return unary(c, Sigmoid{});
-  };
-  t[static_cast<size_t>(OpKind::AddScalar)].cuda = [](const KernelContext& c) {
-    return unary(c, AddScalar{attr<ScalarAttrs>(c.attrs).value});
-  };
-  t[static_cast<size_t>(OpKind::MulScalar)].cuda = [](const KernelContext& c) {
-    return unary(c, MulScalar{attr<ScalarAttrs>(c.attrs).value});
-  };
-  t[static_cast<size_t>(OpKind::PowScalar)].cuda = [](const KernelContext& c) {
-    return unary(c, PowScalar{attr<ScalarAttrs>(c.attrs).value});
-  };
-  t[static_cast<size_t>(OpKind::Contiguous)].cuda = contiguous;
-  t[static_cast<size_t>(OpKind::Cast)].cuda = cast;
+  auto set = [&](OpKind k, KernelFn fn) { t[static_cast<size_t>(k)].cuda = fn; };
+  set(OpKind::Add, binary_op<Add>);
+  set(OpKind::Sub, binary_op<Sub>);
+  set(OpKind::Mul, binary_op<Mul>);
+  set(OpKind::Div, binary_op<Div>);
+  set(OpKind::ReluBackward, binary_op<ReluGrad>);
+  set(OpKind::Neg, unary_op<Neg>);
+  set(OpKind::Exp, unary_op<Exp>);
+  set(OpKind::Log, unary_op<Log>);
+  set(OpKind::Sqrt, unary_op<Sqrt>);
+  set(OpKind::Rsqrt, unary_op<Rsqrt>);
+  set(OpKind::Tanh, unary_op<Tanh>);
+  set(OpKind::Relu, unary_op<Relu>);
+  set(OpKind::Sigmoid, unary_op<Sigmoid>);
+  set(OpKind::AddScalar, scalar_op<AddScalar>);
+  set(OpKind::MulScalar, scalar_op<MulScalar>);
+  set(OpKind::PowScalar, scalar_op<PowScalar>);
+  set(OpKind::Contiguous, contiguous);
+  set(OpKind::Cast, cast);
 }
 
 }  // namespace hap::ops::cuda

@@ -3,8 +3,6 @@
 // expanded), a's batch folded into the rows when b has none; the bias added by a small kernel.
 #include <cublas_api.h>
 
-#include <climits>
-
 #include "core/cuda/cublas.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
