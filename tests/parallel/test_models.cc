@@ -4,7 +4,9 @@
 // vector per block), and trained beside the same model on one device: the loss of every step,
 // every gradient of the first step and every parameter after the last agree.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -25,18 +27,24 @@ namespace {
 using testing::compare_with_one_device;
 using testing::world;
 
-// A small text file for models that read the byte corpus (the same on every rank).
-std::string text_file() {
-  static const std::string path = [] {
-    const std::string p = (std::filesystem::temp_directory_path() /
-                           ("hap_test_models_" + std::to_string(world().rank()) + ".txt"))
-                              .string();
-    std::ofstream out(p);
+// A small text file for models that read the byte corpus (the same text on every rank). Each
+// process writes its own file: test programs run concurrently under ctest -j, and a name shared
+// between them let one truncate the file while another was reading it.
+struct TextFile {
+  std::string path = (std::filesystem::temp_directory_path() /
+                      ("hap_test_models_" + std::to_string(::getpid()) + ".txt"))
+                         .string();
+  TextFile() {
+    std::ofstream out(path);
     for (int i = 0; i < 200; ++i)
       out << "The quick brown fox " << i * 7 << " jumps over the lazy dog.\n";
-    return p;
-  }();
-  return path;
+  }
+  ~TextFile() { std::remove(path.c_str()); }
+};
+
+std::string text_file() {
+  static const TextFile file;
+  return file.path;
 }
 
 struct ModelCase {
