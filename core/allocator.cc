@@ -137,7 +137,7 @@ class CpuAllocator : public Allocator {
   void release_cache(int) override { cpu_allocator_release_cache(); }
 };
 
-constexpr size_t kKinds = 2;  // DeviceKind::CPU, DeviceKind::CUDA
+constexpr size_t kKinds = kNumDeviceKinds;
 
 struct Registry {
   std::mutex mu;

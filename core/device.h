@@ -5,6 +5,7 @@
 namespace hap {
 
 enum class DeviceKind : uint8_t { CPU = 0, CUDA = 1 };
+constexpr size_t kNumDeviceKinds = 2;
 
 struct Device {
   DeviceKind kind = DeviceKind::CPU;

@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <sstream>
 
@@ -135,14 +136,29 @@ void* Tensor::raw_data() const {
 }
 
 namespace {
-// Host-side operations (strided loops over the data) on a tensor of another device need that
-// device's kernels.
-void check_host(const Tensor& t, const char* op) {
-  HAP_CHECK(t.device().is_cpu(), op, " on ", t.str(),
-            ": this runs on the host; use the device's ops, or "
-            "copy the tensor with to(Device::cpu())");
+std::array<DeviceTensorOps, kNumDeviceKinds>& device_tensor_ops() {
+  static std::array<DeviceTensorOps, kNumDeviceKinds> ops{};
+  return ops;
+}
+
+// The elementwise operations of a device tensor's backend; an error naming the call and the
+// device when no backend registered them.
+const DeviceTensorOps& device_ops(const Tensor& t, const char* op) {
+  const DeviceTensorOps& ops = device_tensor_ops()[static_cast<size_t>(t.device().kind)];
+  HAP_CHECK(ops.fill != nullptr && ops.copy != nullptr, op, " on ", t.str(), ": no backend for ",
+            t.device().str(), " is built into this library");
+  return ops;
 }
 }  // namespace
+
+void register_device_tensor_ops(DeviceKind kind, const DeviceTensorOps& ops) {
+  HAP_CHECK(kind != DeviceKind::CPU, "register_device_tensor_ops: host operations are built in");
+  device_tensor_ops()[static_cast<size_t>(kind)] = ops;
+}
+
+DeviceTensorOps registered_device_tensor_ops(DeviceKind kind) {
+  return device_tensor_ops()[static_cast<size_t>(kind)];
+}
 
 double Tensor::item_at(int64_t flat) const {
   HAP_CHECK(flat >= 0 && flat < numel(), "item_at: index ", flat, " out of range for ", str());
@@ -200,30 +216,31 @@ Tensor Tensor::contiguous() const {
 Tensor Tensor::clone() const {
   if (!has_storage()) return meta(shape(), dtype(), device());
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(device()));
-  if (!device().is_cpu() && is_contiguous()) {
+  if (device().is_cpu()) {
+    strided_copy(out, *this);
+  } else if (is_contiguous()) {
     copy_bytes(out.raw_data(), device(), raw_data(), device(), nbytes());
-    return out;
+  } else {
+    device_ops(*this, "clone").copy(out, *this);
   }
-  check_host(*this, "clone");
-  strided_copy(out, *this);
   return out;
 }
 
 Tensor Tensor::to(DType d) const {
   if (d == dtype()) return contiguous();
   if (!has_storage()) return meta(shape(), d, device());
-  check_host(*this, "to(dtype)");
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(d).with_device(device()));
-  strided_copy(out, *this);
+  if (device().is_cpu())
+    strided_copy(out, *this);
+  else
+    device_ops(*this, "to(dtype)").copy(out, *this);
   return out;
 }
 
 Tensor Tensor::to(Device d) const {
   if (d == device()) return *this;
   if (!has_storage()) return meta(shape(), dtype(), d);
-  const Tensor src = device().is_cpu() ? contiguous() : *this;
-  HAP_CHECK(src.is_contiguous(), "to(", d.str(), "): ", str(),
-            " is not contiguous; make it contiguous on its device first");
+  const Tensor src = contiguous();  // a view is packed on its own device first
   Tensor out = empty(shape(), TensorOptions{}.with_dtype(dtype()).with_device(d));
   copy_bytes(out.raw_data(), d, src.raw_data(), src.device(), nbytes());
   return out;
@@ -238,16 +255,26 @@ void Tensor::copy_from(const Tensor& src) const {
     strided_copy(*this, src.device().is_cpu() ? src : src.to(Device::cpu()));
     return;
   }
-  // Into device memory: the same dtype, contiguous, through the backend's copies.
-  const Tensor s = src.device().is_cpu() ? src.contiguous() : src;
-  HAP_CHECK(is_contiguous() && s.is_contiguous() && s.dtype() == dtype(), "copy_from into ", str(),
-            ": a device tensor takes a contiguous copy of the same dtype, got ", src.str());
-  copy_bytes(raw_data(), device(), s.raw_data(), s.device(), nbytes());
+  if (src.device() == device()) {  // on one device: the backend's elementwise copy
+    device_ops(*this, "copy_from").copy(*this, src);
+    return;
+  }
+  // From the host or another device: packed bytes of this dtype, then placed into this view.
+  const Tensor s = src.device().is_cpu() ? src.to(dtype()).contiguous()
+                                         : src.to(Device::cpu()).to(dtype()).contiguous();
+  if (is_contiguous()) {
+    copy_bytes(raw_data(), device(), s.raw_data(), s.device(), nbytes());
+    return;
+  }
+  device_ops(*this, "copy_from").copy(*this, s.to(device()));
 }
 
 void Tensor::fill_(double value) const {
   if (!has_storage()) return;  // shape-only (MetaGuard)
-  check_host(*this, "fill_");
+  if (!device().is_cpu()) {
+    device_ops(*this, "fill_").fill(*this, value);
+    return;
+  }
   dispatch_all_types(dtype(), [&](auto tag) {
     using T = decltype(tag);
     T v = convert<T>(value);

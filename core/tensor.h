@@ -175,4 +175,19 @@ class Tensor {
   std::shared_ptr<TensorImpl> impl_;
 };
 
+// What the tensor methods above do elementwise on a device tensor (fill_, clone and contiguous of
+// a view, to(dtype), copy_from between views on one device), registered by the device's backend
+// beside its allocator (core/allocator.h). Without one, those calls are an error naming the
+// device; copies to and from the host need only the backend's byte copies.
+struct DeviceTensorOps {
+  // Sets every element of the view `t` to `value` converted to its dtype (as on the host).
+  void (*fill)(const Tensor& t, double value) = nullptr;
+  // dst = src elementwise: views of one shape on one device, converting the dtype as the host
+  // does (bf16 rounded to nearest even, from f64 through round-to-odd f32).
+  void (*copy)(const Tensor& dst, const Tensor& src) = nullptr;
+};
+void register_device_tensor_ops(DeviceKind kind, const DeviceTensorOps& ops);
+// What is registered for `kind` now (members null: nothing).
+DeviceTensorOps registered_device_tensor_ops(DeviceKind kind);
+
 }  // namespace hap

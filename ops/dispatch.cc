@@ -152,7 +152,7 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
     return outputs;
   }
 
-  KernelFn kernel = device.is_cpu() ? def.cpu : def.cuda;
+  KernelFn kernel = device.is_cpu() || def.any_device ? def.cpu : def.cuda;
   HAP_CHECK(kernel != nullptr, "op ", def.name, " has no kernel for device ", device.str());
   KernelContext ctx{kind, inputs, out_meta, attrs};
   std::optional<timeline::Scope> span;  // in --trace timelines: the kernel and its module

@@ -10,6 +10,7 @@
 #include "core/allocator.h"
 #include "core/byte_size.h"
 #include "core/cuda/check.h"
+#include "core/cuda/tensor_ops.h"
 
 namespace hap::cuda {
 
@@ -177,6 +178,7 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 const bool g_registered = [] {
   register_allocator(DeviceKind::CUDA, &allocator());
   register_device_copy(DeviceKind::CUDA, copy);
+  register_device_tensor_ops(DeviceKind::CUDA, {fill_elements, copy_elements});
   return true;
 }();
 

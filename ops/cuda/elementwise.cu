@@ -1,7 +1,7 @@
-// CUDA kernels of the elementwise ops: unary, binary with broadcasting, scalar, relu_backward,
-// contiguous and cast, for f32 and f64. Inputs may be any strided view: each thread maps its
-// output index to every input's offset (broadcast dims have stride 0), so no operand is copied
-// first. Outputs are contiguous, as on the CPU.
+// CUDA kernels of the elementwise ops: unary, binary with broadcasting, scalar, relu_backward, for
+// f32 and f64 (contiguous and cast serve every device through core/tensor.h's copies). Inputs may
+// be any strided view: each thread maps its output index to every input's offset (broadcast dims
+// have stride 0), so no operand is copied first. Outputs are contiguous, as on the CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -23,11 +23,6 @@ template <typename T, typename F>
 __global__ void binary_kernel(T* out, const T* a, Indexer ia, const T* b, Indexer ib, int64_t n,
                               F f) {
   HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(a[offset_of(ia, i)], b[offset_of(ib, i)]); }
-}
-
-template <typename To, typename From>
-__global__ void convert_kernel(To* out, const From* x, Indexer ix, int64_t n) {
-  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = static_cast<To>(x[offset_of(ix, i)]); }
 }
 
 // ---- the functors (a scalar attribute travels in the functor) ----
@@ -130,13 +125,6 @@ struct PowScalar {  // x * x for a square, as the CPU kernel
     return v == 2.0 ? x * x : pow(x, static_cast<T>(v));
   }
 };
-struct Copy {
-  template <typename T>
-  __device__ T operator()(T x) const {
-    return x;
-  }
-};
-
 template <typename F>
 std::vector<Tensor> unary(const KernelContext& c, F f) {
   Tensor out = c.alloc(0);
@@ -179,69 +167,7 @@ std::vector<Tensor> scalar_op(const KernelContext& c) {
   return unary(c, F{attr<ScalarAttrs>(c.attrs).value});
 }
 
-std::vector<Tensor> contiguous(const KernelContext& c) { return {contiguous_copy(c.inputs[0])}; }
-
-std::vector<Tensor> cast(const KernelContext& c) {
-  Tensor out = c.alloc(0);
-  const int64_t n = out.numel();
-  if (n == 0) return {out};
-  const Tensor& x = c.inputs[0];
-  const Indexer ix = indexer(x, out.shape(), "cast");
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
-  auto from = [&](auto to_tag) {
-    using To = decltype(to_tag);
-    if (x.dtype() == DType::F32)
-      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<float>(x), ix, n);
-    else if (x.dtype() == DType::F64)
-      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<double>(x), ix, n);
-    else if (x.dtype() == DType::I64)
-      convert_kernel<<<blocks_for(n), kThreads>>>(ptr<To>(out), ptr<int64_t>(x), ix, n);
-    else
-      HAP_CHECK(false, "cast on cuda: from ", dtype_name(x.dtype()), " has no CUDA kernel yet");
-  };
-  if (out.dtype() == DType::F32)
-    from(float{});
-  else if (out.dtype() == DType::F64)
-    from(double{});
-  else
-    HAP_CHECK(false, "cast on cuda: to ", dtype_name(out.dtype()), " has no CUDA kernel yet");
-  check_launch("cast");
-  return {out};
-}
-
 }  // namespace
-
-Tensor contiguous_copy(const Tensor& x) {
-  Tensor out =
-      Tensor::empty(x.shape(), TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
-  const int64_t n = out.numel();
-  if (n == 0) return out;
-  const Indexer ix = indexer(x, out.shape(), "contiguous");
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
-  auto copy = [&](auto tag) {
-    using T = decltype(tag);
-    unary_kernel<<<blocks_for(n), kThreads>>>(static_cast<T*>(out.raw_data()),
-                                              static_cast<const T*>(x.raw_data()), ix, n, Copy{});
-  };
-  switch (dtype_size(out.dtype())) {
-    case 1:
-      copy(uint8_t{});
-      break;
-    case 2:
-      copy(uint16_t{});
-      break;
-    case 4:
-      copy(uint32_t{});
-      break;
-    case 8:
-      copy(uint64_t{});
-      break;
-    default:
-      HAP_CHECK(false, "contiguous on cuda: unexpected element size of ", out.str());
-  }
-  check_launch("contiguous");
-  return out;
-}
 
 void register_elementwise(OpTable& t) {
   auto set = [&](OpKind k, KernelFn fn) { t[static_cast<size_t>(k)].cuda = fn; };
@@ -261,8 +187,6 @@ void register_elementwise(OpTable& t) {
   set(OpKind::AddScalar, scalar_op<AddScalar>);
   set(OpKind::MulScalar, scalar_op<MulScalar>);
   set(OpKind::PowScalar, scalar_op<PowScalar>);
-  set(OpKind::Contiguous, contiguous);
-  set(OpKind::Cast, cast);
 }
 
 }  // namespace hap::ops::cuda

@@ -50,7 +50,7 @@ Tensor expanded(const Tensor& t, const Shape& shape) {
   if (t.shape() == shape) return dense(t);
   const Indexer ix = indexer(t, shape, "matmul");
   Strides strides(ix.strides, ix.strides + ix.ndim);
-  return contiguous_copy(t.as_strided(shape, strides, t.offset()));
+  return t.as_strided(shape, strides, t.offset()).clone();
 }
 
 void zero(const Tensor& t) {

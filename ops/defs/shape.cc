@@ -113,7 +113,7 @@ void check_slice(const Shape& s, SliceAttrs& a) {
 Tensor copy_into_slice(const Tensor& dst, const Tensor& src, int64_t dim, int64_t start) {
   Strides st = dst.strides();
   Tensor view = dst.as_strided(src.shape(), st, dst.offset() + start * st[dim]);
-  strided_copy(view, src);
+  view.copy_from(src);  // on any device
   return dst;
 }
 
@@ -146,6 +146,7 @@ std::vector<Tensor> expand_local(ShardContext& ctx, const std::vector<Tensor>& i
 void register_shape_ops(OpTable& t) {
   OpDef& rs = def_of(t, OpKind::Reshape);
   rs.moves_data = true;
+  rs.any_device = true;
   rs.name = "reshape";
   rs.num_inputs = 1;
   rs.infer = [](const Metas& in, const Attrs& a) {
@@ -169,6 +170,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& pm = def_of(t, OpKind::Permute);
   pm.moves_data = true;
+  pm.any_device = true;
   pm.name = "permute";
   pm.num_inputs = 1;
   pm.infer = [](const Metas& in, const Attrs& a) {
@@ -208,6 +210,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& sl = def_of(t, OpKind::Slice);
   sl.moves_data = true;
+  sl.any_device = true;
   sl.name = "slice";
   sl.num_inputs = 1;
   sl.infer = [](const Metas& in, const Attrs& a) {
@@ -242,6 +245,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& sb = def_of(t, OpKind::SliceBackward);
   sb.moves_data = true;
+  sb.any_device = true;
   sb.name = "slice_backward";
   sb.num_inputs = 1;
   sb.infer = [](const Metas& in, const Attrs& a) {
@@ -263,6 +267,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& ex = def_of(t, OpKind::Expand);
   ex.moves_data = true;
+  ex.any_device = true;
   ex.name = "expand";
   ex.num_inputs = 1;
   ex.infer = [](const Metas& in, const Attrs& a) {
@@ -298,6 +303,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& ct = def_of(t, OpKind::Contiguous);
   ct.moves_data = true;
+  ct.any_device = true;
   ct.name = "contiguous";
   ct.num_inputs = 1;
   ct.infer = [](const Metas& in, const Attrs&) { return Metas{in[0]}; };
@@ -310,6 +316,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& cc = def_of(t, OpKind::Concat);
   cc.moves_data = true;
+  cc.any_device = true;
   cc.name = "concat";
   cc.num_inputs = -1;
   cc.infer = [](const Metas& in, const Attrs& a) {
@@ -368,6 +375,7 @@ void register_shape_ops(OpTable& t) {
 
   OpDef& sp = def_of(t, OpKind::Split);
   sp.moves_data = true;
+  sp.any_device = true;
   sp.name = "split";
   sp.num_inputs = 1;
   sp.infer = [](const Metas& in, const Attrs& a) {

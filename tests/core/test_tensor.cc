@@ -453,17 +453,42 @@ class FakeDevice : public ::testing::Test {
   void SetUp() override {
     saved_allocator_ = registered_allocator(DeviceKind::CUDA);
     saved_copy_ = registered_device_copy(DeviceKind::CUDA);
+    saved_ops_ = registered_device_tensor_ops(DeviceKind::CUDA);
     register_allocator(DeviceKind::CUDA, &allocator_);
     register_device_copy(DeviceKind::CUDA, &fake_copy);
+    register_device_tensor_ops(DeviceKind::CUDA, {});  // a test registers its own
   }
   void TearDown() override {
     register_allocator(DeviceKind::CUDA, saved_allocator_);
     register_device_copy(DeviceKind::CUDA, saved_copy_);
+    register_device_tensor_ops(DeviceKind::CUDA, saved_ops_);
   }
   FakeDeviceAllocator allocator_;
   Allocator* saved_allocator_ = nullptr;
   DeviceCopyFn saved_copy_ = nullptr;
+  DeviceTensorOps saved_ops_;
 };
+
+// Fake elementwise operations over the fake device's (host) memory, for f32 tensors, recording
+// what they were asked to do.
+std::vector<std::string> g_fake_ops;
+void fake_fill(const Tensor& t, double value) {
+  g_fake_ops.push_back("fill " + shape_str(t.shape()) + (t.is_contiguous() ? "" : " strided"));
+  auto* p = static_cast<float*>(t.raw_data());
+  for_each_offset(t.shape(), t.strides(), [&](int64_t off) { p[off] = static_cast<float>(value); });
+}
+void fake_copy_elements(const Tensor& dst, const Tensor& src) {
+  g_fake_ops.push_back(std::string("copy ") + dtype_name(src.dtype()) + " -> " +
+                       dtype_name(dst.dtype()));
+  ASSERT_EQ(dst.dtype(), DType::F32);
+  ASSERT_EQ(src.dtype(), DType::F32);
+  std::vector<float> values;
+  const auto* s = static_cast<const float*>(src.raw_data());
+  for_each_offset(src.shape(), src.strides(), [&](int64_t off) { values.push_back(s[off]); });
+  auto* d = static_cast<float*>(dst.raw_data());
+  size_t i = 0;
+  for_each_offset(dst.shape(), dst.strides(), [&](int64_t off) { d[off] = values[i++]; });
+}
 
 // Without the CUDA backend in the build, or with it but no GPU, a CUDA tensor is an error that
 // says which.
@@ -525,11 +550,37 @@ TEST_F(FakeDevice, HostAccessToADeviceTensorIsAnErrorThatNamesTheDevice) {
   const std::string m = test_util::error_of([&] { d.data<float>(); });
   EXPECT_HAS(m, "cuda:0");
   EXPECT_HAS(m, "to(Device::cpu())");
-  EXPECT_HAS(test_util::error_of([&] { d.fill_(3.0); }), "fill_");
-  // Copies into device memory go through the backend.
-  d.copy_from(Tensor::from_vector(std::vector<double>{7, 8}, {2}).to(DType::F32));
+  // Without the backend's elementwise operations, what needs them says so.
+  const std::string fill = test_util::error_of([&] { d.fill_(3.0); });
+  EXPECT_HAS(fill, "fill_");
+  EXPECT_HAS(fill, "no backend for cuda:0");
+  // Copies from the host need only the byte copies (converting on the host first).
+  d.copy_from(
+      Tensor::from_vector(std::vector<double>{7, 8}, {2}, TensorOptions{}.with_dtype(DType::F64)));
   EXPECT_EQ(d.to_vector(), (std::vector<double>{7, 8}));
   EXPECT_EQ(d.clone().to_vector(), (std::vector<double>{7, 8}));
+}
+
+TEST_F(FakeDevice, FillCloneAndCastOfDeviceViewsGoThroughTheBackendsOperations) {
+  register_device_tensor_ops(DeviceKind::CUDA, {fake_fill, fake_copy_elements});
+  g_fake_ops.clear();
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}).to(Device::cuda(0));
+  Tensor xt = permute(x, {1, 0});
+  Tensor packed = xt.contiguous();
+  EXPECT_TRUE(packed.is_contiguous());
+  EXPECT_EQ(packed.to_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
+  EXPECT_EQ(xt.to(Device::cpu()).to_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}))
+      << "a device view is packed on its device before it is copied";
+  Tensor z = Tensor::zeros({2, 2}, TensorOptions{}.with_device(Device::cuda(0)));
+  EXPECT_EQ(z.to_vector(), (std::vector<double>{0, 0, 0, 0}));
+  xt.fill_(9.0);  // a strided view: every element of x
+  EXPECT_EQ(x.to_vector(), (std::vector<double>{9, 9, 9, 9, 9, 9}));
+  // From the host into a device view: packed bytes, then placed by the backend.
+  xt.copy_from(Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {3, 2}));
+  EXPECT_EQ(x.to_vector(), (std::vector<double>{1, 3, 5, 2, 4, 6}));
+  EXPECT_EQ(g_fake_ops,
+            (std::vector<std::string>{"copy f32 -> f32", "copy f32 -> f32", "fill [2, 2]",
+                                      "fill [3, 2] strided", "copy f32 -> f32"}));
 }
 
 }  // namespace

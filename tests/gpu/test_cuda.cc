@@ -77,6 +77,94 @@ TEST(Cuda, TheAllocatorCachesCountsAndHonoursItsCap) {
              "no such device");
 }
 
+// A device copy of `x` with the same view: the storage block under it copied, the same sizes,
+// strides and offset over the copy (strides >= 0, broadcast dims included).
+Tensor same_view_on_gpu(const Tensor& x) {
+  if (x.is_contiguous() && x.offset() == 0) return x.to(kGpu);
+  int64_t extent = x.offset() + 1;
+  for (int64_t d = 0; d < x.dim(); ++d) {
+    EXPECT_GE(x.strides()[static_cast<size_t>(d)], 0);
+    if (x.size(d) == 0)
+      return Tensor::empty(x.shape(), TensorOptions{}.with_dtype(x.dtype()).with_device(kGpu));
+    extent += (x.size(d) - 1) * x.strides()[static_cast<size_t>(d)];
+  }
+  const Tensor block = x.as_strided({extent}, {1}, 0).contiguous().to(kGpu);
+  return block.as_strided(x.shape(), x.strides(), x.offset());
+}
+
+// Exactly equal values, dtypes and shapes, on the GPU and the CPU.
+void expect_equal(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
+  ASSERT_EQ(gpu.device(), kGpu) << what;
+  ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
+  ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
+  EXPECT_EQ(gpu.to(Device::cpu()).to_vector(), cpu.to_vector()) << what;
+}
+
+TEST(Cuda, FillAndCopiesOfViewsConvertExactlyAsTheHostDoes) {
+  HAP_REQUIRE_GPU();
+  const std::vector<DType> dtypes = {DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8};
+  // Values with fractions, ties of bf16 rounding (1 + 2^-8 + 2^-9 ...) and magnitudes that every
+  // dtype holds; negative ones only where neither side is u8 (their conversion is undefined).
+  auto values = [](bool negatives) {
+    std::vector<double> v;
+    for (int i = 0; i < 7 * 9; ++i)
+      v.push_back(std::ldexp(1.0 + i / 256.0, i % 7) * (negatives && i % 2 ? -1 : 1));
+    return v;
+  };
+  for (DType from : dtypes) {
+    for (DType to : dtypes) {
+      SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
+      const bool negatives = from != DType::U8 && to != DType::U8;
+      const Tensor block = Tensor::from_vector(values(negatives), {7, 9}, f64()).to(from);
+      const Tensor view = block.as_strided({9, 7}, {1, 9}, 0);  // transposed
+      const Tensor gpu_view = same_view_on_gpu(view);
+      expect_equal(gpu_view.to(to), view.to(to), "to(dtype) of a transposed view");
+      Tensor dst = Tensor::zeros({7, 9}, TensorOptions{}.with_dtype(to).with_device(kGpu));
+      Tensor dst_cpu = Tensor::zeros({7, 9}, TensorOptions{}.with_dtype(to));
+      dst.as_strided({9, 7}, {1, 9}, 0).copy_from(gpu_view);
+      dst_cpu.as_strided({9, 7}, {1, 9}, 0).copy_from(view);
+      expect_equal(dst, dst_cpu, "copy_from into a transposed view");
+    }
+    for (double value : {0.0, -3.25, 1.0 + 1.0 / 256 + 1.0 / 512, 77.0}) {
+      if (from == DType::U8 && value < 0) continue;
+      SCOPED_TRACE(std::string("fill_ ") + dtype_name(from) + " " + std::to_string(value));
+      const Tensor block = Tensor::from_vector(values(false), {7, 9}, f64()).to(from);
+      Tensor t = block.to(kGpu), t_cpu = block.clone();
+      t.as_strided({4, 9}, {18, 1}, 9).fill_(value);  // every other row
+      t_cpu.as_strided({4, 9}, {18, 1}, 9).fill_(value);
+      expect_equal(t, t_cpu, "fill_ of every other row");
+    }
+  }
+  EXPECT_EQ(Tensor::zeros({3}, TensorOptions{}.with_device(kGpu)).to(Device::cpu()).to_vector(),
+            (std::vector<double>{0, 0, 0}));
+}
+
+// The ops that only restride or move data run on the GPU through the same kernels as on the CPU.
+TEST(Cuda, ShapeOpsMoveExactlyTheCpusValues) {
+  HAP_REQUIRE_GPU();
+  const Tensor x = randn({6, 5, 4}, 31);
+  const Tensor xt = x.as_strided({4, 5, 6}, {1, 4, 20}, 0);  // a permuted view
+  const Tensor g = same_view_on_gpu(xt);
+  auto both = [&](OpKind k, const ops::Attrs& a, const std::string& what) {
+    const std::vector<Tensor> want = ops::call(k, {xt}, a), got = ops::call(k, {g}, a);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) expect_equal(got[i], want[i], what);
+  };
+  both(OpKind::Reshape, ops::ShapeAttrs{{20, 6}}, "reshape of a permuted view (copies)");
+  both(OpKind::Permute, ops::PermuteAttrs{{2, 0, 1}}, "permute");
+  both(OpKind::Slice, ops::SliceAttrs{1, 1, 4}, "slice");
+  both(OpKind::Split, ops::SplitAttrs{2, {1, 3, 2}}, "split");
+  both(OpKind::Contiguous, {}, "contiguous");
+  both(OpKind::SliceBackward, ops::ScatterAttrs{1, 2, {4, 9, 6}}, "slice_backward");
+  const Tensor y = randn({4, 3, 6}, 32);
+  expect_equal(ops::call1(OpKind::Concat, {g, y.to(kGpu), g}, ops::DimAttrs{1, false}),
+               ops::call1(OpKind::Concat, {xt, y, xt}, ops::DimAttrs{1, false}), "concat");
+  const Tensor row = randn({1, 6}, 33);
+  expect_equal(ops::call1(OpKind::Expand, {row.to(kGpu)}, ops::ShapeAttrs{{3, 5, 6}}).contiguous(),
+               ops::call1(OpKind::Expand, {row}, ops::ShapeAttrs{{3, 5, 6}}).contiguous(),
+               "expand, then packed");
+}
+
 struct OpCase {
   std::string label;
   OpKind kind;
@@ -159,14 +247,6 @@ TEST(Cuda, SumAndMeanOverAnyDimsMatchTheCpu) {
                    ops::call1(k, {v}, ops::ReduceAttrs{}), rtol, atol, "100003 elements");
     }
   }
-}
-
-// A device copy of `x` with the same view: its storage block copied, the same strides over it.
-Tensor same_view_on_gpu(const Tensor& x) {
-  if (x.is_contiguous()) return x.to(kGpu);
-  // Only the transposed 2-D views below: [r, c] with strides {1, r}.
-  const Tensor stored = x.as_strided({x.size(1), x.size(0)}, {x.size(0), 1}, x.offset());
-  return stored.contiguous().to(kGpu).as_strided(x.shape(), x.strides(), 0);
 }
 
 TEST(Cuda, MatmulAndLinearMatchTheCpu) {
