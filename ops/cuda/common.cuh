@@ -43,6 +43,13 @@ void on_float(const Tensor& out, const char* op, Fn fn) {
   check_launch(op);
 }
 
+// Row-major C[i] (m x n) = alpha op(A[i]) (m x k) op(B[i]) (k x n) + beta C[i] for i < batch,
+// through cuBLAS; A is stored [m, k] ([k, m] when a_trans), B [k, n] ([n, k] when b_trans), all
+// contiguous, f32 (f32 compute, no TF32) or f64 (ops/cuda/matmul.cu).
+void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool b_trans,
+          int64_t batch, int64_t m, int64_t n, int64_t k, const char* op, double alpha = 1,
+          double beta = 0);
+
 // x itself when contiguous, else a packed copy on its device.
 inline Tensor dense(const Tensor& x) { return x.contiguous(); }
 

@@ -25,6 +25,13 @@ __global__ void binary_kernel(T* out, const T* a, Indexer ia, const T* b, Indexe
   HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(a[offset_of(ia, i)], b[offset_of(ib, i)]); }
 }
 
+// masked_fill: the value where the (broadcast) u8 mask is set, else x.
+template <typename T>
+__global__ void masked_fill_kernel(T* out, const T* x, Indexer ix, const uint8_t* mask, Indexer im,
+                                   int64_t n, T value) {
+  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = mask[offset_of(im, i)] ? value : x[offset_of(ix, i)]; }
+}
+
 // ---- the functors (a scalar attribute travels in the functor) ----
 struct Add {
   template <typename T>
@@ -167,6 +174,22 @@ std::vector<Tensor> scalar_op(const KernelContext& c) {
   return unary(c, F{attr<ScalarAttrs>(c.attrs).value});
 }
 
+std::vector<Tensor> masked_fill(const KernelContext& c) {
+  Tensor out = c.alloc(0);
+  const int64_t n = out.numel();
+  if (n == 0) return {out};
+  const Indexer ix = indexer(c.inputs[0], out.shape(), "masked_fill"),
+                im = indexer(c.inputs[1], out.shape(), "masked_fill");
+  const double value = attr<ScalarAttrs>(c.attrs).value;
+  on_float(out, "masked_fill", [&](auto tag) {
+    using T = decltype(tag);
+    masked_fill_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix,
+                                                    ptr<uint8_t>(c.inputs[1]), im, n,
+                                                    static_cast<T>(value));
+  });
+  return {out};
+}
+
 }  // namespace
 
 void register_elementwise(OpTable& t) {
@@ -187,6 +210,7 @@ void register_elementwise(OpTable& t) {
   set(OpKind::AddScalar, scalar_op<AddScalar>);
   set(OpKind::MulScalar, scalar_op<MulScalar>);
   set(OpKind::PowScalar, scalar_op<PowScalar>);
+  set(OpKind::MaskedFill, masked_fill);
 }
 
 }  // namespace hap::ops::cuda

@@ -10,12 +10,22 @@ void register_elementwise(OpTable& t);  // ops/cuda/elementwise.cu
 void register_reduce(OpTable& t);       // ops/cuda/reduce.cu: sum, mean
 void register_matmul(OpTable& t);       // ops/cuda/matmul.cu: matmul, linear (cuBLAS)
 void register_softmax(OpTable& t);      // ops/cuda/softmax.cu: (log-)softmax and backward
+void register_random(OpTable& t);       // ops/cuda/random.cu: dropout, mask_tokens
+void register_embedding(OpTable& t);    // ops/cuda/embedding.cu: embedding and backward
+void register_optim(OpTable& t);        // ops/cuda/optim.cu: sgd, adamw, sum_of_squares
+void register_attention(OpTable& t);    // ops/cuda/attention.cu: attention and backward
+void register_norm(OpTable& t);  // ops/cuda/norm.cu: layer/RMS norm, gelu, and their backward
 
 inline void register_all(OpTable& t) {
   register_elementwise(t);
   register_reduce(t);
   register_matmul(t);
   register_softmax(t);
+  register_random(t);
+  register_embedding(t);
+  register_optim(t);
+  register_attention(t);
+  register_norm(t);
 }
 
 }  // namespace hap::ops::cuda

@@ -19,17 +19,18 @@ cudaDataType data_type(DType d, const char* op) {
   return CUDA_R_32F;
 }
 
-// Row-major C[i] (m x n) = op(A[i]) (m x k) * op(B[i]) (k x n) for i < batch; A is stored [m, k]
-// ([k, m] when a_trans), B [k, n] ([n, k] when b_trans), all contiguous. cuBLAS is column-major:
-// it computes C^T = op(B)^T op(A)^T on the same memory.
+}  // namespace
+
+// cuBLAS is column-major: it computes C^T = op(B)^T op(A)^T on the same memory.
 void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool b_trans,
-          int64_t batch, int64_t m, int64_t n, int64_t k, const char* op) {
+          int64_t batch, int64_t m, int64_t n, int64_t k, const char* op, double alpha,
+          double beta) {
   const cudaDataType type = data_type(c.dtype(), op);
   const int device = c.device().index;
   cublasHandle_t h = ::hap::cuda::cublas_handle(device);
   HAP_CUDA_CHECK(cudaSetDevice(device));
-  const float alpha32 = 1, beta32 = 0;
-  const double alpha64 = 1, beta64 = 0;
+  const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
+  const double alpha64 = alpha, beta64 = beta;
   const bool f64 = c.dtype() == DType::F64;
   HAP_CUBLAS_CHECK(::hap::cuda::cublas().gemm_strided_batched(
       h, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, a_trans ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
@@ -39,6 +40,8 @@ void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool 
       c.raw_data(), type, n, static_cast<long long>(m * n), batch,
       f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
+
+namespace {
 
 // True when the last two dims of a 2-D view are a transposed contiguous matrix.
 bool transposed_2d(const Tensor& t) {

@@ -686,9 +686,10 @@ void def_train_eval_select(OpTable& t) {
   };
   d.saves_inputs = false;
   d.moves_data = true;
+  d.any_device = true;
   d.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
-    strided_copy(out, c.inputs[0]);
+    out.copy_from(c.inputs[0]);  // on any device
     return std::vector<Tensor>{out};
   };
   // The training output does not depend on `eval`: its gradient is zero where one is asked for.

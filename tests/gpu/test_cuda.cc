@@ -275,7 +275,9 @@ TEST(Cuda, AnOpWithoutACudaKernelNamesTheOpAndTheDevice) {
   HAP_REQUIRE_GPU();
   Tensor x = randn({4, 4}, 1).to(kGpu);
   EXPECT_HAS(test_util::error_of([&] {
-               ops::call1(OpKind::LayerNorm, {x, Tensor(), Tensor()}, ops::NormAttrs{});
+               ops::call1(OpKind::Conv2d,
+                          {reshape(x, {1, 1, 4, 4}), reshape(x, {1, 1, 4, 4}), Tensor()},
+                          ops::Conv2dAttrs{});
              }),
              "has no kernel for device cuda:0");
 }
