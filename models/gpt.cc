@@ -71,7 +71,7 @@ Tensor GPT::forward(const Tensor& idx) {
   HAP_CHECK(T >= 1 && T <= config_.block_size, "GPT: sequence length T=", T,
             " must be in [1, block_size=", config_.block_size, "]");
   if (idx.has_storage()) {  // a traced (shape-only) batch has no ids to check
-    Tensor ids = idx.contiguous();
+    Tensor ids = idx.to(Device::cpu()).contiguous();
     const int64_t* p = ids.data<int64_t>();
     for (int64_t i = 0; i < B * T; ++i)
       HAP_CHECK(p[i] >= 0 && p[i] < V, "GPT: token id ", p[i], " at position [", i / T, ", ", i % T,
@@ -96,7 +96,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
             idx.defined() ? shape_str(idx.shape()) : "undefined");
   int64_t T = targets.size(1), V = config_.vocab_size;
   if (targets.has_storage()) {
-    Tensor tg = targets.contiguous();
+    Tensor tg = targets.to(Device::cpu()).contiguous();
     const int64_t* p = tg.data<int64_t>();
     for (int64_t i = 0; i < tg.numel(); ++i)
       HAP_CHECK(p[i] == -100 || (p[i] >= 0 && p[i] < V), "GPT: target ", p[i], " at position [",

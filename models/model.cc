@@ -28,7 +28,7 @@ const Tensor& input_of(const Batch& batch, const std::string& name, DType dtype,
 void check_class_indices(const Tensor& ids, std::int64_t classes, const std::string& model,
                          const char* what, std::optional<std::int64_t> ignore_index) {
   if (!ids.has_storage()) return;
-  Tensor c = ids.contiguous();
+  Tensor c = ids.to(Device::cpu()).contiguous();
   const std::int64_t* p = c.data<std::int64_t>();
   for (std::int64_t i = 0; i < c.numel(); ++i) {
     if (ignore_index && p[i] == *ignore_index) continue;

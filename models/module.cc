@@ -182,6 +182,21 @@ void Module::to(DType dtype) {
   }
 }
 
+void Module::to(Device device) {
+  auto tensors = named_parameters();
+  for (auto& b : named_buffers()) tensors.push_back(b);
+  for (auto& [name, t] : tensors) {
+    if (t.device() == device || !t.has_storage()) continue;
+    Tensor moved = t.to(device);
+    TensorImpl* impl = t.impl();
+    impl->storage = moved.impl()->storage;
+    impl->strides = moved.strides();
+    impl->offset = moved.offset();
+    impl->device = device;
+    t.zero_grad();
+  }
+}
+
 std::optional<ParamInit> Module::init_rule(const std::string&, const Tensor&) const {
   return std::nullopt;
 }

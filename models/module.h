@@ -131,6 +131,9 @@ class Module {
   // Converts every floating-point parameter to `dtype` in place: the tensors keep their identity
   // (members and optimizer references stay valid), their gradients are dropped.
   void to(DType dtype);
+  // Moves every parameter and buffer to `device` in place, as to(DType) does (identities kept,
+  // gradients dropped).
+  void to(Device device);
 
   // ---- initialisation ----
   // Redraws every parameter (and buffer) with the rule init_rule_of(name) gives it (see

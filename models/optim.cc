@@ -60,7 +60,8 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double default_lr, double d
                 p.str(), ") appears more than once in the parameter groups");
       ParamState st;
       for (size_t s = 0; s < slot_names_.size(); ++s)
-        st.slots.push_back(Tensor::zeros(p.shape(), TensorOptions{}.with_dtype(p.dtype())));
+        st.slots.push_back(Tensor::zeros(
+            p.shape(), TensorOptions{}.with_dtype(p.dtype()).with_device(p.device())));
       states_[gi].push_back(std::move(st));
     }
   }

@@ -41,27 +41,12 @@ using detail::SectionReader;
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
 constexpr std::array<std::string_view, 4> kParallelKeys = {"strategy", "segments", "search_budget",
                                                            "collective_timeout_s"};
-constexpr std::array<std::string_view, 21> kTrainKeys = {"batch_size",
-                                                         "steps",
-                                                         "optimizer",
-                                                         "lr",
-                                                         "min_lr",
-                                                         "warmup_steps",
-                                                         "weight_decay",
-                                                         "beta1",
-                                                         "beta2",
-                                                         "eps",
-                                                         "momentum",
-                                                         "grad_clip",
-                                                         "seed",
-                                                         "log_every",
-                                                         "eval_every",
-                                                         "eval_batches",
-                                                         "log_file",
-                                                         "threads",
-                                                         "checkpoint_every",
-                                                         "checkpoint_dir",
-                                                         "keep_checkpoints"};
+constexpr std::array<std::string_view, 22> kTrainKeys = {
+    "batch_size",     "steps",           "optimizer", "lr",        "min_lr",
+    "warmup_steps",   "weight_decay",    "beta1",     "beta2",     "eps",
+    "momentum",       "grad_clip",       "seed",      "log_every", "eval_every",
+    "eval_batches",   "log_file",        "threads",   "device",    "checkpoint_every",
+    "checkpoint_dir", "keep_checkpoints"};
 // Keys that moved to another section, with where they went.
 constexpr std::array<std::pair<std::string_view, std::string_view>, 1> kMovedKeys = {
     {{"train.seq_len",
@@ -312,6 +297,9 @@ TrainConfig read_train(SectionReader& s) {
   t.eval_batches = s.integer("eval_batches", t.eval_batches, IntRange::at_least(1));
   t.log_file = s.string("log_file", t.log_file, /*allow_empty=*/true);
   t.threads = s.integer("threads", t.threads, Bounds<int>::at_least(0));
+  const std::optional<Device> device = parse_device(s.string("device", "cpu", false));
+  if (!device) s.fail_value("device", "cpu, cuda or cuda:N (N a device index >= 0)");
+  t.device = *device;
   t.checkpoint_dir = s.string("checkpoint_dir", t.checkpoint_dir, /*allow_empty=*/true);
   t.checkpoint_every = s.integer(
       "checkpoint_every", t.checkpoint_every,
@@ -419,7 +407,8 @@ std::string describe(const RunConfig& config) {
   os << "         seed " << t.seed << ", log every " << t.log_every << " steps, eval every "
      << t.eval_every << " steps on " << t.eval_batches << " batches, log_file "
      << (t.log_file.empty() ? "none" : t.log_file) << ", threads "
-     << (t.threads == 0 ? "auto" : format_number(t.threads)) << "\n";
+     << (t.threads == 0 ? "auto" : format_number(t.threads)) << ", device " << t.device.str()
+     << "\n";
   if (!t.checkpoint_dir.empty())
     os << "         checkpoints in " << t.checkpoint_dir << " every "
        << (t.checkpoint_every > 0 ? format_number(t.checkpoint_every) + " steps" : "run's end")
@@ -453,6 +442,7 @@ nlohmann::json to_json(const RunConfig& config) {
         {"eval_batches", t.eval_batches},
         {"log_file", t.log_file},
         {"threads", t.threads},
+        {"device", t.device.str()},
         {"checkpoint_every", t.checkpoint_every},
         {"checkpoint_dir", t.checkpoint_dir},
         {"keep_checkpoints", t.keep_checkpoints}}},

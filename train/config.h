@@ -86,6 +86,8 @@ struct TrainConfig {
   std::string checkpoint_dir;
   std::int64_t keep_checkpoints = 3;  // >= 1
   int threads = 0;  // CPU threads, >= 0; 0 means all cores (one process) or one per rank (ranks)
+  // Where one process trains: cpu, cuda (cuda:0) or cuda:N. Ranks (--cluster) train on the CPU.
+  Device device = Device::cpu();
 };
 
 // How to train on several ranks (used with hap-train --cluster, or hap-plan).

@@ -41,6 +41,7 @@ class LocalEngine : public Engine {
         HAP_CHECK(p.has_storage(), "'", name,
                   "' of the model has no data (was the model built "
                   "under a MetaGuard?); one process trains a model built with its parameters");
+    model_->to(config_.device);  // parameters and buffers keep their identities
   }
 
   const std::vector<std::pair<std::string, Tensor>>& parameters() const override { return params_; }
@@ -50,7 +51,7 @@ class LocalEngine : public Engine {
     model_->train();
     if (model_->random_seed() != random_seed) model_->set_random_seed(random_seed);
     model_->set_random_step(step);
-    nn::Batch batch = data_->read(Split::kTrain, step, 0, config_.batch_size);
+    nn::Batch batch = on_device(data_->read(Split::kTrain, step, 0, config_.batch_size));
     check_batch(batch, inputs_, 0, config_.batch_size);
     loss_ = model_->loss(batch);
     HAP_CHECK(loss_.defined() && loss_.numel() == 1, "the model's loss must be a scalar, got ",
@@ -80,7 +81,7 @@ class LocalEngine : public Engine {
     NoGradGuard no_grad;
     model_->eval();
     if (model_->random_seed() != random_seed) model_->set_random_seed(random_seed);
-    nn::Batch batch = data_->read(Split::kVal, index, 0, config_.batch_size);
+    nn::Batch batch = on_device(data_->read(Split::kVal, index, 0, config_.batch_size));
     check_batch(batch, inputs_, 0, config_.batch_size);
     const double loss = model_->loss(batch).item();
     model_->train();
@@ -114,6 +115,13 @@ class LocalEngine : public Engine {
   }
 
  private:
+  // The batch on the training device (datasets read into host memory).
+  nn::Batch on_device(nn::Batch batch) const {
+    for (auto& [name, t] : batch)
+      if (t.defined()) t = t.to(config_.device);
+    return batch;
+  }
+
   std::shared_ptr<nn::Model> model_;
   std::shared_ptr<Dataset> data_;
   TrainConfig config_;

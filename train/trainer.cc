@@ -95,10 +95,26 @@ int optimizer_state_slots(const TrainConfig& t) {
   return static_cast<int>(make_optimizer(t, {})->state_slots().size());
 }
 
+namespace {
+
+// One process trains on the CPU or on a GPU it sees: anything else is an error naming the device
+// and why (no GPU visible, no such index, or no CUDA backend in this build).
+void check_training_device(Device device) {
+  if (device.is_cpu()) return;
+  try {
+    Tensor::empty({1}, TensorOptions{}.with_device(device));
+  } catch (const Error& e) {
+    HAP_CHECK(false, "train.device: ", e.what());
+  }
+}
+
+}  // namespace
+
 Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
                  TrainConfig config)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  check_training_device(config_.device);
   // Every module draws dropout from one state the trainer steps (models/module.h).
   model_->set_random_seed(model_->random_seed());
   engine_ = make_local_engine(model_, data_, config_);
@@ -110,6 +126,9 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config, parallel::Communicator comm, DistributedOptions distributed)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  HAP_CHECK(config_.device.is_cpu(), "train.device: ", config_.device.str(),
+            ": ranks (--cluster) train on the CPU in this version, GPU ranks are not built yet; "
+            "train one process on the GPU, or set train.device=cpu");
   // The planner's memory model counts this run's optimizer state.
   distributed.synthesis.optimizer_state_slots = optimizer_state_slots(config_);
   // Every module draws dropout from one state the trainer steps (models/module.h), traced at
@@ -167,6 +186,7 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
                              engine_->logical(name, st->slots[s]));
     c.tensors.emplace_back("optim.step." + name, i64(st->step));
   }
+  for (auto& [name, t] : c.tensors) t = t.to(Device::cpu());  // from a GPU: to the host
   c.step = step;
   c.random_seed = random_seed_;
   c.random_step = static_cast<uint64_t>(step);

@@ -14,6 +14,8 @@ void register_random(OpTable& t);       // ops/cuda/random.cu: dropout, mask_tok
 void register_embedding(OpTable& t);    // ops/cuda/embedding.cu: embedding and backward
 void register_optim(OpTable& t);        // ops/cuda/optim.cu: sgd, adamw, sum_of_squares
 void register_attention(OpTable& t);    // ops/cuda/attention.cu: attention and backward
+void register_loss(OpTable& t);  // ops/cuda/loss.cu: cross-entropy, target logits, logsumexp,
+                                 // max, argmax, topk, index_backward
 void register_norm(OpTable& t);  // ops/cuda/norm.cu: layer/RMS norm, gelu, and their backward
 
 inline void register_all(OpTable& t) {
@@ -26,6 +28,7 @@ inline void register_all(OpTable& t) {
   register_optim(t);
   register_attention(t);
   register_norm(t);
+  register_loss(t);
 }
 
 }  // namespace hap::ops::cuda

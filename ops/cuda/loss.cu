@@ -2,10 +2,12 @@
 // its backward, count_targets) and of the row searches of ops/defs/reduce.cc (logsumexp, max,
 // argmax, topk, and index_backward, the scatter their backward rules use).
 //
-// One block per row (rows strided as they come), reductions in the block in a fixed tree order, no
-// float atomics: runs are bitwise-reproducible. Where the CPU kernel accumulates in double these
-// do too; the sums of exponentials that the CPU's cross-entropy keeps in the input's type are kept
-// in double here as well, so f32 results agree with the CPU's to rounding, not bit for bit.
+// Row reductions run one block per row (rows strided as they come) and reduce in the block in a
+// fixed tree order; target_logit and its backward take one thread per element, index_backward one
+// per column it scatters into. No float atomics: runs are bitwise-reproducible. Where the CPU
+// kernel accumulates in double these do too; the sums of exponentials that the CPU's cross-entropy
+// keeps in the input's type are kept in double here as well, so f32 results agree with the CPU's to
+// rounding, not bit for bit.
 //
 // Targets out of range: a kernel cannot throw, so cross_entropy and its backward first scan the
 // targets in one block (count, and the first position whose target is not a class index), copy
@@ -133,8 +135,8 @@ __global__ void scan_targets_kernel(const int64_t* targets, Indexer ix, int64_t 
 // its error. Waits for the device.
 int64_t counted_targets(const Tensor& targets, int64_t v, int64_t ignore) {
   const int64_t n = targets.numel();
-  Tensor scan = Tensor::empty({3}, TensorOptions{}.with_dtype(DType::I64).with_device(
-                                       targets.device()));
+  Tensor scan =
+      Tensor::empty({3}, TensorOptions{}.with_dtype(DType::I64).with_device(targets.device()));
   int64_t* s = ptr<int64_t>(scan);
   scan_targets_kernel<<<1, kThreads>>>(ptr<int64_t>(targets),
                                        indexer(targets, targets.shape(), "cross_entropy"), n, v,
@@ -210,8 +212,8 @@ std::vector<Tensor> cross_entropy(const KernelContext& c) {
       row_loss = Tensor::empty({n}, TensorOptions{}.with_dtype(DType::F64).with_device(x.device()));
     if (n > 0) {
       cross_entropy_kernel<T><<<row_blocks(n), kThreads>>>(
-          ptr<T>(x), x.strides()[0], x.strides()[1], ptr<int64_t>(targets), targets.strides()[0],
-          n, v, a.ignore_index, a.label_smoothing, per_row ? ptr<T>(out) : nullptr,
+          ptr<T>(x), x.strides()[0], x.strides()[1], ptr<int64_t>(targets), targets.strides()[0], n,
+          v, a.ignore_index, a.label_smoothing, per_row ? ptr<T>(out) : nullptr,
           per_row ? nullptr : ptr<double>(row_loss));
     }
     if (!per_row) {
@@ -226,10 +228,10 @@ std::vector<Tensor> cross_entropy(const KernelContext& c) {
 // g_i as the CPU kernel takes it: g[0] / count (mean), g[0] (sum) or g[i] (none). y: [N, V]
 // contiguous; the exponentials are recomputed rather than stored and reread.
 template <typename T>
-__global__ void cross_entropy_backward_kernel(T* y, const T* g, int64_t gs, const T* x,
-                                              int64_t xs0, int64_t xs1, const int64_t* targets,
-                                              int64_t ts, int64_t n, int64_t v, int64_t ignore,
-                                              T e, Reduction reduction, int64_t count) {
+__global__ void cross_entropy_backward_kernel(T* y, const T* g, int64_t gs, const T* x, int64_t xs0,
+                                              int64_t xs1, const int64_t* targets, int64_t ts,
+                                              int64_t n, int64_t v, int64_t ignore, T e,
+                                              Reduction reduction, int64_t count) {
   __shared__ T tscratch[kThreads];
   __shared__ double dscratch[kThreads];
   for (int64_t row = blockIdx.x; row < n; row += gridDim.x) {
@@ -242,12 +244,12 @@ __global__ void cross_entropy_backward_kernel(T* y, const T* g, int64_t gs, cons
     const T* xr = x + row * xs0;
     const T mx = row_max(xr, xs1, v, tscratch);
     const T sum = static_cast<T>(row_exp_sum(xr, xs1, v, mx, dscratch));
-    const T scale = reduction == Reduction::None ? g[row * gs]
-                    : reduction == Reduction::Sum
-                        ? g[0]
-                        : (count == 0 ? T(0)
-                                      : static_cast<T>(static_cast<double>(g[0]) /
-                                                       static_cast<double>(count)));
+    const T scale =
+        reduction == Reduction::None ? g[row * gs]
+        : reduction == Reduction::Sum
+            ? g[0]
+            : (count == 0 ? T(0)
+                          : static_cast<T>(static_cast<double>(g[0]) / static_cast<double>(count)));
     const T f = scale / sum, uniform = scale * e / static_cast<T>(v);
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
       T d = exp(xr[j * xs1] - mx) * f - uniform;
@@ -297,9 +299,9 @@ __global__ void target_logit_kernel(T* out, const T* x, int64_t xs0, int64_t xs1
 
 // out [N, V] contiguous: g[i] at [i, held column of target i], 0 elsewhere.
 template <typename T>
-__global__ void target_logit_backward_kernel(T* out, const T* g, int64_t gs,
-                                             const int64_t* targets, int64_t ts, int64_t n,
-                                             int64_t v, int64_t offset, int64_t ignore) {
+__global__ void target_logit_backward_kernel(T* out, const T* g, int64_t gs, const int64_t* targets,
+                                             int64_t ts, int64_t n, int64_t v, int64_t offset,
+                                             int64_t ignore) {
   HAP_GRID_STRIDE_LOOP(k, n * v) {
     const int64_t i = k / v, j = k % v;
     out[k] = j == held_column(targets[i * ts], offset, ignore, v) ? g[i * gs] : T(0);
@@ -467,10 +469,10 @@ void select_rows(const Tensor& x, int64_t dim, int64_t k, bool largest, const Te
   const Rows xr = rows_of(x, dim, op);
   on_float(x, op, [&](auto tag) {
     using T = decltype(tag);
-    select_kernel<T><<<row_blocks(rows), kThreads>>>(
-        values.defined() ? ptr<T>(values) : nullptr,
-        indices.defined() ? ptr<int64_t>(indices) : nullptr, ptr<T>(x), xr, rows, x.size(dim),
-        inner, k, largest);
+    select_kernel<T>
+        <<<row_blocks(rows), kThreads>>>(values.defined() ? ptr<T>(values) : nullptr,
+                                         indices.defined() ? ptr<int64_t>(indices) : nullptr,
+                                         ptr<T>(x), xr, rows, x.size(dim), inner, k, largest);
   });
 }
 

@@ -127,6 +127,20 @@ TEST(ShippedConfig, GptLoadsWithTheDocumentedValues) {
   EXPECT_EQ(c.train.eval_batches, 8);
   EXPECT_EQ(c.train.log_file, "runs/gpt.jsonl");
   EXPECT_EQ(c.train.threads, 0);
+  EXPECT_EQ(c.train.device, Device::cpu());
+}
+
+TEST(ShippedConfig, TheTrainingDeviceIsCpuCudaOrCudaN) {
+  EXPECT_EQ(load_run_config(shipped("gpt-tiny.yaml"), {"train.device=cuda"}).train.device,
+            Device::cuda(0));
+  EXPECT_EQ(load_run_config(shipped("gpt-tiny.yaml"), {"train.device=cuda:3"}).train.device,
+            Device::cuda(3));
+  EXPECT_EQ(load_run_config(shipped("gpt-tiny.yaml"), {"train.device=cpu"}).train.device,
+            Device::cpu());
+  for (const char* bad : {"cuda:", "cuda:1x", "CUDA", "cuda:+1", "cpu:0", ""}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(parse_device(bad).has_value());
+  }
 }
 
 TEST(ShippedConfig, GptTinyIsASmallVariant) {
@@ -185,7 +199,8 @@ TEST(ShippedConfig, JsonHasEveryValueUnderItsYamlKey) {
   EXPECT_EQ(j["data"]["name"], "bytes");
   EXPECT_EQ(j["model"].size(), 9u);
   EXPECT_EQ(j["data"].size(), 3u);
-  EXPECT_EQ(j["train"].size(), 21u);
+  EXPECT_EQ(j["train"].size(), 22u);
+  EXPECT_EQ(j["train"]["device"], "cpu");
   EXPECT_EQ(j["train"]["checkpoint_every"], 0);
   EXPECT_EQ(j["train"]["checkpoint_dir"], "");
   EXPECT_EQ(j["train"]["keep_checkpoints"], 3);
@@ -336,6 +351,10 @@ TEST_F(ConfigFileTest, OutOfRangeValueNamesTheRange) {
       {"lr: 0.1", "lr: 0.1\n  eval_batches: 0", "train.eval_batches",
        "expected an integer >= 1, got 0"},
       {"lr: 0.1", "lr: 0.1\n  threads: -1", "train.threads", "expected an integer >= 0, got -1"},
+      {"lr: 0.1", "lr: 0.1\n  device: gpu", "train.device",
+       "expected cpu, cuda or cuda:N (N a device index >= 0), got gpu"},
+      {"lr: 0.1", "lr: 0.1\n  device: cuda:-1", "train.device", "got cuda:-1"},
+      {"lr: 0.1", "lr: 0.1\n  device: cuda:99999999999", "train.device", "got cuda:99999999999"},
   };
   for (const Case& c : cases) {
     const std::string path = write(edited(c.from, c.to));

@@ -10,6 +10,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "models/serialize.h"
 #include "tests/test_util.h"
 #include "train/config.h"
@@ -249,6 +252,24 @@ TEST(TrainBinary, AnUnwritableSavePathIsRefusedBeforeTraining) {
             2);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   EXPECT_NE(err.find("--save '/dev/null/run.hapt': cannot write"), std::string::npos) << err;
+}
+
+// train.device=cuda where no GPU is visible (or the build has no CUDA backend) stops before
+// training with exit code 1, naming the device and why; ranks refuse a GPU device plainly.
+TEST(TrainBinary, ACudaDeviceWithoutAGpuIsAClearErrorBeforeTraining) {
+#ifdef HAP_HAVE_CUDA
+  if (cuda::device_count() > 0) GTEST_SKIP() << "a GPU is visible: tests/gpu train on it";
+#endif
+  std::string err;
+  EXPECT_EQ(run_binary("--config " + tiny_config() + " --set train.device=cuda:0", &err), 1);
+  EXPECT_NE(err.find("train.device: "), std::string::npos) << err;
+#ifdef HAP_HAVE_CUDA
+  EXPECT_NE(err.find("cuda:0: no CUDA device is visible to this process"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("use the CPU (train.device: cpu)"), std::string::npos) << err;
+#else
+  EXPECT_NE(err.find("no allocator for cuda"), std::string::npos) << err;
+#endif
 }
 
 // --trace writes a Chrome trace / Perfetto JSON of the chosen steps: one track (process) named
