@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,13 @@ namespace hap::gpu_test {
   } while (0)
 
 inline const Device kGpu = Device::cuda(0);
+
+// The source tree (configs/): HAP_SOURCE_DIR from the environment where set (scripts/gpu-check
+// runs the binaries on another machine than the one that built them), else the build's.
+inline std::string source_dir() {
+  const char* env = std::getenv("HAP_SOURCE_DIR");
+  return env && *env ? env : HAP_SOURCE_DIR;
+}
 
 inline TensorOptions f64() { return TensorOptions{}.with_dtype(DType::F64); }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -28,8 +29,11 @@ std::vector<double> train_losses(const std::string& device, const std::string& d
   std::vector<ConfigOverride> sets = {"train.steps=5",         "train.log_every=1",
                                       "model.dropout=0.1",     "train.device=" + device,
                                       "train.log_file=" + log, "train.eval_every=5"};
+  // The corpus: HAP_TEST_CORPUS where set (scripts/gpu-check's machine has no fortunes package).
+  if (const char* corpus = std::getenv("HAP_TEST_CORPUS"); corpus && *corpus)
+    sets.push_back(std::string("data.path=") + corpus);
   sets.insert(sets.end(), extra.begin(), extra.end());
-  const RunConfig c = load_run_config(std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml", sets);
+  const RunConfig c = load_run_config(source_dir() + "/configs/gpt-tiny.yaml", sets);
   auto model = build_model(c);
   Trainer trainer(model, open_dataset(c, *model), c.train);
   trainer.fit({.quiet = true});
