@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/tensor.h"
@@ -23,6 +24,18 @@ inline float f32_round_to_odd(double v) {
   return f;
 }
 
+// A float to an integer type: truncated toward zero, saturated at the type's limits, NaN to 0 (C++
+// leaves the out-of-range cases undefined; every device converts this way: core/cuda).
+template <typename To, typename From>
+inline To saturating_int(From v) {
+  constexpr To kLowest = std::numeric_limits<To>::lowest(), kMax = std::numeric_limits<To>::max();
+  const double d = static_cast<double>(v);
+  if (d != d) return To(0);
+  if (d <= static_cast<double>(kLowest)) return kLowest;
+  if (d >= static_cast<double>(kMax)) return kMax;
+  return static_cast<To>(v);
+}
+
 template <typename To, typename From>
 inline To convert(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -32,7 +45,9 @@ inline To convert(From v) {
   } else if constexpr (std::is_same_v<To, bf16>) {
     return bf16(static_cast<float>(v));
   } else if constexpr (std::is_same_v<From, bf16>) {
-    return static_cast<To>(static_cast<float>(v));
+    return convert<To>(static_cast<float>(v));
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return saturating_int<To>(v);
   } else {
     return static_cast<To>(v);
   }

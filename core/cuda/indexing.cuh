@@ -6,6 +6,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <limits>
+#include <type_traits>
 
 #include "core/cuda/check.h"
 #include "core/error.h"
@@ -88,6 +90,24 @@ __device__ __forceinline__ float f32_round_to_odd(double v) {
   return __uint_as_float(u | 1u);
 }
 
+// An integer type's limits as constants a kernel may read (numeric_limits' functions are host
+// code).
+template <typename To>
+struct IntLimits {
+  static constexpr To kLowest = std::numeric_limits<To>::lowest();
+  static constexpr To kMax = std::numeric_limits<To>::max();
+};
+
+// The host's saturating_int (core/strided_copy.h): toward zero, saturated, NaN to 0.
+template <typename To, typename From>
+__device__ __forceinline__ To saturating_int(From v) {
+  const double d = static_cast<double>(v);
+  if (d != d) return To(0);
+  if (d <= static_cast<double>(IntLimits<To>::kLowest)) return IntLimits<To>::kLowest;
+  if (d >= static_cast<double>(IntLimits<To>::kMax)) return IntLimits<To>::kMax;
+  return static_cast<To>(v);
+}
+
 // The host's convert<To>(From) (core/strided_copy.h) in a kernel.
 template <typename To, typename From>
 __device__ __forceinline__ To convert(From v) {
@@ -98,7 +118,9 @@ __device__ __forceinline__ To convert(From v) {
   } else if constexpr (std::is_same_v<To, Bf16>) {
     return f32_to_bf16(static_cast<float>(v));
   } else if constexpr (std::is_same_v<From, Bf16>) {
-    return static_cast<To>(bf16_to_f32(v));
+    return convert<To>(bf16_to_f32(v));
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return saturating_int<To>(v);
   } else {
     return static_cast<To>(v);
   }

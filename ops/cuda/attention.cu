@@ -34,10 +34,11 @@ __device__ T block_reduce(T v, T* scratch, Op op) {
   __syncthreads();
   return r;
 }
+// As std::max(a, b) on the CPU: b only when a < b, so a NaN never replaces a number.
 struct Max {
   template <typename T>
   __device__ T operator()(T a, T b) const {
-    return a > b ? a : b;
+    return a < b ? b : a;
   }
 };
 struct Plus {
@@ -109,26 +110,33 @@ __device__ __forceinline__ bool key_kept(const RowInfo& r, int64_t b, int64_t j)
 }
 
 // Row (b, h, i) of the scaled scores s becomes the dropped probabilities Pd; lse gets the row's
-// log-sum-exp (-inf, and a zero row, when no key may be attended to).
+// log-sum-exp (-inf, and a zero row, when the key mask leaves no key to attend to). As the CPU:
+// the maximum skips NaN scores, and a NaN score makes its row NaN rather than being dropped.
 template <typename T>
 __global__ void softmax_rows_kernel(T* s, T* lse, RowInfo r, int64_t rows) {
   __shared__ T scratch[kThreads];
+  __shared__ int kept_scratch[kThreads];
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
     const int64_t i = row % r.t, bh = row / r.t, h = bh % r.heads, b = bh / r.heads;
     T* x = s + row * r.t;
     const int64_t n = r.causal ? i + 1 : r.t;
     T mx = neg_inf(T{});
-    for (int64_t j = threadIdx.x; j < n; j += blockDim.x)
-      if (key_kept(r, b, j)) mx = Max{}(mx, x[j]);
+    int kept = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      if (!key_kept(r, b, j)) continue;
+      mx = Max{}(mx, x[j]);
+      kept = 1;
+    }
     mx = block_reduce(mx, scratch, Max{});
-    if (mx == neg_inf(T{})) {  // every key masked: zeros, as the CPU
+    kept = block_reduce(kept, kept_scratch, Plus{});
+    if (kept == 0) {  // every key masked: zeros, as the CPU
       for (int64_t j = threadIdx.x; j < r.t; j += blockDim.x) x[j] = T(0);
       if (threadIdx.x == 0) lse[row] = neg_inf(T{});
       continue;
     }
     T sum = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const T e = key_kept(r, b, j) ? exp(x[j] - mx) : T(0);
+      const T e = key_kept(r, b, j) && x[j] != neg_inf(T{}) ? exp(x[j] - mx) : T(0);
       x[j] = e;
       sum += e;
     }
@@ -168,7 +176,7 @@ __global__ void backward_rows_kernel(T* p, T* dp, const T* lse, const T* glse, c
         dpr[j] = T(0);
         continue;
       }
-      const T pj = key_kept(r, b, j) ? exp(pr[j] - li) : T(0);
+      const T pj = key_kept(r, b, j) && pr[j] != neg_inf(T{}) ? exp(pr[j] - li) : T(0);
       if (r.dropout) {
         const T m = drop<T>(r, b, h, i, j);
         pr[j] = pj * m;

@@ -30,8 +30,7 @@ std::vector<Tensor> embedding(const KernelContext& c) {
   Tensor out = c.alloc(0);
   const Tensor w = dense(c.inputs[0]), ids = dense(c.inputs[1]);
   const int64_t v = w.size(0), n = w.size(1), count = ids.numel();
-  if (out.numel() == 0) return {out};
-  // The same range rule and error as the CPU kernel.
+  // The same range rule and error as the CPU kernel (checked when the output is empty too).
   int64_t start = 0;
   if (const auto* s = std::get_if<SliceAttrs>(&c.attrs)) {
     HAP_CHECK(s->dim == 0 && s->start >= 0 && s->end - s->start == v,
@@ -45,6 +44,7 @@ std::vector<Tensor> embedding(const KernelContext& c) {
       HAP_CHECK(p[i] >= 0 && p[i] < v, "embedding: id ", p[i], " at position ", i,
                 " is out of range for a vocabulary of ", v, " rows (expected 0 <= id < ", v, ")");
   }
+  if (out.numel() == 0) return {out};
   on_float(out, "embedding", [&](auto tag) {
     using T = decltype(tag);
     embedding_kernel<<<blocks_for(count * n), kThreads>>>(ptr<T>(out), ptr<T>(w), ptr<int64_t>(ids),

@@ -16,6 +16,8 @@ void register_optim(OpTable& t);        // ops/cuda/optim.cu: sgd, adamw, sum_of
 void register_attention(OpTable& t);    // ops/cuda/attention.cu: attention and backward
 void register_loss(OpTable& t);  // ops/cuda/loss.cu: cross-entropy, target logits, logsumexp,
                                  // max, argmax, topk, index_backward
+void register_conv(OpTable& t);  // ops/cuda/conv.cu: conv2d, max/avg pool2d, their backward
+void register_moe(OpTable& t);   // ops/cuda/moe.cu: moe_dispatch, moe_combine, moe_gate_grad
 void register_norm(OpTable& t);  // ops/cuda/norm.cu: layer/RMS norm, gelu, and their backward
 
 inline void register_all(OpTable& t) {
@@ -29,6 +31,8 @@ inline void register_all(OpTable& t) {
   register_attention(t);
   register_norm(t);
   register_loss(t);
+  register_conv(t);
+  register_moe(t);
 }
 
 }  // namespace hap::ops::cuda

@@ -26,6 +26,16 @@ void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool 
           int64_t batch, int64_t m, int64_t n, int64_t k, const char* op, double alpha,
           double beta) {
   const cudaDataType type = data_type(c.dtype(), op);
+  if (batch == 0 || m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: C = beta C (cuBLAS refuses the zero leading dimensions)
+    HAP_CHECK(beta == 0 || beta == 1, "gemm for ", op, ": an empty inner dimension with beta ",
+              beta);
+    if (beta == 0) {
+      HAP_CUDA_CHECK(cudaSetDevice(c.device().index));
+      HAP_CUDA_CHECK(cudaMemsetAsync(c.raw_data(), 0, c.nbytes()));  // +0.0 in f32 and f64
+    }
+    return;
+  }
   const int device = c.device().index;
   cublasHandle_t h = ::hap::cuda::cublas_handle(device);
   HAP_CUDA_CHECK(cudaSetDevice(device));

@@ -69,8 +69,8 @@ std::vector<Tensor> dropout(const KernelContext& c) {
   const RandomAttrs& a = attr<RandomAttrs>(c.attrs);
   Tensor out = c.alloc(0);
   const int64_t n = out.numel();
+  const LogicalMap map = logical_map(out.shape(), a.slice, "dropout");  // checked when empty too
   if (n == 0) return {out};
-  const LogicalMap map = logical_map(out.shape(), a.slice, "dropout");
   const Indexer ix = indexer(c.inputs[0], out.shape(), "dropout");
   const double keep = 1.0 - a.p, scale = 1.0 / (1.0 - a.p);
   on_float(out, "dropout", [&](auto tag) {
@@ -109,7 +109,7 @@ __global__ void mask_tokens_kernel(int64_t* out, const int64_t* ids, Indexer ix,
       if (u < 0.8)
         r = a.mask_id;
       else if (u < 0.9)
-        r = static_cast<int64_t>(w2 % static_cast<uint32_t>(a.vocab));
+        r = static_cast<int64_t>(static_cast<uint64_t>(w2) % static_cast<uint64_t>(a.vocab));
     }
     out[i] = r;
   }
@@ -119,8 +119,8 @@ std::vector<Tensor> mask_tokens(const KernelContext& c) {
   const MaskTokensAttrs& a = attr<MaskTokensAttrs>(c.attrs);
   Tensor out = c.alloc(0);
   const int64_t n = out.numel();
+  const LogicalMap map = logical_map(out.shape(), a.slice, "mask_tokens");  // checked when empty
   if (n == 0) return {out};
-  const LogicalMap map = logical_map(out.shape(), a.slice, "mask_tokens");
   const Indexer ix = indexer(c.inputs[0], out.shape(), "mask_tokens");
   HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
   const MaskTokensArgs args{a.p, a.mask_id, a.vocab, a.ignore_index, a.targets, a.seed, a.stream};

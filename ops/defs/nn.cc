@@ -609,7 +609,8 @@ int64_t masked_token(const MaskTokensAttrs& a, int64_t id, uint64_t i) {
   if (!chosen) return id;
   const double u = static_cast<double>(w[1]) * kWord;
   if (u < 0.8) return a.mask_id;
-  if (u < 0.9) return static_cast<int64_t>(w[2] % static_cast<uint32_t>(a.vocab));
+  // In 64 bits: a vocabulary of 2^32 (allowed) would be a modulo by zero in 32.
+  if (u < 0.9) return static_cast<int64_t>(uint64_t{w[2]} % static_cast<uint64_t>(a.vocab));
   return id;
 }
 

@@ -339,6 +339,26 @@ TEST(Tensor, ToDtypeSameTypeIsANoOpAndOtherTypesConvert) {
             (std::vector<double>{1, 3, 2, 4}));
 }
 
+// Floats to integer dtypes truncate toward zero and saturate at the type's limits, NaN giving 0
+// (C++ leaves the out-of-range cases undefined; the CUDA backend converts the same way).
+TEST(Tensor, FloatToIntegerConversionsSaturateAndTakeNanToZero) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> v = {-1.0, 300.0, nan, 2.7, -2.7, 1e30, -1e30, 255.5};
+  for (DType from : {DType::F32, DType::F64, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(from));
+    const Tensor x = Tensor::from_vector(v, {8}, TensorOptions{}.with_dtype(DType::F64)).to(from);
+    EXPECT_EQ(x.to(DType::U8).to_vector(), (std::vector<double>{0, 255, 0, 2, 0, 255, 0, 255}));
+    const std::vector<double> i = x.to(DType::I64).to_vector();
+    EXPECT_EQ(i[0], -1);
+    EXPECT_EQ(i[1], 300);
+    EXPECT_EQ(i[2], 0);
+    EXPECT_EQ(i[3], 2);
+    EXPECT_EQ(i[4], -2);
+    EXPECT_EQ(x.to(DType::I64).data<int64_t>()[5], std::numeric_limits<int64_t>::max());
+    EXPECT_EQ(x.to(DType::I64).data<int64_t>()[6], std::numeric_limits<int64_t>::min());
+  }
+}
+
 // ---------------------------------------------------------------- bf16
 
 TEST(BF16, EveryFiniteBf16RoundTripsThroughF32Exactly) {

@@ -147,6 +147,30 @@ TEST(CudaTrainOps, AttentionAndItsBackwardMatchTheCpu) {
   }
 }
 
+// Values of head size 0 (allowed): the log-sum-exp as the CPU's, empty outputs, and the gradients
+// of q and k that the log-sum-exp's gradient alone gives (the GEMMs over an empty dimension write
+// zeros instead of failing in cuBLAS).
+TEST(CudaTrainOps, AttentionWithEmptyValuesMatchesTheCpu) {
+  HAP_REQUIRE_GPU();
+  const Tensor q = randn({2, 3, 9, 5}, 50), k = randn({2, 3, 9, 5}, 51);
+  const Tensor v = Tensor::empty({2, 3, 9, 0}), go = Tensor::empty({2, 3, 9, 0});
+  const Tensor glse = randn({2, 3, 9}, 52);
+  ops::AttentionAttrs a;
+  const std::vector<Tensor> want = ops::call(OpKind::Attention, {q, k, v, Tensor()}, a);
+  const std::vector<Tensor> got =
+      ops::call(OpKind::Attention, {q.to(kGpu), k.to(kGpu), v.to(kGpu), Tensor()}, a);
+  expect_close(got[1], want[1], 1e-5, 1e-6, "lse");
+  EXPECT_EQ(got[0].shape(), want[0].shape());
+  const std::vector<Tensor> gw =
+      ops::call(OpKind::AttentionBackward, {q, k, v, want[0], want[1], go, glse, Tensor()}, a);
+  const std::vector<Tensor> gg = ops::call(OpKind::AttentionBackward,
+                                           {q.to(kGpu), k.to(kGpu), v.to(kGpu), want[0].to(kGpu),
+                                            want[1].to(kGpu), go.to(kGpu), glse.to(kGpu), Tensor()},
+                                           a);
+  expect_close(gg[0], gw[0], 1e-4, 1e-5, "dq");
+  expect_close(gg[1], gw[1], 1e-4, 1e-5, "dk");
+}
+
 TEST(CudaTrainOps, FusedOptimizerUpdatesAndSumOfSquaresMatchTheCpu) {
   HAP_REQUIRE_GPU();
   for (DType d : {DType::F32, DType::F64}) {

@@ -78,6 +78,21 @@ TEST(MaskTokens, ProbabilityOneChoosesEveryPositionAndZeroNone) {
   for (double t : tgt.to_vector()) EXPECT_EQ(t, -100);
 }
 
+// The largest vocabulary allowed (2^32) draws random tokens from all of it (a 32-bit modulo by
+// 2^32 would divide by zero).
+TEST(MaskTokens, AVocabularyOfTwoToTheThirtyTwoDrawsAnyToken) {
+  Tensor ids = token_ids(4, 50, 10, 5);
+  ops::MaskTokensAttrs a{1.0, 7, int64_t{1} << 32, -100, false, 3, 2, {}};
+  const std::vector<double> out = ops::call1(ops::OpKind::MaskTokens, {ids}, a).to_vector();
+  int randoms = 0;
+  for (double t : out) {
+    EXPECT_GE(t, 0);
+    EXPECT_LT(t, 4294967296.0);
+    randoms += t >= 10;  // a draw outside the inputs' range 0..9 and not the mask id
+  }
+  EXPECT_GT(randoms, 5) << "about 10% of 200 chosen positions become random tokens";
+}
+
 TEST(MaskTokens, BadAttributesAndInputsAreNamed) {
   Tensor ids = token_ids(2, 3, 10, 4);
   EXPECT_HAS(error_of([&] { mask_tokens(ids, 1.5, 10, 10, 1, 1); }), "probability");
