@@ -1,7 +1,9 @@
-// One GPT training step (forward, backward, AdamW) timed for HAP and for PyTorch's CPU step on
-// the identical model, batch and thread count, in one run. Writes bench/results/gpt_step.json.
-//   bench_gpt_step [--sizes gpt-mini,gpt2-124m] [--iters N] [--warmup N] [--threads N]
-//                  [--out FILE] [--profile]
+// One GPT training step (forward, backward, AdamW) timed for HAP and for PyTorch's step on the
+// identical model, batch and thread count, in one run, on the CPU or on a GPU (--device cuda: f32,
+// TF32 off on both sides; the GPU's f32 GEMM rate is measured in the same run for the MFU). Writes
+// bench/results/gpt_step.json (or --out).
+//   bench_gpt_step [--sizes gpt-mini,gpt2-124m,gpt2-124m-t1024] [--iters N] [--warmup N]
+//                  [--threads N] [--device cpu|cuda] [--python PATH] [--out FILE] [--profile]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -9,11 +11,15 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "models/gpt.h"
 #include "models/optim.h"
 #include "ops/dispatch.h"
@@ -27,14 +33,47 @@ struct Size {
 };
 
 const std::vector<Size> kSizes = {{"gpt-mini", 4, 256, 4, 128, 16, 256},
-                                  {"gpt2-124m", 12, 768, 12, 64, 4, 50257}};
+                                  {"gpt2-124m", 12, 768, 12, 64, 4, 50257},
+                                  {"gpt2-124m-t1024", 12, 768, 12, 1024, 8, 50257}};
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
+// Waits for the device's queued work (GPU kernels run asynchronously): a step's time ends there.
+void synchronize(hap::Device device) {
+#ifdef HAP_HAVE_CUDA
+  if (device.is_cuda()) hap::cuda::synchronize(device.index);
+#else
+  (void)device;
+#endif
+}
+
+// Model FLOPs of a training step: 6 per parameter and token plus attention's 12 L T C per token
+// (the PaLM appendix's count).
+double step_flops(const Size& s, int64_t n_params) {
+  const double tokens = static_cast<double>(s.batch * s.seq);
+  return 6.0 * static_cast<double>(n_params) * tokens +
+         12.0 * static_cast<double>(s.n_layer * s.seq * s.n_embd) * tokens;
+}
+
+// The device's f32 GEMM rate (FLOP/s): the median of `iters` 4096^3 products (8192^3 on a GPU).
+double gemm_peak(hap::Device device, int iters) {
+  const int64_t n = device.is_cuda() ? 8192 : 2048;
+  hap::Tensor a = hap::randn({n, n}, 1).to(device), b = hap::randn({n, n}, 2).to(device);
+  std::vector<double> s;
+  for (int i = 0; i < iters + 2; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    hap::Tensor c = hap::ops::call1(hap::ops::OpKind::MatMul, {a, b});
+    synchronize(device);
+    double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i >= 2) s.push_back(t);
+  }
+  return 2.0 * static_cast<double>(n * n * n) / median(s);
+}
+
+nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap::Device device) {
   hap::nn::GPTConfig c;
   c.vocab_size = s.vocab;
   c.block_size = s.seq;
@@ -43,6 +82,7 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
   c.n_embd = s.n_embd;
   c.seed = 1234;
   hap::nn::GPT model(c);
+  model.to(device);  // before the optimizer: its state is made on the parameters' device
   hap::optim::AdamW opt(hap::optim::weight_decay_groups(model.named_parameters(), 0.1),
                         {3e-4, {0.9, 0.95}, 1e-8, 0.1});
   std::vector<double> ms;
@@ -58,13 +98,15 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
       idx.push_back(static_cast<int64_t>(r[j] * s.vocab) % s.vocab);
       tgt.push_back(static_cast<int64_t>(r[s.batch * s.seq + j] * s.vocab) % s.vocab);
     }
-    hap::Tensor x = hap::Tensor::from_vector(idx, {s.batch, s.seq});
-    hap::Tensor y = hap::Tensor::from_vector(tgt, {s.batch, s.seq});
+    hap::Tensor x = hap::Tensor::from_vector(idx, {s.batch, s.seq}).to(device);
+    hap::Tensor y = hap::Tensor::from_vector(tgt, {s.batch, s.seq}).to(device);
+    synchronize(device);
     auto t0 = std::chrono::steady_clock::now();
     hap::Tensor loss = model.loss(x, y);
     loss.backward();
     opt.step();
     opt.zero_grad();
+    synchronize(device);
     double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= warmup) ms.push_back(t);
@@ -82,13 +124,16 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile) {
           {"n_params", model.num_parameters()}};
 }
 
-nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads,
-                          const std::string& tmp) {
+nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads, const std::string& tmp,
+                          const std::string& python, hap::Device device) {
   std::ostringstream cmd;
-  cmd << "/usr/bin/python3 " << HAP_SOURCE_DIR << "/bench/torch_gpt_step.py --n-layer " << s.n_layer
-      << " --n-head " << s.n_head << " --n-embd " << s.n_embd << " --vocab " << s.vocab
-      << " --block-size " << s.seq << " --batch " << s.batch << " --seq " << s.seq << " --threads "
-      << threads << " --warmup " << warmup << " --iters " << iters << " --json " << tmp;
+  const char* src = std::getenv("HAP_SOURCE_DIR");  // another machine than the build's
+  cmd << python << " " << (src && *src ? src : HAP_SOURCE_DIR)
+      << "/bench/torch_gpt_step.py --device " << (device.is_cuda() ? "cuda" : "cpu")
+      << " --n-layer " << s.n_layer << " --n-head " << s.n_head << " --n-embd " << s.n_embd
+      << " --vocab " << s.vocab << " --block-size " << s.seq << " --batch " << s.batch << " --seq "
+      << s.seq << " --threads " << threads << " --warmup " << warmup << " --iters " << iters
+      << " --json " << tmp;
   int rc = std::system(cmd.str().c_str());
   if (rc != 0) {
     std::fprintf(stderr, "bench_gpt_step: the PyTorch step failed (exit %d): %s\n", rc,
@@ -101,13 +146,16 @@ nlohmann::json time_torch(const Size& s, int warmup, int iters, int threads,
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App cli{"Time a GPT training step in HAP and in PyTorch"};
   std::string sizes_arg = "gpt-mini,gpt2-124m",
               out = std::string(HAP_SOURCE_DIR) + "/bench/results/gpt_step.json";
   int iters = 10, warmup = 3, threads = 0;
   bool profile = false;
-  cli.add_option("--sizes", sizes_arg, "comma-separated: gpt-mini, gpt2-124m");
+  std::string device_arg = "cpu", python = "/usr/bin/python3";
+  cli.add_option("--sizes", sizes_arg, "comma-separated: gpt-mini, gpt2-124m, gpt2-124m-t1024");
+  cli.add_option("--device", device_arg, "cpu, cuda or cuda:N (both frameworks)");
+  cli.add_option("--python", python, "the Python with PyTorch for the peer");
   cli.add_option("--iters", iters, "timed steps per framework")->check(CLI::PositiveNumber);
   cli.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   cli.add_option("--threads", threads, "threads for both frameworks (0 = all cores)");
@@ -115,8 +163,17 @@ int main(int argc, char** argv) {
   cli.add_flag("--profile", profile, "print HAP's kernel time per op");
   CLI11_PARSE(cli, argc, argv);
 
+  const std::optional<hap::Device> device = hap::parse_device(device_arg);
+  if (!device) {
+    std::fprintf(stderr, "bench_gpt_step: --device: expected cpu, cuda or cuda:N, got '%s'\n",
+                 device_arg.c_str());
+    return 2;
+  }
   hap::set_num_threads(threads);
   threads = hap::num_threads();
+  const double peak = gemm_peak(*device, 5);
+  std::printf("%s f32 GEMM rate: %.2f TFLOP/s (the MFU's peak)\n", device->str().c_str(),
+              peak / 1e12);
   nlohmann::json results = nlohmann::json::array();
   std::stringstream ss(sizes_arg);
   std::string name;
@@ -132,8 +189,13 @@ int main(int argc, char** argv) {
                 it->name.c_str(), (long)it->n_layer, (long)it->n_embd, (long)it->n_head,
                 (long)it->seq, (long)it->batch, (long)it->vocab, threads);
     std::fflush(stdout);
-    nlohmann::json hap_r = time_hap(*it, warmup, iters, profile);
-    nlohmann::json torch_r = time_torch(*it, warmup, iters, threads, out + ".torch.tmp");
+    nlohmann::json hap_r = time_hap(*it, warmup, iters, profile, *device);
+    nlohmann::json torch_r =
+        time_torch(*it, warmup, iters, threads, out + ".torch.tmp", python, *device);
+    const double flops = step_flops(*it, hap_r["n_params"].get<int64_t>());
+    for (nlohmann::json* r : {&hap_r, &torch_r})
+      if (r->contains("median_ms"))
+        (*r)["mfu"] = flops / ((*r)["median_ms"].get<double>() / 1e3) / peak;
     std::remove((out + ".torch.tmp").c_str());
     nlohmann::json row = {{"size", it->name},     {"n_layer", it->n_layer}, {"n_embd", it->n_embd},
                           {"n_head", it->n_head}, {"seq", it->seq},         {"batch", it->batch},
@@ -142,15 +204,30 @@ int main(int argc, char** argv) {
       double ratio = hap_r["median_ms"].get<double>() / torch_r["median_ms"].get<double>();
       row["ratio_hap_over_pytorch"] = ratio;
       std::printf(
-          "   hap %.1f ms/step, pytorch %.1f ms/step, ratio %.3f (<= 1.0 means HAP is as fast or "
-          "faster)\n",
-          hap_r["median_ms"].get<double>(), torch_r["median_ms"].get<double>(), ratio);
+          "   hap %.1f ms/step (MFU %.1f%%), pytorch %.1f ms/step (MFU %.1f%%), ratio %.3f (<= 1.0 "
+          "means HAP is as fast or faster)\n",
+          hap_r["median_ms"].get<double>(), 100 * hap_r["mfu"].get<double>(),
+          torch_r["median_ms"].get<double>(), 100 * torch_r["mfu"].get<double>(), ratio);
     }
     std::fflush(stdout);
     results.push_back(row);
   }
-  nlohmann::json doc = {{"benchmark", "gpt_step"}, {"threads", threads}, {"results", results}};
+  nlohmann::json doc = {{"benchmark", "gpt_step"},
+                        {"device", device->str()},
+                        {"threads", threads},
+                        {"gemm_f32_flops_per_s", peak},
+                        {"step_flops_formula", "6 N tokens + 12 L T C tokens"},
+                        {"results", results}};
   std::ofstream(out) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpt_step: error: %s\n", e.what());
+    return 1;
+  }
 }

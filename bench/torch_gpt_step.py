@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Time one PyTorch (CPU, float32) GPT training step: the peer HAP's CPU step is measured against.
+"""Time one PyTorch (float32) GPT training step on the CPU or a GPU: the peer HAP's step is measured against.
 
 A step is forward, backward, AdamW step and zero_grad, on the same GPT-2 (tied head, no dropout)
 that tests/oracle/gpt_oracle.py defines; the model code is imported from there so the peer and
@@ -61,6 +61,8 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--iters", type=positive, default=10, help="timed steps (default 10)")
     parser.add_argument("--json", required=True, metavar="OUT.json", help="where to write the results")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu or cuda[:N] (float32 with TF32 off, fused AdamW on a GPU)")
     args = parser.parse_args(argv)
     if args.seq > args.block_size:
         parser.error(f"--seq {args.seq} exceeds --block-size {args.block_size}")
@@ -102,6 +104,11 @@ def init_params(cfg, generator):
     return params
 
 
+def to_device(params, device):
+    """The parameters moved to `device`, still leaves that require grad."""
+    return {name: t.detach().to(device).requires_grad_(True) for name, t in params.items()}
+
+
 def main(argv):
     args = parse_args(argv)
     # Must precede any other torch work: the intra-op pool size is what is being compared.
@@ -121,15 +128,30 @@ def main(argv):
         print(f"torch_gpt_step: error: {e}", file=sys.stderr)
         return 2
 
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(f"torch_gpt_step: error: --device {args.device}: no CUDA device", file=sys.stderr)
+            return 2
+        # float32 as HAP computes it: no TF32 in GEMMs or convolutions.
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     generator = torch.Generator().manual_seed(SEED)
-    params = init_params(cfg, generator)
-    optimizer = torch.optim.AdamW(adamw_param_groups(params, WEIGHT_DECAY), lr=LR)
+    params = to_device(init_params(cfg, generator), device)
+    extra = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(adamw_param_groups(params, WEIGHT_DECAY), lr=LR, **extra)
     n_params = sum(p.numel() for p in params.values())
 
     def batch():
         shape = (args.batch, args.seq)
-        idx = torch.randint(0, args.vocab, shape, generator=generator)
-        targets = torch.randint(0, args.vocab, shape, generator=generator)
+        idx = torch.randint(0, args.vocab, shape, generator=generator).to(device)
+        targets = torch.randint(0, args.vocab, shape, generator=generator).to(device)
+        sync()
         return idx, targets
 
     def step(idx, targets):
@@ -138,7 +160,7 @@ def main(argv):
         optimizer.step()
         # set_to_none is what a tuned PyTorch loop does (and the default from 2.0 on).
         optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        return loss.item()  # waits for the device
 
     for _ in range(args.warmup):
         step(*batch())
@@ -156,6 +178,7 @@ def main(argv):
     result = {
         "framework": "pytorch",
         "torch_version": torch.__version__,
+        "device": str(device),
         "threads": torch.get_num_threads(),
         "blas_threads": blas_threads,
         "config": {
