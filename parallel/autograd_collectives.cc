@@ -11,9 +11,15 @@ namespace {
 
 // The gradient a backward received for its single output, or zeros of the output's shape if
 // none arrived: every rank must still take part in the backward collective.
-Tensor grad_or_zeros(const std::vector<Tensor>& grad_outputs, const Shape& shape, DType dtype) {
+Tensor grad_or_zeros(const std::vector<Tensor>& grad_outputs, const Shape& shape,
+                     const TensorOptions& like) {
   if (!grad_outputs.empty() && grad_outputs[0].defined()) return grad_outputs[0].contiguous();
-  return Tensor::zeros(shape, TensorOptions{}.with_dtype(dtype));
+  return Tensor::zeros(shape, like);
+}
+
+// The dtype and device of `t`, for tensors made in its place.
+TensorOptions options_of(const Tensor& t) {
+  return TensorOptions{}.with_dtype(t.dtype()).with_device(t.device());
 }
 
 Tensor record1(const char* name, const Tensor& input, Tensor output, autograd::CustomBackward bw) {
@@ -26,10 +32,10 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
                   const std::vector<int64_t>& lengths, CollectiveMethod method) {
   Tensor out = parallel::all_gather(comm, x_local.detach(), dim, lengths, method);
   const Shape& out_shape = out.shape();
-  const DType dtype = out.dtype();
+  const TensorOptions like = options_of(out);
   return record1("all_gather", x_local, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{
-        parallel::reduce_scatter(comm, grad_or_zeros(g, out_shape, dtype), dim, lengths, method)};
+        parallel::reduce_scatter(comm, grad_or_zeros(g, out_shape, like), dim, lengths, method)};
   });
 }
 
@@ -37,20 +43,20 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
                       const std::vector<int64_t>& lengths, CollectiveMethod method) {
   Tensor out = parallel::reduce_scatter(comm, x_partial.detach(), dim, lengths, method);
   const Shape& out_shape = out.shape();
-  const DType dtype = out.dtype();
+  const TensorOptions like = options_of(out);
   return record1("reduce_scatter", x_partial, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{
-        parallel::all_gather(comm, grad_or_zeros(g, out_shape, dtype), dim, lengths, method)};
+        parallel::all_gather(comm, grad_or_zeros(g, out_shape, like), dim, lengths, method)};
   });
 }
 
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
   Tensor out = parallel::all_reduce(comm, x_partial.detach(), method);
   const Shape& out_shape = out.shape();
-  const DType dtype = out.dtype();
+  const TensorOptions like = options_of(out);
   return record1("all_reduce", x_partial, out, [=](const std::vector<Tensor>& g) {
     return std::vector<Tensor>{
-        parallel::all_reduce(comm, grad_or_zeros(g, out_shape, dtype), method)};
+        parallel::all_reduce(comm, grad_or_zeros(g, out_shape, like), method)};
   });
 }
 
@@ -60,9 +66,9 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
   Tensor out = parallel::all_to_all(comm, x_local.detach(), split_dim, concat_dim, lengths_split,
                                     lengths_concat, method);
   const Shape& out_shape = out.shape();
-  const DType dtype = out.dtype();
+  const TensorOptions like = options_of(out);
   return record1("all_to_all", x_local, out, [=](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{parallel::all_to_all(comm, grad_or_zeros(g, out_shape, dtype),
+    return std::vector<Tensor>{parallel::all_to_all(comm, grad_or_zeros(g, out_shape, like),
                                                     concat_dim, split_dim, lengths_concat,
                                                     lengths_split, method)};
   });
@@ -86,20 +92,19 @@ Tensor to_partial(const Communicator& comm, const Tensor& x, int root) {
             comm.size(), " ranks");
   const bool keep = comm.rank() == root;
   const Shape& shape = x.shape();
-  const DType dtype = x.dtype();
-  Tensor out = keep ? x.detach() : Tensor::zeros(shape, TensorOptions{}.with_dtype(dtype));
+  const TensorOptions like = options_of(x);
+  Tensor out = keep ? x.detach() : Tensor::zeros(shape, like);
   return record1("to_partial", x, out, [=](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{keep ? grad_or_zeros(g, shape, dtype)
-                                    : Tensor::zeros(shape, TensorOptions{}.with_dtype(dtype))};
+    return std::vector<Tensor>{keep ? grad_or_zeros(g, shape, like) : Tensor::zeros(shape, like)};
   });
 }
 
 Tensor replicate(const Communicator& comm, const Tensor& x, CollectiveMethod method) {
   HAP_CHECK(x.defined(), "replicate: got an undefined tensor");
   const Shape& shape = x.shape();
-  const DType dtype = x.dtype();
+  const TensorOptions like = options_of(x);
   return record1("replicate", x, x.detach(), [=](const std::vector<Tensor>& g) {
-    return std::vector<Tensor>{parallel::all_reduce(comm, grad_or_zeros(g, shape, dtype), method)};
+    return std::vector<Tensor>{parallel::all_reduce(comm, grad_or_zeros(g, shape, like), method)};
   });
 }
 

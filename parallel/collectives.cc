@@ -85,17 +85,19 @@ BlockLayout make_layout(CollectiveMethod method, const std::vector<int64_t>& num
                                             : BlockLayout::packed(numels);
 }
 
-Tensor new_buffer(int64_t numel, DType dtype, bool zeroed) {
-  Tensor b = Tensor::empty({numel}, TensorOptions{}.with_dtype(dtype));
+Tensor new_buffer(int64_t numel, const Tensor& like, bool zeroed) {
+  Tensor b =
+      Tensor::empty({numel}, TensorOptions{}.with_dtype(like.dtype()).with_device(like.device()));
   if (zeroed) b.zero_();  // padding travels too: never send uninitialised bytes
   return b;
 }
 
 // Copies blocks[r] to its place in a new buffer laid out by `l`.
-Tensor pack(const std::vector<Tensor>& blocks, const BlockLayout& l, DType dtype, bool padded) {
-  Tensor buf = new_buffer(l.total(), dtype, padded);
+Tensor pack(const std::vector<Tensor>& blocks, const BlockLayout& l, const Tensor& like,
+            bool padded) {
+  Tensor buf = new_buffer(l.total(), like, padded);
   for (size_t r = 0; r < blocks.size(); ++r)
-    strided_copy(block_view(buf, blocks[r].shape(), l.displs[r]), blocks[r]);
+    block_view(buf, blocks[r].shape(), l.displs[r]).copy_from(blocks[r]);  // on any device
   return buf;
 }
 
@@ -165,22 +167,23 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
   const BlockLayout l = make_layout(method, numels, slot);
   const bool padded = method == CollectiveMethod::Padded;
 
-  Tensor out = Tensor::empty(with_dim(local, dim, sum_of(lengths)),
-                             TensorOptions{}.with_dtype(x_local.dtype()));
+  Tensor out =
+      Tensor::empty(with_dim(local, dim, sum_of(lengths)),
+                    TensorOptions{}.with_dtype(x_local.dtype()).with_device(x_local.device()));
   const bool leading = shape_numel(Shape(local.begin(), local.begin() + dim)) == 1;
-  Tensor send = padded ? pack({x_local}, BlockLayout::slots(1, slot), x_local.dtype(), true)
-                       : x_local.contiguous();
+  Tensor send =
+      padded ? pack({x_local}, BlockLayout::slots(1, slot), x_local, true) : x_local.contiguous();
   if (!padded && leading) {
     // Shards along the outermost non-trivial dim are consecutive in the output: gather in place.
     comm.backend().all_gather(send, out, l);
     return out;
   }
-  Tensor recv = new_buffer(l.total(), x_local.dtype(), false);
+  Tensor recv = new_buffer(l.total(), x_local, false);
   comm.backend().all_gather(send, recv, l);
   const std::vector<int64_t> offsets = shard_offsets(lengths);
   for (size_t r = 0; r < lengths.size(); ++r)
-    strided_copy(narrow_view(out, dim, offsets[r], lengths[r]),
-                 block_view(recv, with_dim(local, dim, lengths[r]), l.displs[r]));
+    narrow_view(out, dim, offsets[r], lengths[r])
+        .copy_from(block_view(recv, with_dim(local, dim, lengths[r]), l.displs[r]));
   return out;
 }
 
@@ -215,10 +218,10 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
     std::vector<Tensor> blocks;
     for (size_t r = 0; r < lengths.size(); ++r)
       blocks.push_back(narrow_view(x_partial, dim, offsets[r], lengths[r]));
-    send = pack(blocks, l, x_partial.dtype(), padded);
+    send = pack(blocks, l, x_partial, padded);
   }
   // The backend sums this rank's block (its slot, when padded) over ranks.
-  Tensor mine = new_buffer(l.counts[me], x_partial.dtype(), false);
+  Tensor mine = new_buffer(l.counts[me], x_partial, false);
   comm.backend().reduce_scatter(send, l, mine);
   const Shape out_shape = with_dim(full, dim, lengths[me]);
   Tensor out = mine.as_strided(out_shape, contiguous_strides(out_shape), mine.offset());
@@ -232,7 +235,9 @@ Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveM
   const Timed timed(CollectiveStat::AllReduce, tensor_bytes(x_partial));
   check_reducible(x_partial.dtype(), op);
   Tensor in = x_partial.contiguous();
-  Tensor out = Tensor::empty(x_partial.shape(), TensorOptions{}.with_dtype(x_partial.dtype()));
+  Tensor out =
+      Tensor::empty(x_partial.shape(),
+                    TensorOptions{}.with_dtype(x_partial.dtype()).with_device(x_partial.device()));
   comm.backend().all_reduce(in, out);
   return out;
 }
@@ -279,18 +284,19 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
   std::vector<Tensor> blocks;
   for (size_t r = 0; r < lengths_split.size(); ++r)
     blocks.push_back(narrow_view(x_local, split_dim, split_offsets[r], lengths_split[r]));
-  Tensor send = pack(blocks, sl, x_local.dtype(), padded);
-  Tensor recv = new_buffer(rl.total(), x_local.dtype(), false);
+  Tensor send = pack(blocks, sl, x_local, padded);
+  Tensor recv = new_buffer(rl.total(), x_local, false);
   comm.backend().all_to_all(send, sl, recv, rl);
 
   Shape out_shape =
       with_dim(with_dim(local, split_dim, lengths_split[me]), concat_dim, sum_of(lengths_concat));
-  Tensor out = Tensor::empty(out_shape, TensorOptions{}.with_dtype(x_local.dtype()));
+  Tensor out = Tensor::empty(
+      out_shape, TensorOptions{}.with_dtype(x_local.dtype()).with_device(x_local.device()));
   const std::vector<int64_t> concat_offsets = shard_offsets(lengths_concat);
   for (size_t r = 0; r < lengths_concat.size(); ++r)
-    strided_copy(
-        narrow_view(out, concat_dim, concat_offsets[r], lengths_concat[r]),
-        block_view(recv, with_dim(out_shape, concat_dim, lengths_concat[r]), rl.displs[r]));
+    narrow_view(out, concat_dim, concat_offsets[r], lengths_concat[r])
+        .copy_from(
+            block_view(recv, with_dim(out_shape, concat_dim, lengths_concat[r]), rl.displs[r]));
   return out;
 }
 
@@ -328,7 +334,10 @@ Tensor broadcast(const Communicator& comm, const Tensor& x, int root) {
   const DType dtype = static_cast<DType>(h[0]);
   const Shape shape(h + 2, h + header_t.numel());
 
-  Tensor out = is_root ? x.clone() : Tensor::empty(shape, TensorOptions{}.with_dtype(dtype));
+  const Device device = x.defined() ? x.device() : Device::cpu();  // where this rank wants it
+  Tensor out = is_root
+                   ? x.clone()
+                   : Tensor::empty(shape, TensorOptions{}.with_dtype(dtype).with_device(device));
   comm.backend().broadcast(out, root);
   // Checked only after the transfer, so a rank with a mismatched tensor throws without leaving
   // the root blocked in the broadcast.

@@ -27,6 +27,7 @@ class Communicator {
   int rank() const;
   int size() const;
   Backend& backend() const;
+  const std::shared_ptr<Backend>& backend_ptr() const { return backend_; }
 
   void barrier() const;
   // Ranks with the same colour form one new communicator, ordered by (key, old rank). A negative

@@ -86,7 +86,9 @@ struct TrainConfig {
   std::string checkpoint_dir;
   std::int64_t keep_checkpoints = 3;  // >= 1
   int threads = 0;  // CPU threads, >= 0; 0 means all cores (one process) or one per rank (ranks)
-  // Where one process trains: cpu, cuda (cuda:0) or cuda:N. Ranks (--cluster) train on the CPU.
+  // Where this process trains: cpu, cuda (cuda:0) or cuda:N. On ranks (--cluster), node-local
+  // rank k takes cuda:((N + k) mod the GPUs visible); ranks sharing a GPU communicate through the
+  // host.
   Device device = Device::cpu();
 };
 

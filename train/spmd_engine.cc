@@ -13,6 +13,7 @@
 #include "parallel/collectives.h"
 #include "parallel/executor.h"
 #include "parallel/shard.h"
+#include "parallel/staging.h"
 #include "train/engine.h"
 #include "train/plan_io.h"
 #include "train/trace.h"
@@ -165,22 +166,23 @@ class SpmdEngine : public Engine {
     executor_->materialize_parameters(
         [&](const std::string& name, const Shape& local, const LogicalSlice& slice) {
           const Tensor& full = values.at(name);
-          if (full.has_storage()) return parallel::box_of(full, local, slice).contiguous().clone();
+          if (full.has_storage())
+            return parallel::box_of(full, local, slice).contiguous().clone().to(config_.device);
           const nn::ParamInit rule = model_->init_rule_of(name);
           HAP_CHECK(seed.has_value() && rule.kind != nn::ParamInit::Kind::Keep, "parameter '", name,
                     "' has no data and no init rule to draw it from (build the model with data, or "
                     "give it an "
                     "init_rule() and reset_parameters(seed))");
           Tensor p = Tensor::empty(local, TensorOptions{}.with_dtype(full.dtype()));
-          nn::init_parameter(p, rule, *seed, name, slice);
-          return p;
+          nn::init_parameter(p, rule, *seed, name, slice);  // drawn on the host
+          return p.to(config_.device);
         });
     // Buffers are whole on every rank: the model's own where it has their data (so that they
-    // stay one with the model), else made from their init rules (zeros, ones).
+    // stay one with the model; a copy on a GPU), else made from their init rules (zeros, ones).
     std::vector<std::pair<std::string, Tensor>> buffers;
     for (const auto& [name, b] : model_->named_buffers()) {
       if (b.has_storage()) {
-        buffers.emplace_back(name, b);
+        buffers.emplace_back(name, b.to(config_.device));
         continue;
       }
       const nn::ParamInit rule = model_->init_rule_of(name);
@@ -189,7 +191,7 @@ class SpmdEngine : public Engine {
                 "give it an init_rule())");
       Tensor made = Tensor::empty(b.shape(), TensorOptions{}.with_dtype(b.dtype()));
       nn::init_parameter(made, rule, seed.value_or(0), name);
-      buffers.emplace_back(name, made);
+      buffers.emplace_back(name, made.to(config_.device));
     }
     executor_->set_states(buffers);
   }
@@ -216,10 +218,10 @@ class SpmdEngine : public Engine {
         it = cache_.emplace(key, std::move(rows)).first;
       }
       Tensor t = it->second.at(name);
-      if (t.shape() == local) return t;
+      if (t.shape() == local) return t.to(config_.device);
       LogicalSlice within = slice;  // the rows are already this rank's: slice the other dims
       within.offset[bd] = 0;
-      return parallel::box_of(t, local, within).contiguous();
+      return parallel::box_of(t, local, within).contiguous().to(config_.device);
     };
   }
 
@@ -251,6 +253,9 @@ std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
                       std::to_string(distributed.cluster.size()) + ")");
   // Ranks usually share a machine's cores: by default each computes on one thread.
   set_num_threads(config.threads > 0 ? config.threads : 1);
+  // Device tensors over a backend of host tensors (MPI): staged through the host.
+  if (!config.device.is_cpu() && !comm.backend().supports(config.device))
+    comm = parallel::Communicator(std::make_shared<parallel::StagingBackend>(comm.backend_ptr()));
   return std::make_unique<SpmdEngine>(std::move(model), std::move(data), config, std::move(comm),
                                       std::move(distributed));
 }

@@ -14,6 +14,9 @@
 
 #include "autograd/grad_mode.h"
 #include "core/atomic_file.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "core/timeline.h"
 #include "models/lr_schedule.h"
 #include "models/serialize.h"
@@ -108,6 +111,20 @@ void check_training_device(Device device) {
   }
 }
 
+// The GPU a rank trains on: with train.device=cuda:N, node-local rank k takes
+// cuda:((N + k) mod the GPUs it sees), so ranks spread over a node's GPUs and share them when
+// there are more ranks than GPUs (their collectives then go through the host).
+Device rank_device(Device device, const parallel::Communicator& comm) {
+  const int local = comm.split_by_node().rank();
+#ifdef HAP_HAVE_CUDA
+  const int visible = device.is_cuda() ? cuda::device_count() : 0;
+#else
+  const int visible = 0;
+#endif
+  if (visible == 0) return device;  // the device check names why
+  return Device{device.kind, static_cast<int>((int64_t{device.index} + local) % visible)};
+}
+
 }  // namespace
 
 Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
@@ -126,9 +143,10 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config, parallel::Communicator comm, DistributedOptions distributed)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
-  HAP_CHECK(config_.device.is_cpu(), "train.device: ", config_.device.str(),
-            ": ranks (--cluster) train on the CPU in this version, GPU ranks are not built yet; "
-            "train one process on the GPU, or set train.device=cpu");
+  if (!config_.device.is_cpu()) {
+    config_.device = rank_device(config_.device, comm);
+    check_training_device(config_.device);
+  }
   // The planner's memory model counts this run's optimizer state.
   distributed.synthesis.optimizer_state_slots = optimizer_state_slots(config_);
   // Every module draws dropout from one state the trainer steps (models/module.h), traced at

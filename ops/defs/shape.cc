@@ -426,7 +426,7 @@ void register_shape_ops(OpTable& t) {
       if (!g.defined()) {
         Shape s = x.shape();
         s[dim] = sizes[i];
-        g = Tensor::zeros(s, TensorOptions{}.with_dtype(x.dtype()));
+        g = Tensor::zeros(s, TensorOptions{}.with_dtype(x.dtype()).with_device(x.device()));
       }
       parts.push_back(g);
     }
