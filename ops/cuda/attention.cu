@@ -11,42 +11,11 @@
 #include "core/philox.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/rows.cuh"
 #include "ops/defs/common.h"
 
 namespace hap::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ double neg_inf(double) {
-  return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-}
-
-// The block's reduction of one value per thread (blockDim.x == kThreads); every thread gets it.
-template <typename T, typename Op>
-__device__ T block_reduce(T v, T* scratch, Op op) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) scratch[threadIdx.x] = op(scratch[threadIdx.x], scratch[threadIdx.x + s]);
-    __syncthreads();
-  }
-  const T r = scratch[0];
-  __syncthreads();
-  return r;
-}
-// As std::max(a, b) on the CPU: b only when a < b, so a NaN never replaces a number.
-struct Max {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a < b ? b : a;
-  }
-};
-struct Plus {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
 
 // Where rows are, what they may attend to, and the dropout draw of element (b, h, i, j): its
 // index in the logical probabilities [B, H, T, T] (a shard's slice placed by offset).
@@ -197,8 +166,6 @@ Tensor scratch_like(const Tensor& like, int64_t bh, int64_t t) {
   return Tensor::empty({bh, t, t},
                        TensorOptions{}.with_dtype(like.dtype()).with_device(like.device()));
 }
-
-int row_blocks(int64_t rows) { return static_cast<int>(rows < 65536 ? rows : 65536); }
 
 std::vector<Tensor> attention(const KernelContext& c) {
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);

@@ -23,30 +23,17 @@ struct Routing {
   std::vector<int64_t> slot, expert;
 };
 
-// The CPU's assign_slots on a host copy of the ids: the same scan order, the same error for an
-// expert id outside [0, experts) (the first one in scan order).
+// The CPU's slot assignment (moe_assign_slots, ops/defs/common.h) on a host copy of the ids: the
+// same scan order, the same error for an expert id outside [0, experts).
 Routing assign_slots(const char* op, const Tensor& ids, int64_t experts, int64_t capacity) {
   const Tensor h = ids.to(Device::cpu()).contiguous();
   Routing r;
   r.groups = h.size(0);
   r.tokens = h.size(1);
   r.k = h.size(2);
-  const int64_t G = r.groups, T = r.tokens, k = r.k;
+  r.slot = moe_assign_slots(op, h, experts, capacity);
   const int64_t* p = h.data<int64_t>();
-  r.slot.assign(static_cast<size_t>(G * T * k), -1);
-  r.expert.assign(p, p + G * T * k);
-  std::vector<int64_t> used(static_cast<size_t>(experts));
-  for (int64_t g = 0; g < G; ++g) {
-    std::fill(used.begin(), used.end(), 0);
-    for (int64_t j = 0; j < k; ++j)
-      for (int64_t t = 0; t < T; ++t) {
-        const int64_t at = (g * T + t) * k + j, e = p[at];
-        HAP_CHECK(e >= 0 && e < experts, op, ": expert id ", e, " at [", g, ", ", t, ", ", j,
-                  "] is outside [0, ", experts, ")");
-        if (used[static_cast<size_t>(e)] < capacity)
-          r.slot[static_cast<size_t>(at)] = used[static_cast<size_t>(e)]++;
-      }
-  }
+  r.expert.assign(p, p + h.numel());
   return r;
 }
 

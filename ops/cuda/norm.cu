@@ -12,6 +12,7 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/rows.cuh"
 #include "ops/defs/common.h"
 
 namespace hap::ops::cuda {
@@ -39,25 +40,6 @@ __device__ void block_sum2(double& a, double& b, double* scratch) {
   a = sa[0];
   b = sb[0];
   __syncthreads();  // scratch is reused by the next reduction
-}
-
-// A row operand: where each row starts (over the leading dims) and the stride along the last.
-struct Rows {
-  Indexer start;
-  int64_t step = 0;
-};
-
-Rows rows_of(const Tensor& t, const char* op) {
-  HAP_CHECK(t.dim() <= kMaxDims, "op ", op, " on cuda: at most ", kMaxDims, " dimensions, got ",
-            t.str());
-  Rows r;
-  for (int64_t d = 0; d + 1 < t.dim(); ++d) {
-    r.start.sizes[r.start.ndim] = t.size(d);
-    r.start.strides[r.start.ndim] = t.strides()[static_cast<size_t>(d)];
-    ++r.start.ndim;
-  }
-  r.step = t.strides().back();
-  return r;
 }
 
 // A [C] parameter: its data and stride, or null for an omitted one.
@@ -209,8 +191,6 @@ const char* norm_op(bool rms, bool backward) {
   return backward ? "layer_norm_backward" : "layer_norm";
 }
 
-int row_blocks(int64_t rows) { return static_cast<int>(std::min<int64_t>(rows, 65536)); }
-
 // Inputs (x [..., C], weight [C] or undefined[, bias [C] or undefined]); output y like x.
 template <bool kRms>
 std::vector<Tensor> norm(const KernelContext& c) {
@@ -220,7 +200,7 @@ std::vector<Tensor> norm(const KernelContext& c) {
   const Tensor& x = c.inputs[0];
   const int64_t n = x.size(x.dim() - 1), rows = x.numel() / n;
   const double eps = attr<NormAttrs>(c.attrs).eps;
-  const Rows xr = rows_of(x, op);
+  const Rows xr = rows_of(x, x.dim() - 1, op);
   on_float(out, op, [&](auto tag) {
     using T = decltype(tag);
     const Param<T> w = param_of<T>(c.inputs[1]);
@@ -240,7 +220,7 @@ std::vector<Tensor> norm_backward(const KernelContext& c) {
   const Tensor &g = c.inputs[0], &x = c.inputs[1];
   const int64_t n = x.size(x.dim() - 1), rows = x.numel() / n;
   const double eps = attr<NormAttrs>(c.attrs).eps;
-  const Rows gr = rows_of(g, op), xr = rows_of(x, op);
+  const Rows gr = rows_of(g, g.dim() - 1, op), xr = rows_of(x, x.dim() - 1, op);
   const int64_t chunks = std::min((rows + kRowsPerChunk - 1) / kRowsPerChunk, kMaxRowChunks);
   const int64_t params = kRms ? 1 : 2;
   const TensorOptions on_device = TensorOptions{}.with_device(x.device());

@@ -5,64 +5,11 @@
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
+#include "ops/cuda/rows.cuh"
 #include "ops/defs/common.h"
 
 namespace hap::ops::cuda {
 namespace {
-
-__device__ __forceinline__ float neg_inf(float) { return __int_as_float(0xff800000u); }
-__device__ __forceinline__ double neg_inf(double) {
-  return __longlong_as_double(static_cast<long long>(0xfff0000000000000ull));
-}
-
-struct Max {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a > b ? a : b;
-  }
-};
-struct Plus {
-  template <typename T>
-  __device__ T operator()(T a, T b) const {
-    return a + b;
-  }
-};
-
-// The block's reduction of one value per thread (blockDim.x == kThreads); every thread gets it.
-template <typename T, typename Op>
-__device__ T block_reduce(T v, T* scratch, Op op) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
-    if (threadIdx.x < s) scratch[threadIdx.x] = op(scratch[threadIdx.x], scratch[threadIdx.x + s]);
-    __syncthreads();
-  }
-  const T r = scratch[0];
-  __syncthreads();
-  return r;
-}
-
-// A row operand: where each row starts (over the other dims) and the stride along `dim`.
-struct Rows {
-  Indexer start;
-  int64_t step = 0;
-};
-
-Rows rows_of(const Tensor& t, int64_t dim, const char* op) {
-  HAP_CHECK(t.dim() <= kMaxDims, "op ", op, " on cuda: at most ", kMaxDims, " dimensions, got ",
-            t.str());
-  Rows r;
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (d == dim) {
-      r.step = t.strides()[static_cast<size_t>(d)];
-      continue;
-    }
-    r.start.sizes[r.start.ndim] = t.size(d);
-    r.start.strides[r.start.ndim] = t.strides()[static_cast<size_t>(d)];
-    ++r.start.ndim;
-  }
-  return r;
-}
 
 template <typename T, bool kLog>
 __global__ void softmax_kernel(T* y, Rows yr, const T* x, Rows xr, int64_t rows, int64_t n) {
@@ -122,7 +69,7 @@ std::vector<Tensor> softmax(const KernelContext& c) {
   const int64_t dim = softmax_dim(c, out), n = out.size(dim), rows = out.numel() / n;
   const char* op = op_name(c.kind);
   const Rows yr = rows_of(out, dim, op), xr = rows_of(c.inputs[0], dim, op);
-  const int blocks = static_cast<int>(rows < 65536 ? rows : 65536);
+  const int blocks = row_blocks(rows);
   on_float(out, op, [&](auto tag) {
     using T = decltype(tag);
     softmax_kernel<T, kLog>
@@ -139,7 +86,7 @@ std::vector<Tensor> softmax_backward(const KernelContext& c) {
   const char* op = op_name(c.kind);
   const Rows gxr = rows_of(out, dim, op), gr = rows_of(c.inputs[0], dim, op),
              yr = rows_of(c.inputs[1], dim, op);
-  const int blocks = static_cast<int>(rows < 65536 ? rows : 65536);
+  const int blocks = row_blocks(rows);
   on_float(out, op, [&](auto tag) {
     using T = decltype(tag);
     softmax_backward_kernel<T, kLog><<<blocks, kThreads>>>(ptr<T>(out), gxr, ptr<T>(c.inputs[0]),

@@ -2,6 +2,7 @@
 // building blocks, and the gradient reductions backward rules need.
 #pragma once
 #include <variant>
+#include <vector>
 
 #include "ops/dispatch.h"
 #include "ops/op.h"
@@ -44,5 +45,12 @@ inline double elementwise_flops(const Metas& out, double per_element) {
   for (const TensorMeta& m : out) n += static_cast<double>(shape_numel(m.shape));
   return n * per_element;
 }
+
+// MoE routing (ops/defs/moe.cc): slot[(g T + t) k + j] is the slot of token t's j-th choice in
+// its expert's buffer of group g, or -1 when dropped; choices claim slots in the order every first
+// choice of the group, in token order, then every second... Throws naming `op` for an expert id
+// outside [0, experts). `idx` ([G, T, k], i64) may be on any device (read through a host copy).
+std::vector<int64_t> moe_assign_slots(const char* op, const Tensor& idx, int64_t experts,
+                                      int64_t capacity);
 
 }  // namespace hap::ops

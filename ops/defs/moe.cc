@@ -17,13 +17,9 @@
 
 namespace hap::ops {
 
-namespace {
-
-// slot[(g T + t) k + j]: the slot of token t's j-th choice in its expert's buffer of group g, or
-// -1 when dropped. Throws naming the op for an expert id outside [0, experts).
-std::vector<int64_t> assign_slots(const char* op, const Tensor& idx, int64_t experts,
-                                  int64_t capacity) {
-  Tensor ids = idx.contiguous();
+std::vector<int64_t> moe_assign_slots(const char* op, const Tensor& idx, int64_t experts,
+                                      int64_t capacity) {
+  Tensor ids = idx.to(Device::cpu()).contiguous();
   const int64_t G = ids.size(0), T = ids.size(1), k = ids.size(2);
   const int64_t* p = ids.data<int64_t>();
   std::vector<int64_t> slot(static_cast<size_t>(G * T * k), -1);
@@ -41,6 +37,8 @@ std::vector<int64_t> assign_slots(const char* op, const Tensor& idx, int64_t exp
   }
   return slot;
 }
+
+namespace {
 
 void check_routing(const char* op, const TensorMeta& idx, const Shape& tokens, const Attrs& attrs,
                    const TensorMeta* weights) {
@@ -128,7 +126,7 @@ std::vector<Tensor> dispatch_cpu(const KernelContext& c) {
   const bool weighted = c.inputs.size() > 2 && c.inputs[2].defined();
   Tensor w = weighted ? c.inputs[2].contiguous() : Tensor();
   const std::vector<int64_t> slot =
-      assign_slots("moe_dispatch", c.inputs[1], a.experts, a.capacity);
+      moe_assign_slots("moe_dispatch", c.inputs[1], a.experts, a.capacity);
   const int64_t G = x.size(0), T = x.size(1), C = x.size(2), k = c.inputs[1].size(2);
   Tensor out = c.alloc(0);
   out.zero_();
@@ -159,7 +157,8 @@ std::vector<Tensor> combine_cpu(const KernelContext& c) {
   Tensor buf = c.inputs[0].contiguous();
   const bool weighted = c.inputs.size() > 2 && c.inputs[2].defined();
   Tensor w = weighted ? c.inputs[2].contiguous() : Tensor();
-  const std::vector<int64_t> slot = assign_slots("moe_combine", c.inputs[1], a.experts, a.capacity);
+  const std::vector<int64_t> slot =
+      moe_assign_slots("moe_combine", c.inputs[1], a.experts, a.capacity);
   Tensor ids = c.inputs[1].contiguous();
   const int64_t G = buf.size(0), C = buf.size(3), T = ids.size(1), k = ids.size(2);
   const int64_t* pi = ids.data<int64_t>();
@@ -190,7 +189,7 @@ std::vector<Tensor> gate_grad_cpu(const KernelContext& c) {
   const MoeAttrs& a = attr<MoeAttrs>(c.attrs);
   Tensor x = c.inputs[0].contiguous(), buf = c.inputs[1].contiguous();
   const std::vector<int64_t> slot =
-      assign_slots("moe_gate_grad", c.inputs[2], a.experts, a.capacity);
+      moe_assign_slots("moe_gate_grad", c.inputs[2], a.experts, a.capacity);
   Tensor ids = c.inputs[2].contiguous();
   const int64_t G = x.size(0), T = x.size(1), C = x.size(2), k = ids.size(2);
   const int64_t* pi = ids.data<int64_t>();
