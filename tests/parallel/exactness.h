@@ -121,20 +121,22 @@ inline void compare_with_one_device(
   expect_distributed(g, plan, strategy);
   if (check_plan) check_plan(plan);
 
-  Executor ex(g, plan, world());
+  // The distributed program runs on test_device() (HAP_TEST_DEVICE), the reference on the CPU.
+  const Device device = test_device();
+  Executor ex(g, plan, device_world());
   auto named = ref.named_parameters();
   ex.materialize_parameters(
       [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
         for (auto& [n, p] : named)
-          if (n == name) return box(p, local, s);
+          if (n == name) return box(p, local, s).to(device);
         ADD_FAILURE() << "unknown parameter " << name;
         return Tensor();
       });
   std::vector<std::pair<std::string, Tensor>> states;
-  for (const auto& [name, b] : ref.named_buffers()) states.emplace_back(name, b.clone());
+  for (const auto& [name, b] : ref.named_buffers()) states.emplace_back(name, b.to(device).clone());
   ex.set_states(states);
   auto inputs = [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
-    return box(data.at(name), local, s);
+    return box(data.at(name), local, s).to(device);
   };
   optim::AdamW dist_opt(optim::weight_decay_groups(ex.parameters(), 0.1),
                         {lr, {0.9, 0.95}, 1e-8, 0.1});

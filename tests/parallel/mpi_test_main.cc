@@ -12,10 +12,14 @@
 
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "parallel/communicator.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 
 namespace {
 
@@ -90,6 +94,20 @@ int main(int argc, char** argv) {
   hap::parallel::MpiSession mpi(&argc, &argv);
   ::testing::InitGoogleTest(&argc, argv);
   Communicator world = Communicator::world();
+  // Exactness on GPU ranks (HAP_TEST_DEVICE=cuda...) without a visible GPU: the whole run is
+  // skipped (exit 77, which ctest reports as Skipped), on every rank alike.
+  if (const char* env = std::getenv("HAP_TEST_DEVICE"); env && std::strncmp(env, "cuda", 4) == 0) {
+#ifdef HAP_HAVE_CUDA
+    const bool gpu = hap::cuda::device_count() > 0;
+#else
+    const bool gpu = false;
+#endif
+    if (!gpu) {
+      if (world.rank() == 0)
+        std::printf("SKIPPED: HAP_TEST_DEVICE=%s but no GPU is visible to this process\n", env);
+      return 77;
+    }
+  }
 
   ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (world.rank() != 0) {

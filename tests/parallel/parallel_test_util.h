@@ -3,6 +3,9 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -14,12 +17,36 @@
 #include "parallel/collectives.h"
 #include "parallel/communicator.h"
 #include "parallel/shard.h"
+#include "parallel/staging.h"
 #include "tests/test_util.h"
 
 namespace hap::parallel::testing {
 
 inline const Communicator& world() {
   static const Communicator w = Communicator::world();
+  return w;
+}
+
+// Where the exactness tests run the distributed program: HAP_TEST_DEVICE (cpu, cuda, cuda:N; the
+// CPU when unset). On a GPU, ranks sharing it communicate through the host (parallel/staging.h).
+inline Device test_device() {
+  static const Device d = [] {
+    const char* env = std::getenv("HAP_TEST_DEVICE");
+    if (env == nullptr || *env == '\0') return Device::cpu();
+    const std::optional<Device> parsed = parse_device(env);
+    HAP_CHECK(parsed.has_value(), "HAP_TEST_DEVICE: expected cpu, cuda or cuda:N, got '", env, "'");
+    return *parsed;
+  }();
+  return d;
+}
+
+// The world over which the exactness tests' programs run: world() for CPU tensors, staged
+// through the host for a device's.
+inline const Communicator& device_world() {
+  static const Communicator w =
+      test_device().is_cpu()
+          ? world()
+          : Communicator(std::make_shared<StagingBackend>(world().backend_ptr()));
   return w;
 }
 
