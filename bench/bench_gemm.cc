@@ -33,8 +33,23 @@ double median_s(F f, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* usage =
+      "usage: bench_gemm [OUT.json [THREADS]]  (default bench/results/gemm.json, all cores)\n";
+  if (argc > 3 || (argc > 1 && argv[1][0] == '-')) {
+    std::fputs(usage, argc > 1 && std::string(argv[1]) == "--help" ? stdout : stderr);
+    return argc > 1 && std::string(argv[1]) == "--help" ? 0 : 2;
+  }
   std::string out = argc > 1 ? argv[1] : "bench/results/gemm.json";
-  int threads = argc > 2 ? std::stoi(argv[2]) : 0;
+  int threads = 0;
+  if (argc > 2) {
+    const std::string t = argv[2];
+    if (t.empty() || t.size() > 4 || t.find_first_not_of("0123456789") != std::string::npos) {
+      std::fprintf(stderr, "bench_gemm: THREADS must be a count of threads, got '%s'\n%s", argv[2],
+                   usage);
+      return 2;
+    }
+    threads = std::stoi(t);
+  }
   hap::set_num_threads(threads);
   hap::NoGradGuard no_grad;
   // Shapes of a GPT step: (M, N, K) of the QKV, MLP and vocabulary-head products, and squares.
