@@ -32,7 +32,7 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
   try {
     // Errors up to the Trainer come from the same inputs on every rank, so every rank stops alike.
     DistributedOptions dist{load_cluster_config(cluster_path), synthesis_options(config), plan_file,
-                            config.parallel.collective_timeout_s};
+                            config.parallel.collective_timeout_s, config.parallel.backend};
     if (!plan_json.empty())
       if (const std::string reason = unwritable_reason(plan_json); !reason.empty())
         throw ConfigError("--plan-json '" + plan_json + "': cannot write: " + reason);

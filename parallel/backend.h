@@ -1,7 +1,8 @@
-// The communication backend: what carries a collective between the ranks of one group (MPI now,
-// NCCL next). Everything above it (the Communicator's scalar helpers, the uneven padded and
-// grouped collectives of collectives.h, their autograd adjoints, the executor) is written against
-// this interface only, and never sums or moves tensor data itself.
+// The communication backend: what carries a collective between the ranks of one group (MPI,
+// NCCL, or MPI staged through the host for device tensors: mpi.h, nccl.h, staging.h). Everything
+// above it (the Communicator's scalar helpers, the uneven padded and grouped collectives of
+// collectives.h, their autograd adjoints, the executor) is written against this interface only, and
+// never sums or moves tensor data itself.
 //
 // Conventions, for every call:
 //  - collective calls are made by every rank of the group, in the same order;

@@ -1,6 +1,6 @@
 // MPI: the session (init/finalize), the checking macro every MPI call goes through, and the MPI
-// backend of the communicator interface (parallel/backend.h): CPU tensors now, the bootstrap of
-// NCCL next.
+// backend of the communicator interface (parallel/backend.h): CPU tensors, device tensors through
+// the staging backend (staging.h), and the bootstrap of NCCL (nccl.h).
 //
 // Thread level is MPI_THREAD_FUNNELED: only the thread that created the MpiSession calls MPI
 // (OpenMP threads inside kernels never do). Communicators return MPI errors instead of aborting

@@ -39,8 +39,8 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 4> kParallelKeys = {"strategy", "segments", "search_budget",
-                                                           "collective_timeout_s"};
+constexpr std::array<std::string_view, 5> kParallelKeys = {"strategy", "segments", "search_budget",
+                                                           "collective_timeout_s", "backend"};
 constexpr std::array<std::string_view, 22> kTrainKeys = {
     "batch_size",     "steps",           "optimizer", "lr",        "min_lr",
     "warmup_steps",   "weight_decay",    "beta1",     "beta2",     "eps",
@@ -71,6 +71,8 @@ constexpr std::array<Choice<synth::Strategy>, 5> kStrategies = {{{"hap", synth::
                                                                  {"dp-ep", synth::Strategy::DpEp}}};
 constexpr std::array<Choice<synth::SegmentMode>, 2> kSegmentModes = {
     {{"per-block", synth::SegmentMode::PerBlock}, {"single", synth::SegmentMode::Single}}};
+constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {
+    {{"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
     {{"adamw", Optimizer::kAdamW}, {"sgd", Optimizer::kSgd}}};
 
@@ -319,6 +321,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.search_budget = s.integer("search_budget", p.search_budget, IntRange::at_least(1000));
   p.collective_timeout_s =
       s.number("collective_timeout_s", p.collective_timeout_s, RealRange::at_least(0.0));
+  p.backend = s.choice("backend", kCommBackends, p.backend);
   s.finish();
   return p;
 }
@@ -327,6 +330,7 @@ ParallelConfig read_parallel(SectionReader& s) {
 
 std::string_view to_string(synth::SegmentMode segments) { return name_of(kSegmentModes, segments); }
 std::string_view to_string(Optimizer optimizer) { return name_of(kOptimizers, optimizer); }
+std::string_view to_string(CommBackend backend) { return name_of(kCommBackends, backend); }
 
 RunConfig load_run_config(const std::string& path, const std::vector<ConfigOverride>& overrides) {
   Origin origin{.file = path, .overrides = {}};
@@ -450,7 +454,8 @@ nlohmann::json to_json(const RunConfig& config) {
        {{"strategy", synth::strategy_name(config.parallel.strategy)},
         {"segments", std::string(to_string(config.parallel.segments))},
         {"search_budget", config.parallel.search_budget},
-        {"collective_timeout_s", config.parallel.collective_timeout_s}}},
+        {"collective_timeout_s", config.parallel.collective_timeout_s},
+        {"backend", std::string(to_string(config.parallel.backend))}}},
   };
 }
 

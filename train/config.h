@@ -93,6 +93,8 @@ struct TrainConfig {
 };
 
 // How to train on several ranks (used with hap-train --cluster, or hap-plan).
+enum class CommBackend { kAuto, kNccl, kMpi };
+
 struct ParallelConfig {
   synth::Strategy strategy = synth::Strategy::Hap;
   synth::SegmentMode segments = synth::SegmentMode::PerBlock;
@@ -102,8 +104,13 @@ struct ParallelConfig {
   // still run stops with an error naming it and the step (4 times as long in the first step,
   // which also warms up); 0 waits forever.
   double collective_timeout_s = 300;
+  // What carries GPU ranks' collectives: nccl (one GPU per rank), mpi (through host memory; ranks
+  // may share a GPU), or auto (nccl where every rank has a GPU of its own and NCCL loads, else
+  // mpi). CPU ranks always use MPI; nccl there is an error.
+  CommBackend backend = CommBackend::kAuto;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
+std::string_view to_string(CommBackend backend);          // "auto", "nccl", "mpi"
 
 struct RunConfig {
   ModelConfig model;

@@ -60,6 +60,9 @@ class Engine {
   virtual std::vector<std::string> gather_strings(const std::string& s) const = 0;
   // What this rank's track in a --trace timeline is called ("rank 2: P100-1").
   virtual std::string track_name() const = 0;
+  // Where the run trains, for its description ("one process on cuda:0", "4 ranks on cuda, their
+  // collectives over nccl").
+  virtual std::string placement() const = 0;
 
   // Starts timing kernels (and collectives); prints where `steps` profiled steps of `seconds`
   // went (rank 0 prints).

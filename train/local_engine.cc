@@ -100,6 +100,7 @@ class LocalEngine : public Engine {
   void barrier() const override {}
   std::vector<std::string> gather_strings(const std::string& s) const override { return {s}; }
   std::string track_name() const override { return "one process"; }
+  std::string placement() const override { return "one process on " + config_.device.str(); }
 
   void start_profile() override {
     ops::reset_dispatch_stats();

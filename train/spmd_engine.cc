@@ -6,12 +6,16 @@
 #include <tuple>
 
 #include "autograd/grad_mode.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "models/init.h"
 #include "models/module.h"
 #include "ops/dispatch.h"
 #include "ops/threads.h"
 #include "parallel/collectives.h"
 #include "parallel/executor.h"
+#include "parallel/nccl.h"
 #include "parallel/shard.h"
 #include "parallel/staging.h"
 #include "train/engine.h"
@@ -153,6 +157,13 @@ class SpmdEngine : public Engine {
     std::fflush(stdout);
   }
 
+  std::string placement() const override {
+    const std::string on =
+        config_.device.is_cpu() ? "cpu" : "cuda (rank 0 on " + config_.device.str() + ")";
+    return std::to_string(comm_.size()) + " ranks on " + on + ", their collectives over " +
+           comm_.backend().name();
+  }
+
   const synth::DistributedProgram* program() const override { return &plan_; }
   const synth::CostModel* cost_model() const override { return &cost_; }
 
@@ -239,6 +250,36 @@ class SpmdEngine : public Engine {
   Tensor loss_;
 };
 
+// What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
+// GPU ranks NCCL (one GPU per rank), MPI staged through the host (ranks may share a GPU), or auto:
+// NCCL where every rank has a GPU of its own and NCCL loads, else staged MPI. Every rank decides
+// alike (the inputs of the decision are agreed over `comm`).
+parallel::Communicator communicator_for(Device device, CommBackend backend,
+                                        parallel::Communicator comm) {
+  if (device.is_cpu()) {
+    if (backend == CommBackend::kNccl)
+      throw ConfigError(
+          "parallel.backend: nccl needs GPU ranks (train.device=cuda); CPU ranks "
+          "use mpi");
+    return comm;
+  }
+  bool nccl = backend == CommBackend::kNccl;
+  if (backend == CommBackend::kAuto) {
+    // Every rank of every node on its own GPU (node-local rank < visible GPUs) and NCCL loads.
+    const parallel::Communicator node = comm.split_by_node();
+#ifdef HAP_HAVE_CUDA
+    const int visible = cuda::device_count();
+#else
+    const int visible = 0;
+#endif
+    const bool mine = node.size() <= visible && parallel::nccl_unavailable_reason().empty();
+    nccl = comm.allreduce(int64_t{mine ? 0 : 1}) == 0;
+  }
+  if (nccl)
+    return parallel::Communicator(parallel::make_nccl_backend(comm.backend_ptr(), device.index));
+  return parallel::Communicator(std::make_shared<parallel::StagingBackend>(comm.backend_ptr()));
+}
+
 }  // namespace
 
 std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
@@ -253,9 +294,7 @@ std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
                       std::to_string(distributed.cluster.size()) + ")");
   // Ranks usually share a machine's cores: by default each computes on one thread.
   set_num_threads(config.threads > 0 ? config.threads : 1);
-  // Device tensors over a backend of host tensors (MPI): staged through the host.
-  if (!config.device.is_cpu() && !comm.backend().supports(config.device))
-    comm = parallel::Communicator(std::make_shared<parallel::StagingBackend>(comm.backend_ptr()));
+  comm = communicator_for(config.device, distributed.backend, std::move(comm));
   return std::make_unique<SpmdEngine>(std::move(model), std::move(data), config, std::move(comm),
                                       std::move(distributed));
 }

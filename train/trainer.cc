@@ -418,12 +418,14 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     peak_flops = measured_gemm_flops();
     peak_source = "a 512^3 matrix product measured here";
   }
+  config_record["placement"] = engine_->placement();
   config_record["flops_per_step"] = step_flops;
   config_record["peak_flops_per_s"] = peak_flops;
   log.write(config_record);
   if (print) {
     std::printf("hap-train: %s with %ld parameters; %s\n", model_->type_name().c_str(),
                 static_cast<long>(num_parameters), data_->describe().c_str());
+    std::printf("hap-train: training on %s\n", engine_->placement().c_str());
     std::printf("hap-train: %.3g GFLOP per step; MFU against %.3g GFLOP/s (%s)\n", step_flops / 1e9,
                 peak_flops / 1e9, peak_source.c_str());
     std::fflush(stdout);

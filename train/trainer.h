@@ -104,7 +104,8 @@ struct DistributedOptions {
   synth::Cluster cluster;
   synth::SynthesisOptions synthesis;
   std::string plan_file;  // run this plan (written by hap-plan --json) instead of synthesizing
-  double collective_timeout_s = 300;  // parallel.collective_timeout_s (0: wait forever)
+  double collective_timeout_s = 300;         // parallel.collective_timeout_s (0: wait forever)
+  CommBackend backend = CommBackend::kAuto;  // parallel.backend: what carries GPU collectives
 };
 
 class Engine;

@@ -203,3 +203,12 @@ if [ $rc -eq 0 ] || ! echo "$err" | grep -q "has 4 devices but 3 ranks"; then
 fi
 [ $elapsed -le 30 ] || { echo "world-size mismatch took ${elapsed}s to stop"; exit 1; }
 echo "world-size mismatch stops every rank (rc=$rc, ${elapsed}s)"
+
+# NCCL for CPU ranks is a configuration error on every rank (exit 2).
+err=$("$MPIEXEC" --allow-run-as-root --oversubscribe -np 4 "$TRAIN" "${ARGS[@]}" --cluster "$CLUSTER" \
+  --set parallel.backend=nccl 2>&1 >/dev/null)
+rc=$?
+if [ $rc -ne 2 ] || ! echo "$err" | grep -q "parallel.backend: nccl needs GPU ranks"; then
+  echo "nccl on CPU ranks: rc=$rc, message: $err"; exit 1
+fi
+echo "nccl on CPU ranks refused (rc=$rc)"

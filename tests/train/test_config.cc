@@ -557,6 +557,18 @@ TEST(ParallelSection, SetChoosesTheStrategyAndBadValuesNameTheChoices) {
   }
 }
 
+TEST(ParallelSection, TheBackendIsAutoNcclOrMpi) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  EXPECT_EQ(load_run_config(path, {}).parallel.backend, CommBackend::kAuto);
+  EXPECT_EQ(load_run_config(path, {"parallel.backend=nccl"}).parallel.backend, CommBackend::kNccl);
+  const RunConfig c = load_run_config(path, {"parallel.backend=mpi"});
+  EXPECT_EQ(c.parallel.backend, CommBackend::kMpi);
+  EXPECT_EQ(to_json(c)["parallel"]["backend"], "mpi");
+  EXPECT_NE(load_error(path, {"parallel.backend=gloo"})
+                .find("parallel.backend: expected one of 'auto', 'nccl', 'mpi', got 'gloo'"),
+            std::string::npos);
+}
+
 TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
   const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   RunConfig c = load_run_config(path, {});
