@@ -20,7 +20,7 @@ struct ScopePart {
 };
 thread_local std::vector<ScopePart> t_scope;
 
-bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
+bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
   if (op_def(kind).moves_data) return false;
   const Tensor* bf = nullptr;
   const Tensor* other = nullptr;
@@ -33,6 +33,7 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs) {
   HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
+  if (bf && device.is_cpu() && op_def(kind).cpu_bf16) return false;
   return bf != nullptr;
 }
 }  // namespace
@@ -121,7 +122,7 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   }
 
   // bf16 is a storage type: compute in f32 through differentiable casts, then cast back.
-  if (needs_f32_compute(kind, inputs)) {
+  if (needs_f32_compute(kind, inputs, device)) {
     for (Tensor& t : inputs)
       if (t.defined() && t.dtype() == DType::BF16)
         t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});

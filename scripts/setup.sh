@@ -6,6 +6,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   clang-format                    # scripts/check-format (CI checks every source)
   libopenblas-openmp-dev          # CPU GEMM (OpenMP build, shares our thread pool)
+  libdnnl-dev                     # CPU GEMM per instruction set (oneDNN: AVX2, AVX-512, BF16, AMX)
   libopenmpi-dev openmpi-bin      # MPI launch and CPU collectives
   libyaml-cpp-dev                 # configs
   libgtest-dev googletest         # tests

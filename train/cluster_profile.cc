@@ -18,6 +18,7 @@
 #include "core/philox.h"
 #include "core/rng.h"
 #include "models/clip.h"
+#include "ops/cpu/blas.h"
 #include "ops/dispatch.h"
 #include "ops/threads.h"
 #include "parallel/profile.h"
@@ -353,6 +354,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   if (lead) {
     std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
                  P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
+    std::fprintf(stderr, "hap-profile: rank 0: %s\n", hap::cpu::gemm_description().c_str());
     std::fflush(stderr);
   }
 
@@ -409,6 +411,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
   for (size_t i = 0; i < compute.gemm.size(); ++i)
     gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
+  const std::vector<std::string> cpu_gemm = allgather_strings(world, hap::cpu::gemm_description());
   if (!lead) return;
 
   // ---- the cluster file ----
@@ -432,7 +435,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   for (int r = 0; r < P; ++r) {
     y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms; GEMM";
     for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
-    y << "\n";
+    y << "\n#     " << cpu_gemm[r] << "\n";
   }
   if (P == 1) {
     y << "# Links: not measured (one rank); the node link below is a placeholder the planner "
@@ -491,6 +494,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
                               {"memory_bandwidth_bytes_per_s", mem_bw[r]},
                               {"memory_bytes", memory[r]},
                               {"gemm", g},
+                              {"cpu_gemm", cpu_gemm[r]},
                               {"cpu_quota", quotas[r]}});
     }
     raw["node_samples"] = nlohmann::json::object();

@@ -20,6 +20,7 @@
 #include "core/timeline.h"
 #include "models/lr_schedule.h"
 #include "models/serialize.h"
+#include "ops/cpu/blas.h"
 #include "parallel/mpi.h"
 #include "train/engine.h"
 #include "train/metrics_log.h"
@@ -131,6 +132,7 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  cpu::gemm_path();  // HAP_CPU_GEMM is checked before anything runs
   check_training_device(config_.device);
   // Every module draws dropout from one state the trainer steps (models/module.h).
   model_->set_random_seed(model_->random_seed());
@@ -143,6 +145,7 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
                  TrainConfig config, parallel::Communicator comm, DistributedOptions distributed)
     : model_(std::move(model)), data_(std::move(data)), config_(std::move(config)) {
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
+  cpu::gemm_path();  // HAP_CPU_GEMM is checked before anything runs
   if (!config_.device.is_cpu()) {
     config_.device = rank_device(config_.device, comm);
     check_training_device(config_.device);
@@ -419,6 +422,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     peak_source = "a 512^3 matrix product measured here";
   }
   config_record["placement"] = engine_->placement();
+  if (config_.device.is_cpu()) config_record["cpu_gemm"] = cpu::gemm_description();
   config_record["flops_per_step"] = step_flops;
   config_record["peak_flops_per_s"] = peak_flops;
   log.write(config_record);
@@ -426,6 +430,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     std::printf("hap-train: %s with %ld parameters; %s\n", model_->type_name().c_str(),
                 static_cast<long>(num_parameters), data_->describe().c_str());
     std::printf("hap-train: training on %s\n", engine_->placement().c_str());
+    if (config_.device.is_cpu()) std::printf("hap-train: %s\n", cpu::gemm_description().c_str());
     std::printf("hap-train: %.3g GFLOP per step; MFU against %.3g GFLOP/s (%s)\n", step_flops / 1e9,
                 peak_flops / 1e9, peak_source.c_str());
     std::fflush(stdout);

@@ -210,6 +210,7 @@ void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& l
   const Tensor keys =
       c.inputs.size() > 3 && c.inputs[3].defined() ? c.inputs[3].contiguous() : Tensor();
   const uint8_t* pk = keys.defined() ? keys.data<uint8_t>() : nullptr;
+  cpu::gemm_path();  // HAP_CPU_GEMM is read (and may throw) before the parallel region
 #pragma omp parallel if (nb * nh > 1)
   {
     std::vector<T> s(static_cast<size_t>(kRowBlock * t)), m(static_cast<size_t>(t));
@@ -285,6 +286,7 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
       c.inputs.size() > 7 && c.inputs[7].defined() ? c.inputs[7].contiguous() : Tensor();
   const uint8_t* pk = keys.defined() ? keys.data<uint8_t>() : nullptr;
   T *pdq = outs[0].data<T>(), *pdk = outs[1].data<T>(), *pdv = outs[2].data<T>();
+  cpu::gemm_path();  // HAP_CPU_GEMM is read (and may throw) before the parallel region
 #pragma omp parallel if (nb * nh > 1)
   {
     size_t block = static_cast<size_t>(kRowBlock * t);

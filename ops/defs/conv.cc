@@ -130,6 +130,7 @@ void conv2d_kernel(const KernelContext& c, const Tensor& out) {
   const T* pb = b.defined() ? b.data<T>() : nullptr;
   T* py = out.data<T>();
   const int64_t plane = g.oh * g.ow;
+  cpu::gemm_path();  // HAP_CPU_GEMM is read (and may throw) before the parallel region
 #pragma omp parallel if (g.n > 1)
   {
     std::vector<T> cols(static_cast<size_t>(g.k * plane));
@@ -173,6 +174,7 @@ void conv2d_backward_kernel(const KernelContext& c, const std::vector<Tensor>& o
   }
   // Input: dcols = W_g^T g_n, added back by col2im; images in parallel.
   std::fill(dx, dx + x.numel(), T(0));
+  cpu::gemm_path();  // HAP_CPU_GEMM is read (and may throw) before the parallel region
 #pragma omp parallel if (g.n > 1)
   {
     std::vector<T> cols(static_cast<size_t>(g.k * plane));

@@ -1,4 +1,5 @@
-// Matrix products on OpenBLAS: matmul (batched, broadcasting) and linear (x W^T + b).
+// Matrix products on the CPU GEMM paths (ops/cpu/blas.h): matmul (batched, broadcasting) and
+// linear (x W^T + b), in f32, f64 and bf16 (bf16 operands, f32 accumulation).
 #include "ops/cpu/blas.h"
 #include "ops/cpu/loops.h"
 #include "ops/defs/common.h"
@@ -248,10 +249,16 @@ void register_matmul_ops(OpTable& t) {
   mm.shard = shard_matmul;
   mm.cpu = [](const KernelContext& c) {
     Tensor out = c.alloc(0);
-    dispatch_float(out.dtype(), "matmul",
-                   [&](auto tag) { matmul_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1]); });
+    if (out.dtype() == DType::BF16) {
+      matmul_kernel<bf16>(out, c.inputs[0], c.inputs[1]);
+    } else {
+      dispatch_float(out.dtype(), "matmul", [&](auto tag) {
+        matmul_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1]);
+      });
+    }
     return std::vector<Tensor>{out};
   };
+  mm.cpu_bf16 = true;
   mm.backward = matmul_backward;
 
   OpDef& li = def_of(t, OpKind::Linear);
@@ -268,11 +275,16 @@ void register_matmul_ops(OpTable& t) {
   li.cpu = [](const KernelContext& c) {
     const Tensor& b = c.inputs[2];
     Tensor out = c.alloc(0);
-    dispatch_float(out.dtype(), "linear", [&](auto tag) {
-      linear_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1], b);
-    });
+    if (out.dtype() == DType::BF16) {
+      linear_kernel<bf16>(out, c.inputs[0], c.inputs[1], b);
+    } else {
+      dispatch_float(out.dtype(), "linear", [&](auto tag) {
+        linear_kernel<decltype(tag)>(out, c.inputs[0], c.inputs[1], b);
+      });
+    }
     return std::vector<Tensor>{out};
   };
+  li.cpu_bf16 = true;
   li.backward = linear_backward;
 }
 

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #ifdef HAP_HAVE_CUDA
+#include "core/cpu_features.h"
 #include "core/cuda/backend.h"
 #endif
 #include "models/serialize.h"
@@ -252,6 +253,30 @@ TEST(TrainBinary, AnUnwritableSavePathIsRefusedBeforeTraining) {
             2);
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
   EXPECT_NE(err.find("--save '/dev/null/run.hapt': cannot write"), std::string::npos) << err;
+}
+
+// The run says which CPU GEMM path it runs (HAP_CPU_GEMM forces one); a path that is not one
+// stops the run before training, exit code 1, naming what was asked and what exists.
+TEST(TrainBinary, TheRunNamesItsCpuGemmPathAndRefusesAnUnknownOne) {
+  std::string err;
+  EXPECT_EQ(run_binary("--config " + tiny_config(), &err, "HAP_CPU_GEMM=mkl "), 1);
+  EXPECT_NE(err.find("HAP_CPU_GEMM='mkl' is not a CPU GEMM path: expected auto, onednn, "
+                     "openblas or reference"),
+            std::string::npos)
+      << err;
+  test_util::ScratchDir dir("train_gemm_path");
+  const std::string out = dir.path("out.txt");
+  const int rc = std::system(("HAP_CPU_GEMM=reference " + std::string(HAP_TRAIN_BIN) +
+                              " --config " + tiny_config() +
+                              " --set train.steps=1 --set train.warmup_steps=0 --set "
+                              "train.log_file= > " +
+                              out + " 2>&1")
+                                 .c_str());
+  ASSERT_TRUE(WIFEXITED(rc) && WEXITSTATUS(rc) == 0) << rc;
+  std::ifstream in(out);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  EXPECT_NE(text.find("hap-train: cpu: " + cpu_features().summary()), std::string::npos) << text;
+  EXPECT_NE(text.find(", gemm: reference, "), std::string::npos) << text;
 }
 
 // train.device=cuda where no GPU is visible (or the build has no CUDA backend) stops before
