@@ -12,6 +12,7 @@
 #include "core/allocator.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/cpu/onednn.h"
 #include "ops/threads.h"
 
@@ -215,6 +216,19 @@ bool openblas_core_is_generic() {
   return level >= 0 && level < feature_level();
 }
 
+const char* vector_kernels() {
+#if defined(HAP_NATIVE_BUILD)
+  return "native (-march=native build)";
+#elif defined(HAP_MULTIVERSION_ON)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("x86-64-v4")) return "x86-64-v4 clones";
+  if (__builtin_cpu_supports("x86-64-v3")) return "x86-64-v3 clones";
+  return "baseline clones";
+#else
+  return "baseline x86-64";
+#endif
+}
+
 std::string gemm_bf16_description() {
   GemmPath p = gemm_path();
   if (p == GemmPath::OneDNN && onednn::bf16_native()) return "onednn (" + onednn::isa() + ")";
@@ -231,6 +245,8 @@ std::string gemm_description() {
   if (p == GemmPath::OneDNN) s += " " + onednn::version() + " (" + onednn::isa() + ")";
   if (p == GemmPath::OpenBLAS) s += " (core " + openblas_core() + ")";
   s += ", bf16 gemm: " + gemm_bf16_description();
+  s += ", vector kernels: ";
+  s += vector_kernels();
   s += ", openblas core " + openblas_core();
   if (openblas_core_is_generic())
     s += " (generic: below this CPU's " + f.summary() +

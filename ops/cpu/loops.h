@@ -6,6 +6,7 @@
 
 #include "core/strided_copy.h"
 #include "core/tensor.h"
+#include "ops/cpu/multiversion.h"
 
 namespace hap::cpu {
 
@@ -25,7 +26,7 @@ inline Strides broadcast_strides(const Tensor& t, const Shape& shape) {
 
 // out[i] = f(a[i]) over a contiguous out; `a` of the same shape, any layout.
 template <typename T, typename F>
-void unary_map(const Tensor& out, const Tensor& a_in, F f) {
+HAP_MULTIVERSION void unary_map_clones(const Tensor& out, const Tensor& a_in, F f) {
   Tensor a = a_in.contiguous();
   const T* x = a.data<T>();
   T* y = out.data<T>();
@@ -34,9 +35,14 @@ void unary_map(const Tensor& out, const Tensor& a_in, F f) {
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 
+template <typename T, typename F>
+void unary_map(const Tensor& out, const Tensor& a_in, F f) {
+  ::hap::cpu::clone_call (&unary_map_clones<T, F>)(out, a_in, f);
+}
+
 // out[i] = f(a[i], b[i]) with NumPy broadcasting of a and b to out's shape.
 template <typename T, typename F>
-void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+HAP_MULTIVERSION void binary_map_clones(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
   const Shape& shape = out.shape();
   int64_t n = out.numel();
   if (n == 0) return;
@@ -90,6 +96,11 @@ void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
       for (int64_t j = 0; j < inner; ++j) yr[j] = f(ar[j * ia], br[j * ib]);
     }
   }
+}
+
+template <typename T, typename F>
+void binary_map(const Tensor& out, const Tensor& a, const Tensor& b, F f) {
+  ::hap::cpu::clone_call (&binary_map_clones<T, F>)(out, a, b, f);
 }
 
 // Views a tensor as [outer, size(dim), inner] (contiguous input) for ops over one dim.

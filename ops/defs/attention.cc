@@ -10,6 +10,7 @@
 #include "core/philox.h"
 #include "ops/cpu/blas.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
 
@@ -198,7 +199,8 @@ T attention_scale(const AttentionAttrs& a, int64_t d) {
 }
 
 template <typename T>
-void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& lse) {
+HAP_MULTIVERSION void attention_kernel_clones(const KernelContext& c, const Tensor& out,
+                                              const Tensor& lse) {
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
   Heads<T> q(c.inputs[0]), k(c.inputs[1]), v(c.inputs[2]);
   const Shape& qs = c.inputs[0].shape();
@@ -263,11 +265,17 @@ void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& l
   }
 }
 
+template <typename T>
+void attention_kernel(const KernelContext& c, const Tensor& out, const Tensor& lse) {
+  ::hap::cpu::clone_call (&attention_kernel_clones<T>)(c, out, lse);
+}
+
 // With P the softmax, Pd = P * mask / (1 - p) the dropped probabilities and O = Pd V:
 // dV = Pd^T dO, dPd = dO V^T, dS = P * (dPd * mask / (1 - p) - rowsum(dO * O) + dlse),
 // dQ = scale dS K, dK = scale dS^T Q. P is recomputed as exp(scale Q K^T - lse).
 template <typename T>
-void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>& outs) {
+HAP_MULTIVERSION void attention_backward_kernel_clones(const KernelContext& c,
+                                                       const std::vector<Tensor>& outs) {
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
   const Shape& qs = c.inputs[0].shape();
   int64_t nb = qs[0], nh = qs[1], t = qs[2], d = qs[3], dv = c.inputs[2].shape()[3];
@@ -355,6 +363,11 @@ void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>
       }
     }
   }
+}
+
+template <typename T>
+void attention_backward_kernel(const KernelContext& c, const std::vector<Tensor>& outs) {
+  ::hap::cpu::clone_call (&attention_backward_kernel_clones<T>)(c, outs);
 }
 
 // Attention dropout on a shard (of batch or heads) draws its slice of the single-device mask of

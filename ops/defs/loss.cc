@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/cpu/loops.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
 
@@ -51,7 +52,7 @@ inline T row_max(const T* x, int64_t n) {
 // smoothing), 0 for an ignored row. Reduced to the mean over counted rows (0 when none counts),
 // their sum, or left per row.
 template <typename T>
-void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
+HAP_MULTIVERSION void cross_entropy_kernel_clones(const KernelContext& c, const Tensor& out) {
   Tensor x = c.inputs[0].contiguous(), targets = c.inputs[1].contiguous();
   const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(c.attrs);
   const int64_t ignore = a.ignore_index;
@@ -90,11 +91,17 @@ void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
   py[0] = static_cast<T>(total);
 }
 
+template <typename T>
+void cross_entropy_kernel(const KernelContext& c, const Tensor& out) {
+  ::hap::cpu::clone_call (&cross_entropy_kernel_clones<T>)(c, out);
+}
+
 // Inputs (grad of the loss: [] reduced, [N] per row; logits [N, V], targets [N]) -> d logits
 // [N, V]: (softmax(x_i) - (1 - e) onehot(target_i) - e / V) g_i for counted rows, 0 for ignored
 // rows; g_i the loss's gradient over the count (mean), as it is (sum), or row i's (none).
 template <typename T>
-void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
+HAP_MULTIVERSION void cross_entropy_backward_kernel_clones(const KernelContext& c,
+                                                           const Tensor& out) {
   Tensor x = c.inputs[1].contiguous(), targets = c.inputs[2].contiguous();
   const CrossEntropyAttrs& a = attr<CrossEntropyAttrs>(c.attrs);
   const int64_t ignore = a.ignore_index;
@@ -133,6 +140,11 @@ void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
     for (int64_t j = 0; j < v; ++j) yr[j] = yr[j] * f - uniform;
     yr[pt[i]] -= scale * (T(1) - e);
   }
+}
+
+template <typename T>
+void cross_entropy_backward_kernel(const KernelContext& c, const Tensor& out) {
+  ::hap::cpu::clone_call (&cross_entropy_backward_kernel_clones<T>)(c, out);
 }
 
 // Checks x [N, V] (input `at`, V may be 0: a shard with no columns) and targets i64 [N].

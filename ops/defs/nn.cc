@@ -9,6 +9,7 @@
 #include "core/philox.h"
 #include "core/rng.h"
 #include "ops/cpu/loops.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/cpu/vec_math.h"
 #include "ops/defs/common.h"
 
@@ -121,7 +122,8 @@ Tensor dim_last(const Tensor& t, int64_t dim) {
 // Runs row(a_row, b_row, out_row, n) over the rows along `dim` of a contiguous `out`. The last
 // dim is the fast path (rows in place); another dim runs on copies with that dim moved last.
 template <typename T, typename F>
-void map_rows(const Tensor& out, const Tensor& a, const Tensor& b, int64_t dim, F row) {
+HAP_MULTIVERSION void map_rows_clones(const Tensor& out, const Tensor& a, const Tensor& b,
+                                      int64_t dim, F row) {
   bool last = dim == out.dim() - 1;
   Tensor ac = (last ? a : dim_last(a, dim)).contiguous();
   Tensor bc = !b.defined() ? Tensor() : (last ? b : dim_last(b, dim)).contiguous();
@@ -134,6 +136,11 @@ void map_rows(const Tensor& out, const Tensor& a, const Tensor& b, int64_t dim, 
 #pragma omp parallel for if (parallel_for(out.numel()))
   for (int64_t r = 0; r < rows; ++r) row(pa + r * n, pb ? pb + r * n : nullptr, po + r * n, n);
   if (!last) strided_copy(dim_last(out, dim), oc);
+}
+
+template <typename T, typename F>
+void map_rows(const Tensor& out, const Tensor& a, const Tensor& b, int64_t dim, F row) {
+  ::hap::cpu::clone_call (&map_rows_clones<T, F>)(out, a, b, dim, row);
 }
 
 template <bool kLog>
@@ -283,7 +290,7 @@ inline void norm_stats(const T* x, int64_t n, double eps, T& mean_out, T& rstd_o
 }
 
 template <typename T, bool kRms>
-void norm_kernel(const KernelContext& c, const Tensor& out) {
+HAP_MULTIVERSION void norm_kernel_clones(const KernelContext& c, const Tensor& out) {
   Tensor x = c.inputs[0].contiguous();
   double eps = attr<NormAttrs>(c.attrs).eps;
   int64_t n = x.shape().back(), rows = x.numel() / n;
@@ -308,6 +315,11 @@ void norm_kernel(const KernelContext& c, const Tensor& out) {
   }
 }
 
+template <typename T, bool kRms>
+void norm_kernel(const KernelContext& c, const Tensor& out) {
+  ::hap::cpu::clone_call (&norm_kernel_clones<T, kRms>)(c, out);
+}
+
 // Row blocks for the parameter gradients: a fixed partition of the rows (independent of the
 // thread count), each block summing into its own slot, slots added in order. Deterministic.
 constexpr int64_t kParamGradBlocks = 64;
@@ -315,7 +327,8 @@ constexpr int64_t kParamGradBlocks = 64;
 // dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) (rms_norm: without the mean(g w) term),
 // dweight = sum over rows of g xhat, dbias = sum over rows of g.
 template <typename T, bool kRms>
-void norm_backward_kernel(const KernelContext& c, const std::vector<Tensor>& outs) {
+HAP_MULTIVERSION void norm_backward_kernel_clones(const KernelContext& c,
+                                                  const std::vector<Tensor>& outs) {
   Tensor g = c.inputs[0].contiguous(), x = c.inputs[1].contiguous();
   double eps = attr<NormAttrs>(c.attrs).eps;
   int64_t n = x.shape().back(), rows = x.numel() / n;
@@ -364,6 +377,11 @@ void norm_backward_kernel(const KernelContext& c, const std::vector<Tensor>& out
       dst[j] = static_cast<T>(s);
     }
   }
+}
+
+template <typename T, bool kRms>
+void norm_backward_kernel(const KernelContext& c, const std::vector<Tensor>& outs) {
+  ::hap::cpu::clone_call (&norm_backward_kernel_clones<T, kRms>)(c, outs);
 }
 
 template <bool kRms>
@@ -450,7 +468,7 @@ void check_ids(const Tensor& ids, int64_t v) {
 }
 
 template <typename T>
-void embedding_kernel(const KernelContext& c, const Tensor& out) {
+HAP_MULTIVERSION void embedding_kernel_clones(const KernelContext& c, const Tensor& out) {
   Tensor w = c.inputs[0].contiguous(), ids = c.inputs[1].contiguous();
   int64_t v = w.shape()[0], n = w.shape()[1], count = ids.numel();
   VocabRange range = vocab_range(c.attrs, v);
@@ -468,12 +486,17 @@ void embedding_kernel(const KernelContext& c, const Tensor& out) {
   }
 }
 
+template <typename T>
+void embedding_kernel(const KernelContext& c, const Tensor& out) {
+  ::hap::cpu::clone_call (&embedding_kernel_clones<T>)(c, out);
+}
+
 // Inputs (grad [..., C], ids [...]); ScatterAttrs{0, start, {V, C}}: the gradient of a weight
 // (shard) holding vocabulary rows [start, start + V). Ids are bucketed by row (a stable counting
 // sort), then every weight row is written once: zeros, or its gradient rows added in id order.
 // Deterministic and free of races, whatever the thread count.
 template <typename T>
-void embedding_backward_kernel(const KernelContext& c, const Tensor& out) {
+HAP_MULTIVERSION void embedding_backward_kernel_clones(const KernelContext& c, const Tensor& out) {
   const ScatterAttrs& a = attr<ScatterAttrs>(c.attrs);
   Tensor g = c.inputs[0].contiguous(), ids = c.inputs[1].contiguous();
   int64_t v = a.shape[0], n = a.shape[1], count = ids.numel();
@@ -506,6 +529,11 @@ void embedding_backward_kernel(const KernelContext& c, const Tensor& out) {
       for (int64_t j = 0; j < n; ++j) yr[j] += gr[j];
     }
   }
+}
+
+template <typename T>
+void embedding_backward_kernel(const KernelContext& c, const Tensor& out) {
+  ::hap::cpu::clone_call (&embedding_backward_kernel_clones<T>)(c, out);
 }
 
 std::vector<ShardSignature> shard_embedding(const Metas& in, const Metas&, const Attrs&) {

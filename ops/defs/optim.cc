@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/cpu/loops.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/defs/common.h"
 
 namespace hap::ops {
@@ -41,7 +42,7 @@ T* writable(const Tensor& t, const char* op) {
 // torch.optim.SGD with dampening 0: g = grad + wd p; buf = momentum buf + g (g at the first
 // step); g = nesterov ? g + momentum buf : buf; p -= lr g.
 template <typename T>
-void sgd_kernel(const KernelContext& c) {
+HAP_MULTIVERSION void sgd_kernel_clones(const KernelContext& c) {
   const OptimizerAttrs& a = attr<OptimizerAttrs>(c.attrs);
   const size_t group = a.momentum != 0 ? 3 : 2;
   const T mom = static_cast<T>(a.momentum);
@@ -67,11 +68,16 @@ void sgd_kernel(const KernelContext& c) {
   }
 }
 
+template <typename T>
+void sgd_kernel(const KernelContext& c) {
+  ::hap::cpu::clone_call (&sgd_kernel_clones<T>)(c);
+}
+
 // torch.optim.AdamW at step t: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). Scalars in double, as torch
 // computes them in Python; the update itself in T.
 template <typename T>
-void adamw_kernel(const KernelContext& c) {
+HAP_MULTIVERSION void adamw_kernel_clones(const KernelContext& c) {
   const OptimizerAttrs& a = attr<OptimizerAttrs>(c.attrs);
   for (size_t k = 0; k < a.lr.size(); ++k) {
     T* p = writable<T>(c.inputs[4 * k], "adamw_update");
@@ -102,9 +108,14 @@ void adamw_kernel(const KernelContext& c) {
   }
 }
 
+template <typename T>
+void adamw_kernel(const KernelContext& c) {
+  ::hap::cpu::clone_call (&adamw_kernel_clones<T>)(c);
+}
+
 // The sum of x^2 over every element of every input, in double; each tensor's sum is
 // deterministic for a given thread count, and the tensors are added in order.
-double sum_of_squares_of(const Tensor& x_in) {
+HAP_MULTIVERSION double sum_of_squares_of_clones(const Tensor& x_in) {
   const Tensor x = x_in.contiguous();
   double total = 0;
   const int64_t n = x.numel();
@@ -118,6 +129,10 @@ double sum_of_squares_of(const Tensor& x_in) {
     }
   });
   return total;
+}
+
+double sum_of_squares_of(const Tensor& x_in) {
+  return ::hap::cpu::clone_call(&sum_of_squares_of_clones)(x_in);
 }
 
 }  // namespace

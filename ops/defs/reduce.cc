@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "ops/cpu/loops.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/defs/common.h"
 
 namespace hap::ops {
@@ -52,8 +53,8 @@ Metas infer_reduce(const Metas& in, const Attrs& a) {
 
 // out[o, i] = sum_r x[o, r, i] after moving the reduced dims next to each other.
 template <typename T>
-void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t>& dims,
-                double scale) {
+HAP_MULTIVERSION void sum_kernel_clones(const Tensor& out, const Tensor& x_in,
+                                        const std::vector<int64_t>& dims, double scale) {
   int64_t nd = x_in.dim();
   bool block = dims.empty() || dims.back() - dims.front() + 1 == static_cast<int64_t>(dims.size());
   Tensor x;
@@ -119,6 +120,12 @@ void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t
   }
 }
 
+template <typename T>
+void sum_kernel(const Tensor& out, const Tensor& x_in, const std::vector<int64_t>& dims,
+                double scale) {
+  ::hap::cpu::clone_call (&sum_kernel_clones<T>)(out, x_in, dims, scale);
+}
+
 std::vector<Tensor> run_sum(const KernelContext& c, bool mean) {
   const Tensor& x = c.inputs[0];
   auto dims = reduce_dims(x.shape(), attr<ReduceAttrs>(c.attrs).dims, "reduction");
@@ -168,7 +175,7 @@ Metas infer_dim_reduce(const Metas& in, const Attrs& a, DType out_dtype, const c
 }
 
 template <typename T, typename F>
-void argmax_rows(const Tensor& x_in, int64_t dim, F emit) {
+HAP_MULTIVERSION void argmax_rows_clones(const Tensor& x_in, int64_t dim, F emit) {
   Tensor x = x_in.contiguous();
   cpu::DimSplit s = cpu::split_at(x.shape(), dim);
   const T* px = x.data<T>();
@@ -189,6 +196,11 @@ void argmax_rows(const Tensor& x_in, int64_t dim, F emit) {
     }
 }
 
+template <typename T, typename F>
+void argmax_rows(const Tensor& x_in, int64_t dim, F emit) {
+  ::hap::cpu::clone_call (&argmax_rows_clones<T, F>)(x_in, dim, emit);
+}
+
 std::vector<Tensor> index_backward_grads(const BackwardContext& c, const Tensor& g,
                                          const Tensor& idx, int64_t dim) {
   Tensor r = call1(OpKind::IndexBackward, {g, idx}, ScatterAttrs{dim, 0, c.inputs[0].shape()});
@@ -198,7 +210,7 @@ std::vector<Tensor> index_backward_grads(const BackwardContext& c, const Tensor&
 // out[i] = log sum_j exp(x[i, j]) over the last dim, stable; -inf for a row of no (or only
 // -inf) entries: the log of an empty sum.
 template <typename T>
-void logsumexp_kernel(const Tensor& x_in, const Tensor& out) {
+HAP_MULTIVERSION void logsumexp_kernel_clones(const Tensor& x_in, const Tensor& out) {
   Tensor x = x_in.contiguous();
   const int64_t v = x.shape().back();
   const int64_t rows = v == 0 ? out.numel() : x.numel() / v;
@@ -217,6 +229,11 @@ void logsumexp_kernel(const Tensor& x_in, const Tensor& out) {
     for (int64_t j = 0; j < v; ++j) sum += std::exp(static_cast<double>(xr[j] - mx));
     py[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
   }
+}
+
+template <typename T>
+void logsumexp_kernel(const Tensor& x_in, const Tensor& out) {
+  ::hap::cpu::clone_call (&logsumexp_kernel_clones<T>)(x_in, out);
 }
 
 // A mean over a dimension split across ranks: each rank's sum of its shard over the global count,

@@ -15,6 +15,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "ops/cpu/blas.h"
+#include "ops/cpu/multiversion.h"
 #include "ops/functional.h"
 #include "tests/test_util.h"
 
@@ -280,6 +281,8 @@ TEST(CpuGemm, ThePathIsChosenFromFeaturesAndDescribed) {
             std::string::npos)
       << d;
   EXPECT_NE(d.find("openblas core " + cpu::openblas_core()), std::string::npos) << d;
+  EXPECT_NE(d.find(std::string("vector kernels: ") + cpu::vector_kernels()), std::string::npos)
+      << d;
   // auto never picks a path the CPU cannot run, and prefers oneDNN wherever it can run.
   GemmPath best = cpu::best_gemm_path();
   EXPECT_TRUE(cpu::gemm_path_available(best));
