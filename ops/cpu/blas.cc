@@ -9,9 +9,9 @@
 #include <mutex>
 #include <vector>
 
-#include "core/allocator.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/tensor.h"
 #include "ops/cpu/multiversion.h"
 #include "ops/cpu/onednn.h"
 #include "ops/threads.h"
@@ -95,18 +95,6 @@ void finish_bf16(int64_t m, int64_t n, float alpha, const float* acc, float beta
       c[i * ldc + j] = bf16(v);
     }
 }
-
-// An f32 work buffer from the caching allocator (no page faults per call for large products).
-struct Scratch {
-  float* data;
-  size_t bytes;
-  explicit Scratch(int64_t n)
-      : data(static_cast<float*>(cpu_alloc(static_cast<size_t>(n) * sizeof(float)))),
-        bytes(static_cast<size_t>(n) * sizeof(float)) {}
-  ~Scratch() { cpu_free(data, bytes); }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-};
 
 // op(x) widened into out, a contiguous f32 [rows, cols] matrix.
 void widen(bool trans, int64_t rows, int64_t cols, const bf16* x, int64_t ld, float* out) {
@@ -295,17 +283,19 @@ void gemm_bf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, c
     onednn::gemm_bf16(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     return;
   }
-  // Widened to f32 in blocks from the caching allocator: one f32 product, one rounding.
-  Scratch acc(m * n);
+  // Widened to f32 (work tensors from the caching allocator): one f32 product, one rounding.
+  Tensor acc = Tensor::empty({m, n});
+  float* pacc = acc.data<float>();
   if (k > 0) {
-    Scratch a32(m * k), b32(k * n);
-    widen(ta, m, k, a, lda, a32.data);
-    widen(tb, k, n, b, ldb, b32.data);
-    gemm<float>(false, false, m, n, k, 1.0f, a32.data, k, b32.data, n, 0.0f, acc.data, n);
+    Tensor a32 = Tensor::empty({m, k}), b32 = Tensor::empty({k, n});
+    widen(ta, m, k, a, lda, a32.data<float>());
+    widen(tb, k, n, b, ldb, b32.data<float>());
+    gemm<float>(false, false, m, n, k, 1.0f, a32.data<float>(), k, b32.data<float>(), n, 0.0f, pacc,
+                n);
   } else {
-    std::fill(acc.data, acc.data + m * n, 0.0f);
+    std::fill(pacc, pacc + m * n, 0.0f);
   }
-  finish_bf16(m, n, alpha, acc.data, beta, c, ldc);
+  finish_bf16(m, n, alpha, pacc, beta, c, ldc);
 }
 
 template <>
