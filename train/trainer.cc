@@ -422,7 +422,8 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     peak_source = "a 512^3 matrix product measured here";
   }
   config_record["placement"] = engine_->placement();
-  if (config_.device.is_cpu()) config_record["cpu_gemm"] = cpu::gemm_description();
+  const std::string cpu_gemm = config_.device.is_cpu() ? cpu::gemm_description() : "";
+  if (!cpu_gemm.empty()) config_record["cpu_gemm"] = cpu_gemm;
   config_record["flops_per_step"] = step_flops;
   config_record["peak_flops_per_s"] = peak_flops;
   log.write(config_record);
@@ -430,7 +431,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     std::printf("hap-train: %s with %ld parameters; %s\n", model_->type_name().c_str(),
                 static_cast<long>(num_parameters), data_->describe().c_str());
     std::printf("hap-train: training on %s\n", engine_->placement().c_str());
-    if (config_.device.is_cpu()) std::printf("hap-train: %s\n", cpu::gemm_description().c_str());
+    if (!cpu_gemm.empty()) std::printf("hap-train: %s\n", cpu_gemm.c_str());
     std::printf("hap-train: %.3g GFLOP per step; MFU against %.3g GFLOP/s (%s)\n", step_flops / 1e9,
                 peak_flops / 1e9, peak_source.c_str());
     std::fflush(stdout);

@@ -58,7 +58,8 @@ void resolve_path() {
   });
 }
 
-// c = alpha * op(a) op(b) + beta * c in plain loops (accumulating in T, k innermost per row).
+// c = alpha * op(a) op(b) + beta * c in plain loops: per row of c, an accumulator row in T
+// gathers a[i][p] * b[p][:] for p in order.
 template <typename T>
 void gemm_reference(bool ta, bool tb, int64_t m, int64_t n, int64_t k, T alpha, const T* a,
                     int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {

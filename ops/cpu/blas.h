@@ -36,7 +36,7 @@ GemmPath best_gemm_path();
 
 // What runs the CPU's GEMMs, for run descriptions and hap-profile:
 // "cpu: avx512+bf16 (AMD EPYC 9R14), gemm: onednn 2.6.3 (avx512_core_bf16), bf16 gemm: onednn
-//  (avx512_core_bf16), openblas 0.3.21 core Cooperlake"
+//  (avx512_core_bf16), vector kernels: x86-64-v4 clones, openblas core Cooperlake"
 std::string gemm_description();
 // OpenBLAS's kernel set as it chose it at load time ("Cooperlake", "Prescott", ...).
 std::string openblas_core();
@@ -61,7 +61,8 @@ void gemm<bf16>(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, bf1
 void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
                const bf16* a, int64_t lda, const bf16* b, int64_t ldb, float beta, bf16* c,
                int64_t ldc);
-// What gemm_bf16 runs on the current path ("onednn (avx512_core_bf16)", "f32 onednn", ...).
+// What gemm_bf16 runs on the current path ("onednn (avx512_core_bf16)", "widened to f32,
+// openblas", ...).
 std::string gemm_bf16_description();
 
 }  // namespace hap::cpu
