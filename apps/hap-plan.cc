@@ -16,6 +16,7 @@
 #include "synth/synthesizer.h"
 #include "train/cluster_config.h"
 #include "train/config.h"
+#include "train/core_rate.h"
 #include "train/from_config.h"
 #include "train/output_path.h"
 #include "train/plan_io.h"
@@ -65,9 +66,15 @@ int main(int argc, char** argv) {
       return 2;
     }
     try {
-      std::printf("%s\n", hap::train::cluster_to_json(hap::train::load_cluster_config(cluster_path))
-                              .dump(2)
-                              .c_str());
+      hap::train::ClusterLoadInfo loaded;
+      nlohmann::json j =
+          hap::train::cluster_to_json(hap::train::load_cluster_config(cluster_path, {}, &loaded));
+      // Scripts pass these on (HAP_CORE_FLOPS) so that ranks under CPU quotas never measure.
+      if (loaded.core_flops_per_s > 0) {
+        j["core_flops_per_s"] = loaded.core_flops_per_s;
+        j["core_flops_source"] = hap::train::core_rate().source;
+      }
+      std::printf("%s\n", j.dump(2).c_str());
       return 0;
     } catch (...) {
       return hap::train::report_current_exception("hap-plan");
@@ -103,7 +110,11 @@ int main(int argc, char** argv) {
         *hap::train::build_model(config, /*shapes_only=*/true), config.train.batch_size);
     if (dump_graph) std::printf("%s", graph.str().c_str());
     if (cluster_path.empty()) return 0;
-    hap::synth::Cluster cluster = hap::train::load_cluster_config(cluster_path);
+    hap::train::ClusterLoadInfo loaded;
+    hap::synth::Cluster cluster = hap::train::load_cluster_config(cluster_path, {}, &loaded);
+    if (loaded.core_flops_per_s > 0)
+      std::printf("cluster %s: compute in CPU cores of %.4g FLOP/s (%s)\n", cluster_path.c_str(),
+                  loaded.core_flops_per_s, hap::train::core_rate().source.c_str());
 
     hap::synth::SynthesisOptions opt = hap::train::synthesis_options(config);
     hap::synth::Strategy strat = opt.strategy;

@@ -13,6 +13,7 @@
 #include "parallel/mpi.h"
 #include "train/cluster_config.h"
 #include "train/config.h"
+#include "train/core_rate.h"
 #include "train/from_config.h"
 #include "train/output_path.h"
 #include "train/plan_io.h"
@@ -31,7 +32,27 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
   const bool lead = comm.rank() == 0;
   try {
     // Errors up to the Trainer come from the same inputs on every rank, so every rank stops alike.
-    DistributedOptions dist{load_cluster_config(cluster_path), synthesis_options(config), plan_file,
+    // A cluster file in cores takes rank 0's per-core rate, so that every rank plans alike.
+    auto rank0_core_rate = [&]() {
+      double rate = 0;
+      std::string error;
+      if (lead) {
+        try {
+          rate = core_rate().flops_per_s;
+        } catch (const std::exception& e) {
+          error = e.what();
+        }
+      }
+      error = comm.broadcast_string(error, 0);
+      if (!error.empty()) throw ConfigError(error);
+      return comm.allgather(rate)[0];
+    };
+    ClusterLoadInfo loaded;
+    hap::synth::Cluster cluster = load_cluster_config(cluster_path, rank0_core_rate, &loaded);
+    if (lead && !fit.quiet && loaded.core_flops_per_s > 0)
+      std::printf("cluster %s: compute in CPU cores of %.4g FLOP/s (%s)\n", cluster_path.c_str(),
+                  loaded.core_flops_per_s, core_rate().source.c_str());
+    DistributedOptions dist{std::move(cluster), synthesis_options(config), plan_file,
                             config.parallel.collective_timeout_s, config.parallel.backend};
     if (!plan_json.empty())
       if (const std::string reason = unwritable_reason(plan_json); !reason.empty())

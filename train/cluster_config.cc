@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -21,6 +22,7 @@
 
 #include "core/byte_size.h"
 #include "train/config_reader.h"
+#include "train/core_rate.h"
 
 namespace hap::train {
 namespace {
@@ -129,6 +131,45 @@ std::int64_t read_memory(const Origin& origin, SectionReader& s, const YAML::Nod
   return *bytes;
 }
 
+constexpr std::string_view kFlopsExpectation =
+    "a number in [1000, 1e+18] (FLOP/s of one device), or a number of CPU cores in (0, 4096] "
+    "written with the unit cores (e.g. '0.8 cores': that many times this machine's per-core "
+    "rate, train/core_rate.h)";
+
+// `flops_per_s`: FLOP/s, or "<x> cores" resolved with the machine's per-core rate.
+double read_flops(const Origin& origin, SectionReader& s, const YAML::Node& entry,
+                  const std::function<double()>& core_flops, ClusterLoadInfo* info) {
+  const std::string key_path = s.path("flops_per_s");
+  const std::optional<YAML::Node> node = value_of(entry, "flops_per_s");
+  std::string lower = node && node->IsScalar() ? node->Scalar() : "";
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (lower.find("core") == std::string::npos)
+    return s.number("flops_per_s", std::nullopt, kFlopsRange);
+  const std::string text = s.string("flops_per_s", std::nullopt, /*allow_empty=*/false);
+  const std::size_t unit = lower.find("core");
+  std::string number = text.substr(0, unit), suffix = text.substr(unit);
+  while (!number.empty() && number.back() == ' ') number.pop_back();
+  double cores = 0;
+  bool ok = (suffix == "core" || suffix == "cores") && !number.empty();
+  if (ok) {
+    char* end = nullptr;
+    errno = 0;
+    cores = std::strtod(number.c_str(), &end);
+    ok = end == number.c_str() + number.size() && errno != ERANGE && std::isfinite(cores) &&
+         cores > 0 && cores <= 4096;
+  }
+  if (!ok)
+    fail(origin, key_path, "expected " + std::string(kFlopsExpectation) + ", got '" + text + "'");
+  const double per_core = core_flops();
+  if (info) info->core_flops_per_s = per_core;
+  const double flops = cores * per_core;
+  if (!(flops >= 1e3 && flops <= 1e18))
+    fail(origin, key_path,
+         "expected a number in [1000, 1e+18] (FLOP/s of one device), got '" + text +
+             "' = " + format_number(flops) + " FLOP/s with one core at " + format_number(per_core));
+  return flops;
+}
+
 // Where a name came from, for messages about duplicates.
 struct NameSite {
   std::string key_path;
@@ -149,8 +190,16 @@ void claim_name(const Origin& origin, std::map<std::string, NameSite, std::less<
 
 }  // namespace
 
-synth::Cluster load_cluster_config(const std::string& path) {
+synth::Cluster load_cluster_config(const std::string& path,
+                                   const std::function<double()>& core_flops,
+                                   ClusterLoadInfo* info) {
   Origin origin{.file = path, .overrides = {}};
+  // Resolved at most once per file, and only when a device states its compute in cores.
+  double per_core = 0;
+  const std::function<double()> core_flops_once = [&]() {
+    if (per_core == 0) per_core = core_flops ? core_flops() : core_rate().flops_per_s;
+    return per_core;
+  };
   const YAML::Node root = detail::parse_yaml_file(origin, "cluster file");
 
   // The top-level keys are keys, not sections: report unknown ones as such.
@@ -216,7 +265,7 @@ synth::Cluster load_cluster_config(const std::string& path) {
       }
       synth::Device device;
       device.type = type;
-      device.flops_per_s = s.number("flops_per_s", std::nullopt, kFlopsRange);
+      device.flops_per_s = read_flops(origin, s, entries[e], core_flops_once, info);
       device.memory_bytes = read_memory(origin, s, entries[e]);
       device.cpu_quota = s.number("cpu_quota", 0.0,
                                   RealRange::open_closed(0, 1).because("a share of one CPU core"));

@@ -13,16 +13,18 @@
 //         - {type: v100-32gb, flops_per_s: 3.86e12, memory_bytes: 32GiB, count: 8}
 //
 // Device keys: `type` (required, non-empty), `flops_per_s` (required, in [1e3, 1e18], effective
-// rather than peak), `memory_bytes` (required: a whole number of bytes in [1, 1e15], or a number
-// with a unit B, KB (or kB), MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024),
-// e.g. 32GiB or "1.5 GB", rounded to whole bytes), `count` (optional integer in [1, 65536],
-// default 1: the entry stands for that many identical devices; at most 65536 devices in the whole
-// file) and `name` (optional, unique in the
-// cluster; not allowed with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier
-// devices of that type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share
-// of one CPU core scripts/hap-emulate caps the rank to; the planner ignores it),
-// `update_s_per_param` (optional, in [0, 1e-3], default 0: seconds of optimizer step per parameter
-// element, as hap-profile measures it; the cost model adds it per stored parameter),
+// rather than peak; or a number of CPU cores in (0, 4096] with the unit `cores`, e.g. "0.8 cores",
+// which is that many times this machine's per-core rate (train/core_rate.h): for emulated
+// clusters, whose ranks are shares of a core whatever the CPU model), `memory_bytes` (required: a
+// whole number of bytes in [1, 1e15], or a number with a unit B, KB (or kB), MB, GB, TB (powers of
+// 1000) or KiB, MiB, GiB, TiB (powers of 1024), e.g. 32GiB or "1.5 GB", rounded to whole bytes),
+// `count` (optional integer in [1, 65536], default 1: the entry stands for that many identical
+// devices; at most 65536 devices in the whole file) and `name` (optional, unique in the cluster;
+// not allowed with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier devices
+// of that type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share of one
+// CPU core scripts/hap-emulate caps the rank to; the planner ignores it), `update_s_per_param`
+// (optional, in [0, 1e-3], default 0: seconds of optimizer step per parameter element, as
+// hap-profile measures it; the cost model adds it per stored parameter),
 // `memory_bandwidth_bytes_per_s` (optional, 0 or in [1e3, 1e15], default 0 = not modelled: the
 // cost model adds each op's bytes at this rate). Link keys: `bandwidth_bytes_per_s` (in
 // [1e3, 1e15]) and `latency_s` (in [0, 10]), both required, and `collectives` (optional): a mapping
@@ -42,6 +44,7 @@
 // The loaded cluster always passes Cluster::validate().
 #pragma once
 
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -50,8 +53,18 @@
 
 namespace hap::train {
 
+// What loading resolved besides the cluster.
+struct ClusterLoadInfo {
+  double core_flops_per_s = 0;  // the per-core rate "<x> cores" used; 0 when no device has one
+};
+
 // Reads and validates the cluster file at `path`. Throws ConfigError on the first problem.
-synth::Cluster load_cluster_config(const std::string& path);
+// `core_flops` gives one CPU core's FLOP/s for devices whose flops_per_s is in cores, called at
+// most once and only when one is (empty: core_rate(), train/core_rate.h; an MPI run passes a
+// function that takes rank 0's rate, so that every rank plans with the same figure).
+synth::Cluster load_cluster_config(const std::string& path,
+                                   const std::function<double()>& core_flops = {},
+                                   ClusterLoadInfo* info = nullptr);
 
 // The validated cluster as JSON, one device per rank (name, type, node, flops_per_s,
 // memory_bytes, cpu_quota), with its nodes and links: for scripts (scripts/hap-emulate) that must

@@ -18,12 +18,14 @@
 #include "core/philox.h"
 #include "core/rng.h"
 #include "models/clip.h"
+#include "models/zoo.h"
 #include "ops/cpu/blas.h"
 #include "ops/dispatch.h"
 #include "ops/threads.h"
 #include "parallel/profile.h"
 #include "synth/cost_model.h"
 #include "train/cluster_config.h"
+#include "train/core_rate.h"
 #include "train/from_config.h"
 #include "train/trace.h"
 #include "train/trainer.h"
@@ -85,10 +87,13 @@ std::string format_bytes(double b) {
 
 // GEMM rates, and the config's model's training step on this rank's share of the batch: mean
 // seconds per step over a time window, and its FLOPs.
-ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Progress& progress) {
+// `window_s` > 0 replaces the default window; `gemms` false skips the GEMM rates.
+ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Progress& progress,
+                              bool gemms = true, double window = 0) {
   ComputeResult r;
-  const std::vector<int64_t> sizes =
-      quick ? std::vector<int64_t>{128, 256} : std::vector<int64_t>{128, 256, 512, 1024};
+  const std::vector<int64_t> sizes = !gemms  ? std::vector<int64_t>{}
+                                     : quick ? std::vector<int64_t>{128, 256}
+                                             : std::vector<int64_t>{128, 256, 512, 1024};
   for (int64_t n : sizes) {
     r.gemm.push_back(hap::parallel::profile_gemm(n, quick ? 2 : 3));
     progress.step("compute: GEMM " + std::to_string(n) + "^3");
@@ -125,7 +130,7 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   const nn::Batch batch = synthetic_batch(model->inputs(r.batch_rows), config.train.seed);
   // Steps until a time window has passed rather than a fixed count: under a CPU quota a step's
   // time depends on where it falls in the quota period, and a long window averages that out.
-  const double window_s = quick ? 0.3 : 2.0;
+  const double window_s = window > 0 ? window : quick ? 0.3 : 2.0;
   const int min_steps = quick ? 2 : 5;
   // The graph's forward + backward is what flops_per_s rates; the optimizer step and the
   // gradient-norm pass (outside the graph) are timed apart, per parameter element.
@@ -311,6 +316,36 @@ std::string link_yaml(const LinkFits& f, const std::string& indent) {
 }
 
 }  // namespace
+
+double measure_core_flops_per_s(double window_s) {
+  // The default GPT of configs/gpt.yaml on 4 examples (emu-mixed4's share of its batch of 16).
+  RunConfig config;
+  config.model.name = "gpt";
+  config.model.options = nn::Options(nn::find_model("gpt").options);
+  const std::vector<std::pair<const char*, std::int64_t>> sizes = {
+      {"vocab_size", 256}, {"block_size", 128}, {"seq_len", 128},
+      {"n_layer", 4},      {"n_head", 4},       {"n_embd", 128}};
+  for (const auto& [key, value] : sizes) config.model.options.set(key, value);
+  config.model.options.set("dropout", 0.0);
+  config.model.options.set("bias", true);
+  config.train.batch_size = 4;
+  config.train.steps = 1;
+  config.train.lr = 1e-3;
+  config.train.min_lr = 1e-3;
+  const int threads = hap::num_threads();
+  hap::set_num_threads(1);
+  Progress quiet(false, 0);
+  double rate = 0;
+  try {
+    rate =
+        profile_compute(config, 1, /*quick=*/false, quiet, /*gemms=*/false, window_s).flops_per_s;
+  } catch (...) {
+    hap::set_num_threads(threads);
+    throw;
+  }
+  hap::set_num_threads(threads);
+  return rate;
+}
 
 void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
                      const Communicator& world) {

@@ -75,6 +75,27 @@ for want in "rank 0 group rank0 quota 8000 period 10000 threads 1" "rank 1 group
 done
 [ -z "$(leftovers)" ] || fail "left behind after a normal exit: $(leftovers)"
 
+# The file states compute in cores: hap-emulate resolves one core's rate unthrottled (measured
+# once, then cached per machine) and hands the same figure to every rank in HAP_CORE_FLOPS.
+printf '#!/bin/sh\necho "rank $OMPI_COMM_WORLD_RANK core $HAP_CORE_FLOPS"\n' > "$TMP/core.sh"
+chmod +x "$TMP/core.sh"
+for round in measured cached; do
+  out=$(env -u HAP_CORE_FLOPS HAP_CACHE_DIR="$TMP/cache" "$EMU" --hap-plan "$PLAN" \
+        "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/core.sh" 2> "$TMP/emu.err") \
+    || fail "emu-mixed4 core-rate run failed: $out $(cat "$TMP/emu.err")"
+  echo "$out"; cat "$TMP/emu.err"
+  rates=$(echo "$out" | grep '^rank [0-3] core ' | sed 's/.* core //' | sort -u)
+  [ "$(echo "$out" | grep -c '^rank [0-3] core [0-9]')" = 4 ] && [ "$(echo "$rates" | wc -l)" = 1 ] \
+    || fail "expected one per-core rate on all 4 ranks, got: $out"
+  [ "$round" = measured ] && first=$rates
+  [ "$rates" = "$first" ] || fail "the cached rate $rates differs from the measured $first"
+  want="(measured now (cached in $TMP/cache/core-flops.json))"
+  [ "$round" = cached ] && want="(cached in $TMP/cache/core-flops.json"
+  grep -qF "one CPU core: " "$TMP/emu.err" && grep -qF "$want" "$TMP/emu.err" \
+    || fail "round $round: the emulator's note lacks '$want': $(cat "$TMP/emu.err")"
+done
+grep -q '"flops_per_s"' "$TMP/cache/core-flops.json" || fail "no cache written"
+
 # Two nodes: ranks 0-1 in one namespace, 2-3 in another; traffic between them is shaped.
 SIGINT_CLUSTER="$SRC/configs/clusters/emu-mixed4.yaml"
 if ip netns add hapemu-probe.$$ 2>/dev/null; then

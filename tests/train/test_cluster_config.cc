@@ -87,7 +87,9 @@ TEST(ShippedCluster, EveryFileLoadsAndValidates) {
     if (entry.path().extension() != ".yaml") continue;
     SCOPED_TRACE(entry.path().string());
     Cluster c;
-    ASSERT_NO_THROW(c = load_cluster_config(entry.path().string()));
+    // A file in cores (emulated clusters) resolves them with a given per-core rate here.
+    constexpr double kCore = 1.5e11;
+    ASSERT_NO_THROW(c = load_cluster_config(entry.path().string(), [] { return kCore; }));
     EXPECT_NO_THROW(c.validate());
     EXPECT_EQ(c.name, entry.path().stem().string()) << "a cluster is named like its file";
     // Node by node, the devices the file lists (an entry with `count` stands for that many),
@@ -102,7 +104,10 @@ TEST(ShippedCluster, EveryFileLoadsAndValidates) {
       }
       for (const YAML::Node& d : node["devices"]) {
         const int count = d["count"] ? d["count"].as<int>() : 1;
-        for (int i = 0; i < count; ++i) flops.push_back(d["flops_per_s"].as<double>());
+        const std::string text = d["flops_per_s"].as<std::string>();
+        const bool cores = text.find("core") != std::string::npos;
+        const double f = cores ? std::stod(text) * kCore : d["flops_per_s"].as<double>();
+        for (int i = 0; i < count; ++i) flops.push_back(f);
       }
     }
     ASSERT_EQ(c.size(), static_cast<int>(flops.size()));
@@ -671,6 +676,18 @@ TEST_F(ClusterFileTest, FiguresAtTheEdgesOfTheirRangesLoad) {
   EXPECT_EQ(high.nodes[0].link.latency_s, 10);
 }
 
+TEST(ShippedCluster, EmulatedFilesStateComputeInCoresLikeTheirQuotas) {
+  // Whatever the CPU model, an emulated rank is its quota of one core of it.
+  for (const char* name : {"emu-mixed4.yaml", "emu-2node.yaml"}) {
+    ClusterLoadInfo info;
+    const Cluster c = load_cluster_config(
+        shipped(name), [] { return 2e11; }, &info);
+    EXPECT_EQ(info.core_flops_per_s, 2e11) << name;
+    for (const synth::Device& d : c.devices)
+      EXPECT_NEAR(d.flops_per_s, d.cpu_quota * 2e11, 1) << name << " " << d.name;
+  }
+}
+
 TEST(ShippedCluster, EmulatedFilesDeclareTheirQuotas) {
   EXPECT_EQ(load_cluster_config(shipped("emu-mixed4.yaml")).devices.size(), 4u);
   for (const char* name : {"emu-mixed4.yaml", "emu-2node.yaml"}) {
@@ -683,6 +700,69 @@ TEST(ShippedCluster, EmulatedFilesDeclareTheirQuotas) {
       EXPECT_NEAR(c.devices[i].flops_per_s / c.devices[0].flops_per_s, quotas[i] / quotas[0],
                   1e-12);
   }
+}
+
+TEST_F(ClusterFileTest, ComputeInCoresIsThatManyOfThisMachinesCores) {
+  int calls = 0;
+  auto rate = [&calls]() {
+    ++calls;
+    return 1e11;
+  };
+  const std::string path = write(edited("flops_per_s: 4.0e12", "flops_per_s: 0.25 cores"));
+  ClusterLoadInfo info;
+  const Cluster c = load_cluster_config(path, rate, &info);
+  EXPECT_EQ(c.devices[0].flops_per_s, 2.5e10);
+  EXPECT_EQ(info.core_flops_per_s, 1e11);
+  EXPECT_EQ(calls, 1);
+  for (const char* text : {"1 core", "1core", "1 cores", "'1 core'", "\"1.0 cores\""}) {
+    SCOPED_TRACE(text);
+    calls = 0;
+    const Cluster one = load_cluster_config(
+        write(edited("flops_per_s: 4.0e12", std::string("flops_per_s: ") + text)), rate);
+    EXPECT_EQ(one.devices[0].flops_per_s, 1e11);
+    EXPECT_EQ(calls, 1);
+  }
+  // Every device in cores takes the rate once; a file without cores never asks for it.
+  calls = 0;
+  std::string every = kValidCluster;
+  for (const char* f : {"4.0e12", "2.0e12", "1.0e12"})
+    every = replace_first(every, std::string("flops_per_s: ") + f, "flops_per_s: 2 cores");
+  const std::string all = write(every);
+  load_cluster_config(all, rate);
+  EXPECT_LE(calls, 1);
+  calls = 0;
+  ClusterLoadInfo none;
+  load_cluster_config(write(kValidCluster), rate, &none);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(none.core_flops_per_s, 0);
+}
+
+TEST_F(ClusterFileTest, ComputeInCoresMustBeAPositiveNumberOfCores) {
+  auto rate = [] { return 1e11; };
+  for (const char* bad :
+       {"0 cores", "-1 cores", "5000 cores", "cores", "core", "x cores", "0.8 corez",
+        "0.8 cores per rank", "nan cores", "1e400 cores", "0.8 CORES"}) {
+    SCOPED_TRACE(bad);
+    const std::string path =
+        write(edited("flops_per_s: 4.0e12", std::string("flops_per_s: ") + bad));
+    std::string message;
+    try {
+      load_cluster_config(path, rate);
+    } catch (const ConfigError& e) {
+      message = e.what();
+    }
+    expect_contains(message, {path + ": nodes[0].devices[0].flops_per_s: expected a number in "
+                                     "[1000, 1e+18] (FLOP/s of one device"});
+  }
+  // The number itself is still checked as FLOP/s.
+  std::string message;
+  try {
+    load_cluster_config(write(edited("flops_per_s: 4.0e12", "flops_per_s: 0.001 cores")),
+                        [] { return 1e5; });
+  } catch (const ConfigError& e) {
+    message = e.what();
+  }
+  expect_contains(message, {"flops_per_s", "0.001 cores"});
 }
 
 TEST_F(ClusterFileTest, FileProblems) {
