@@ -1,7 +1,5 @@
 // One CPU core's rate for cluster files in cores (train/core_rate.h): the environment override,
 // the cache per machine, and the measurement itself.
-#include "train/core_rate.h"
-
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -12,6 +10,7 @@
 #include <string>
 
 #include "train/config.h"
+#include "train/core_rate.h"
 
 namespace hap::train {
 namespace {
