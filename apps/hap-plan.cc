@@ -106,8 +106,9 @@ int main(int argc, char** argv) {
                                   "--search-budget " + search_budget);
   try {
     const hap::train::RunConfig config = hap::train::load_run_config(config_path, config_overrides);
-    const hap::synth::Graph graph = hap::train::trace_model(
-        *hap::train::build_model(config, /*shapes_only=*/true), config.train.batch_size);
+    const hap::synth::Graph graph =
+        hap::train::trace_model(*hap::train::build_model(config, /*shapes_only=*/true),
+                                config.train.batch_size, config.train.precision);
     if (dump_graph) std::printf("%s", graph.str().c_str());
     if (cluster_path.empty()) return 0;
     hap::train::ClusterLoadInfo loaded;

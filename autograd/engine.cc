@@ -106,6 +106,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
   HAP_CHECK(roots.size() == grad_outputs.size(), "backward: ", roots.size(), " roots but ",
             grad_outputs.size(), " gradients");
   NoGradGuard no_grad;
+  // Backward ops take the dtypes their forward ops saw (mixed precision casts only forward).
+  ops::AutocastGuard no_autocast(DType::F32);
   Buffers buffers;
   std::vector<std::shared_ptr<Node>> starts;
   for (size_t r = 0; r < roots.size(); ++r) {

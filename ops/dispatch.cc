@@ -20,6 +20,36 @@ struct ScopePart {
 };
 thread_local std::vector<ScopePart> t_scope;
 
+thread_local DType t_autocast = DType::F32;
+
+// The casts mixed precision makes before an op runs (OpDef::autocast).
+void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
+  auto cast_all = [&](DType from, DType to) {
+    for (Tensor& t : inputs)
+      if (t.defined() && t.dtype() == from) t = call1(OpKind::Cast, {t}, CastAttrs{to});
+  };
+  switch (def.autocast) {
+    case Autocast::Keep:
+      return;
+    case Autocast::Lower:
+      cast_all(DType::F32, DType::BF16);
+      return;
+    case Autocast::Float:
+      cast_all(DType::BF16, DType::F32);
+      return;
+    case Autocast::Promote: {
+      bool bf = false, f32 = false;
+      for (const Tensor& t : inputs) {
+        if (!t.defined()) continue;
+        bf = bf || t.dtype() == DType::BF16;
+        f32 = f32 || t.dtype() == DType::F32;
+      }
+      if (bf && f32) cast_all(DType::BF16, DType::F32);
+      return;
+    }
+  }
+}
+
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
   if (op_def(kind).moves_data) return false;
   const Tensor* bf = nullptr;
@@ -39,6 +69,14 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
 }  // namespace
 
 void set_record_hook(RecordHook hook) { g_record_hook = hook; }
+
+AutocastGuard::AutocastGuard(DType dtype) : prev_(t_autocast) {
+  HAP_CHECK(dtype == DType::F32 || dtype == DType::BF16,
+            "mixed precision: expected f32 (off) or bf16, got ", dtype_name(dtype));
+  t_autocast = dtype;
+}
+AutocastGuard::~AutocastGuard() { t_autocast = prev_; }
+DType autocast_dtype() { return t_autocast; }
 
 TraceGuard::TraceGuard(TraceHook* hook) : prev_(t_trace) { t_trace = hook; }
 TraceGuard::~TraceGuard() { t_trace = prev_; }
@@ -121,12 +159,18 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
               inputs[i].device().str(), " but input 0 is on ", device.str());
   }
 
+  if (t_autocast == DType::BF16) apply_autocast(def, inputs);
+
   // bf16 is a storage type: compute in f32 through differentiable casts, then cast back.
   if (needs_f32_compute(kind, inputs, device)) {
     for (Tensor& t : inputs)
       if (t.defined() && t.dtype() == DType::BF16)
         t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
-    std::vector<Tensor> outs = call(kind, std::move(inputs), attrs);
+    std::vector<Tensor> outs;
+    {
+      AutocastGuard as_cast(DType::F32);  // the op itself, on the f32 copies
+      outs = call(kind, std::move(inputs), attrs);
+    }
     for (Tensor& t : outs)
       if (t.dtype() == DType::F32) t = call1(OpKind::Cast, {t}, CastAttrs{DType::BF16});
     return outs;

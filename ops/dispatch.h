@@ -59,6 +59,23 @@ class ScopeGuard {
 };
 std::string current_scope();
 
+// Mixed precision on this thread: while an AutocastGuard with DType::BF16 is alive, each op's
+// float inputs are cast as its OpDef::autocast says (differentiable casts, so gradients reach the
+// f32 parameters in f32) before it runs or is traced. F32 turns it off (the default). The
+// backward pass always runs with it off: backward ops see the dtypes the forward ops saw.
+class AutocastGuard {
+ public:
+  explicit AutocastGuard(DType dtype);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  DType prev_;
+};
+// DType::BF16 while mixed precision is on, else DType::F32.
+DType autocast_dtype();
+
 // Counts of op calls, for tests and profiling.
 struct DispatchStats {
   std::array<uint64_t, kNumOps> calls{};

@@ -70,6 +70,14 @@ using KernelFn = std::vector<Tensor> (*)(const KernelContext& ctx);
 // Returns one tensor per input: the gradient, or an undefined Tensor for none.
 using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx);
 
+// What mixed precision (an AutocastGuard with bf16, train.precision: bf16) does to an op's float
+// inputs before it runs. Promote: when f32 and bf16 inputs meet, the bf16 ones become f32 (the
+// residual stream stays f32; single-dtype ops keep their dtype). Lower: f32 inputs become bf16
+// (the products: bf16 GEMMs with f32 accumulation, bf16 outputs). Float: bf16 inputs become f32
+// (norms, softmax, sums and the loss: statistics and the loss in f32). Keep: never changed (casts
+// and the optimizer's updates).
+enum class Autocast : uint8_t { Promote, Lower, Float, Keep };
+
 struct OpDef {
   const char* name = nullptr;
   int num_inputs = 0;  // -1: variadic (at least one)
@@ -100,6 +108,7 @@ struct OpDef {
   // Its CPU kernel only makes views or calls the Tensor methods every device backend provides
   // (fill_, clone, copy_from: core/tensor.h, DeviceTensorOps), so it serves tensors of any device.
   bool any_device = false;
+  Autocast autocast = Autocast::Promote;  // under mixed precision (above)
 };
 
 using OpTable = std::array<OpDef, kNumOps>;

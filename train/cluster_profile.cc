@@ -106,7 +106,8 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   r.batch_rows = std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
   config.train.batch_size = r.batch_rows;
   {
-    synth::Graph graph = trace_model(*build_model(config, /*shapes_only=*/true), r.batch_rows);
+    synth::Graph graph = trace_model(*build_model(config, /*shapes_only=*/true), r.batch_rows,
+                                     config.train.precision);
     synth::Cluster one;
     one.name = "one";
     synth::Link link;
@@ -140,7 +141,11 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   double graph_s = 0, update_s = 0;
   auto step_once = [&]() {
     auto t0 = Clock::now();
-    hap::Tensor loss = model->loss(batch);
+    hap::Tensor loss;
+    {
+      hap::ops::AutocastGuard precision(config.train.precision);
+      loss = model->loss(batch);
+    }
     opt->zero_grad();
     loss.backward();
     auto t1 = Clock::now();

@@ -41,12 +41,18 @@ using detail::SectionReader;
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
 constexpr std::array<std::string_view, 5> kParallelKeys = {"strategy", "segments", "search_budget",
                                                            "collective_timeout_s", "backend"};
-constexpr std::array<std::string_view, 22> kTrainKeys = {
-    "batch_size",     "steps",           "optimizer", "lr",        "min_lr",
-    "warmup_steps",   "weight_decay",    "beta1",     "beta2",     "eps",
-    "momentum",       "grad_clip",       "seed",      "log_every", "eval_every",
-    "eval_batches",   "log_file",        "threads",   "device",    "checkpoint_every",
-    "checkpoint_dir", "keep_checkpoints"};
+constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
+                                                         "optimizer",      "lr",
+                                                         "min_lr",         "warmup_steps",
+                                                         "weight_decay",   "beta1",
+                                                         "beta2",          "eps",
+                                                         "momentum",       "grad_clip",
+                                                         "seed",           "log_every",
+                                                         "eval_every",     "eval_batches",
+                                                         "log_file",       "threads",
+                                                         "device",         "checkpoint_every",
+                                                         "checkpoint_dir", "keep_checkpoints",
+                                                         "precision"};
 // Keys that moved to another section, with where they went.
 constexpr std::array<std::pair<std::string_view, std::string_view>, 1> kMovedKeys = {
     {{"train.seq_len",
@@ -75,6 +81,7 @@ constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {
     {{"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
     {{"adamw", Optimizer::kAdamW}, {"sgd", Optimizer::kSgd}}};
+constexpr std::array<Choice<DType>, 2> kPrecisions = {{{"f32", DType::F32}, {"bf16", DType::BF16}}};
 
 template <typename E, std::size_t N>
 std::string_view name_of(const std::array<Choice<E>, N>& choices, E value) {
@@ -309,6 +316,7 @@ TrainConfig read_train(SectionReader& s) {
           ? IntRange::closed(0, 0).because("set train.checkpoint_dir to write checkpoints")
           : IntRange::at_least(0));
   t.keep_checkpoints = s.integer("keep_checkpoints", t.keep_checkpoints, IntRange::at_least(1));
+  t.precision = s.choice("precision", kPrecisions, t.precision);
   s.finish();
   return t;
 }
@@ -412,6 +420,9 @@ std::string describe(const RunConfig& config) {
      << t.eval_every << " steps on " << t.eval_batches << " batches, log_file "
      << (t.log_file.empty() ? "none" : t.log_file) << ", threads "
      << (t.threads == 0 ? "auto" : format_number(t.threads)) << ", device " << t.device.str()
+     << ", precision " << name_of(kPrecisions, t.precision)
+     << (t.precision == DType::BF16 ? " (mixed: bf16 products, f32 norms, loss and parameters)"
+                                    : "")
      << "\n";
   if (!t.checkpoint_dir.empty())
     os << "         checkpoints in " << t.checkpoint_dir << " every "
@@ -449,7 +460,8 @@ nlohmann::json to_json(const RunConfig& config) {
         {"device", t.device.str()},
         {"checkpoint_every", t.checkpoint_every},
         {"checkpoint_dir", t.checkpoint_dir},
-        {"keep_checkpoints", t.keep_checkpoints}}},
+        {"keep_checkpoints", t.keep_checkpoints},
+        {"precision", std::string(name_of(kPrecisions, t.precision))}}},
       {"parallel",
        {{"strategy", synth::strategy_name(config.parallel.strategy)},
         {"segments", std::string(to_string(config.parallel.segments))},

@@ -90,6 +90,10 @@ struct TrainConfig {
   // rank k takes cuda:((N + k) mod the GPUs visible); ranks sharing a GPU communicate through the
   // host.
   Device device = Device::cpu();
+  // The precision of the forward's compute: f32, or bf16 mixed precision (ops::AutocastGuard):
+  // products in bf16 with f32 accumulation and bf16 activations out of them, norms, softmax and
+  // the loss in f32, parameters, gradients and optimizer state in f32 (docs/architecture.md).
+  DType precision = DType::F32;
 };
 
 // How to train on several ranks (used with hap-train --cluster, or hap-plan).

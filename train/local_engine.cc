@@ -53,7 +53,10 @@ class LocalEngine : public Engine {
     model_->set_random_step(step);
     nn::Batch batch = on_device(data_->read(Split::kTrain, step, 0, config_.batch_size));
     check_batch(batch, inputs_, 0, config_.batch_size);
-    loss_ = model_->loss(batch);
+    {
+      ops::AutocastGuard precision(config_.precision);
+      loss_ = model_->loss(batch);
+    }
     HAP_CHECK(loss_.defined() && loss_.numel() == 1, "the model's loss must be a scalar, got ",
               loss_.defined() ? loss_.str() : "an undefined tensor");
     return loss_.item();
@@ -83,6 +86,7 @@ class LocalEngine : public Engine {
     if (model_->random_seed() != random_seed) model_->set_random_seed(random_seed);
     nn::Batch batch = on_device(data_->read(Split::kVal, index, 0, config_.batch_size));
     check_batch(batch, inputs_, 0, config_.batch_size);
+    ops::AutocastGuard precision(config_.precision);
     const double loss = model_->loss(batch).item();
     model_->train();
     return loss;

@@ -36,7 +36,7 @@ class SpmdEngine : public Engine {
         comm_(std::move(comm)),
         cluster_(std::move(dist.cluster)),
         inputs_(model_->inputs(config.batch_size)),
-        graph_(trace_model(*model_, config.batch_size)),
+        graph_(trace_model(*model_, config.batch_size, config.precision)),
         cost_(graph_, cluster_, dist.synthesis.optimizer_state_slots) {
     plan_ = dist.plan_file.empty() ? synth::synthesize(graph_, cluster_, dist.synthesis)
                                    : load_plan(dist.plan_file, cost_);

@@ -1,8 +1,10 @@
 #include "train/trace.h"
 
+#include "ops/dispatch.h"
+
 namespace hap::train {
 
-synth::Graph trace_model(nn::Model& model, std::int64_t batch_size) {
+synth::Graph trace_model(nn::Model& model, std::int64_t batch_size, DType precision) {
   const std::vector<nn::InputSpec> specs = model.inputs(batch_size);
   nn::Batch batch;
   std::vector<std::pair<std::string, Tensor>> inputs;
@@ -19,8 +21,12 @@ synth::Graph trace_model(nn::Model& model, std::int64_t batch_size) {
   const uint64_t step = model.random_step();
   model.train();
   model.set_random_step(0);
-  synth::Graph g = synth::trace([&] { return model.loss(batch); }, model.named_parameters(), inputs,
-                                model.named_buffers());
+  synth::Graph g = synth::trace(
+      [&] {
+        ops::AutocastGuard mixed(precision);  // its casts become nodes of the graph
+        return model.loss(batch);
+      },
+      model.named_parameters(), inputs, model.named_buffers());
   model.set_random_step(step);
   model.train(was_training);
   return g;

@@ -417,7 +417,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     for (const synth::Device& d : cm->cluster().devices) peak_flops += d.flops_per_s;
     peak_source = "the cluster file's FLOP/s";
   } else {
-    step_flops = 3.0 * trace_model(*model_, t.batch_size).total_flops();
+    step_flops = 3.0 * trace_model(*model_, t.batch_size, t.precision).total_flops();
     peak_flops = measured_gemm_flops();
     peak_source = "a 512^3 matrix product measured here";
   }

@@ -279,6 +279,7 @@ void argmax_windows(const Tensor& x, const Shape& y, const Pool2dAttrs& a,
 
 void register_conv_ops(OpTable& t) {
   OpDef& cv = def_of(t, OpKind::Conv2d);
+  cv.autocast = Autocast::Lower;
   cv.name = "conv2d";
   cv.num_inputs = 3;
   cv.optional_inputs = 0b100u;

@@ -403,6 +403,7 @@ void register_elementwise_ops(OpTable& t) {
 
   // ---- cast ----
   OpDef& cs = def_of(t, OpKind::Cast);
+  cs.autocast = Autocast::Keep;
   cs.moves_data = true;
   cs.name = "cast";
   cs.num_inputs = 1;

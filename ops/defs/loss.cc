@@ -257,6 +257,7 @@ std::vector<Tensor> cross_entropy_backward_local(ShardContext& ctx,
 
 void register_loss_ops(OpTable& t) {
   OpDef& ce = def_of(t, OpKind::CrossEntropy);
+  ce.autocast = Autocast::Float;
   ce.name = "cross_entropy";
   ce.num_inputs = 2;
   ce.infer = [](const Metas& in, const Attrs& attrs) {
@@ -330,6 +331,7 @@ void register_loss_ops(OpTable& t) {
   // TargetLogit(x [N, V], targets [N]): each row's target logit among the columns
   // [offset, offset + V) x holds, 0 where the target is elsewhere or ignored.
   OpDef& tl = def_of(t, OpKind::TargetLogit);
+  tl.autocast = Autocast::Float;
   tl.name = "target_logit";
   tl.num_inputs = 2;
   tl.infer = [](const Metas& in, const Attrs&) {

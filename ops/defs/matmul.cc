@@ -241,6 +241,7 @@ std::vector<ShardSignature> shard_linear(const Metas& in, const Metas& out, cons
 
 void register_matmul_ops(OpTable& t) {
   OpDef& mm = def_of(t, OpKind::MatMul);
+  mm.autocast = Autocast::Lower;
   mm.product = mm.flops_bound = true;
   mm.name = "matmul";
   mm.num_inputs = 2;
@@ -262,6 +263,7 @@ void register_matmul_ops(OpTable& t) {
   mm.backward = matmul_backward;
 
   OpDef& li = def_of(t, OpKind::Linear);
+  li.autocast = Autocast::Lower;
   li.product = li.flops_bound = true;
   li.name = "linear";
   li.num_inputs = 3;

@@ -171,6 +171,7 @@ std::vector<Tensor> softmax_backward_cpu(const KernelContext& c) {
 template <bool kLog>
 void def_softmax(OpTable& t) {
   OpDef& d = def_of(t, kLog ? OpKind::LogSoftmax : OpKind::Softmax);
+  d.autocast = Autocast::Float;
   d.name = softmax_name<kLog>();
   d.num_inputs = 1;
   d.infer = infer_softmax<kLog>;
@@ -387,6 +388,7 @@ void norm_backward_kernel(const KernelContext& c, const std::vector<Tensor>& out
 template <bool kRms>
 void def_norm(OpTable& t) {
   OpDef& d = def_of(t, kRms ? OpKind::RmsNorm : OpKind::LayerNorm);
+  d.autocast = Autocast::Float;
   d.name = norm_name(kRms);
   d.num_inputs = kRms ? 2 : 3;
   d.optional_inputs = kRms ? 0b10u : 0b110u;

@@ -139,6 +139,7 @@ double sum_of_squares_of(const Tensor& x_in) {
 
 void register_optim_ops(OpTable& t) {
   OpDef& sgd = def_of(t, OpKind::SgdUpdate);
+  sgd.autocast = Autocast::Keep;
   sgd.name = "sgd_update";
   sgd.num_inputs = -1;
   sgd.infer = [](const Metas& in, const Attrs& a) {
@@ -153,6 +154,7 @@ void register_optim_ops(OpTable& t) {
   };
 
   OpDef& adam = def_of(t, OpKind::AdamWUpdate);
+  adam.autocast = Autocast::Keep;
   adam.name = "adamw_update";
   adam.num_inputs = -1;
   adam.infer = [](const Metas& in, const Attrs& a) {
@@ -166,6 +168,7 @@ void register_optim_ops(OpTable& t) {
   };
 
   OpDef& ss = def_of(t, OpKind::SumOfSquares);
+  ss.autocast = Autocast::Keep;
   ss.name = "sum_of_squares";
   ss.num_inputs = -1;
   ss.infer = [](const Metas& in, const Attrs&) {

@@ -256,6 +256,7 @@ std::vector<Tensor> mean_local(ShardContext& ctx, const std::vector<Tensor>& inp
 void register_reduce_ops(OpTable& t) {
   for (OpKind k : {OpKind::Sum, OpKind::Mean}) {
     OpDef& d = def_of(t, k);
+    d.autocast = Autocast::Float;  // mixed precision: sums (batch statistics, losses) in f32
     d.name = k == OpKind::Sum ? "sum" : "mean";
     d.num_inputs = 1;
     d.infer = infer_reduce;
@@ -282,6 +283,7 @@ void register_reduce_ops(OpTable& t) {
   // LogSumExp over the last dim: [..., V] -> [...]. Rows split freely; the backward is the
   // softmax of the row times the incoming gradient.
   OpDef& ls = def_of(t, OpKind::LogSumExp);
+  ls.autocast = Autocast::Float;
   ls.name = "logsumexp";
   ls.num_inputs = 1;
   ls.infer = [](const Metas& in, const Attrs&) {

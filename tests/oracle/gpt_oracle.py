@@ -7,7 +7,8 @@ IN.hapt   every parameter by name (any float dtype) and, for s in 0..steps-1, th
           `idx.{s}` and `targets.{s}` (i64 [B, T]; a target of -100 is ignored).
 CONFIG    n_layer, n_head, n_embd, vocab_size, block_size, steps, lr, min_lr, warmup_steps,
           total_steps, weight_decay, beta1, beta2, eps, grad_clip; optional layer_norm_eps
-          (default 1e-5) and dtype ("float64" default, or "float32").
+          (default 1e-5), dtype ("float64" default, or "float32") and precision ("f32"
+          default, or "bf16": HAP's mixed precision written out, gpt_loss(mixed=True)).
 OUT.hapt  (all f64) `loss` (step-0 loss), `grad.{name}` (step-0 gradients, before clipping),
           `losses` [steps] (loss of batch s before update s), `final.{name}` (after all updates).
 
@@ -77,41 +78,72 @@ def parameter_shapes(cfg):
     return shapes
 
 
-def causal_self_attention(x, params, prefix, n_head):
+def linear(x, w, b, mixed):
+    """F.linear; mixed precision (HAP's train.precision: bf16) casts all three to bf16 first:
+    a bf16 product with f32 accumulation and a bf16 result."""
+    if mixed:
+        return F.linear(x.bfloat16(), w.bfloat16(), None if b is None else b.bfloat16())
+    return F.linear(x, w, b)
+
+
+def in_f32(fn, *xs):
+    """An op HAP computes in f32 on bf16 operands, its result rounded back to bf16 once."""
+    if xs[0].dtype != torch.bfloat16:
+        return fn(*xs)
+    return fn(*[t.float() for t in xs]).bfloat16()
+
+
+def causal_self_attention(x, params, prefix, n_head, mixed=False):
     B, T, C = x.shape
     D = C // n_head
-    qkv = F.linear(x, params[prefix + "qkv.weight"], params[prefix + "qkv.bias"])  # [B, T, 3C]
+    qkv = linear(x, params[prefix + "qkv.weight"], params[prefix + "qkv.bias"], mixed)  # [B, T, 3C]
     q, k, v = qkv.split(C, dim=2)
     q = q.view(B, T, n_head, D).transpose(1, 2)  # [B, H, T, D]
     k = k.view(B, T, n_head, D).transpose(1, 2)
     v = v.view(B, T, n_head, D).transpose(1, 2)
-    att = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # [B, H, T, T]
-    future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
-    att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
-    y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-    return F.linear(y, params[prefix + "proj.weight"], params[prefix + "proj.bias"])
+
+    def attention(q, k, v):
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # [B, H, T, T]
+        future = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(diagonal=1)
+        att = att.masked_fill(future, float("-inf")).softmax(dim=-1)
+        return att @ v
+
+    y = in_f32(attention, q, k, v).transpose(1, 2).contiguous().view(B, T, C)
+    return linear(y, params[prefix + "proj.weight"], params[prefix + "proj.bias"], mixed)
 
 
-def mlp(x, params, prefix):
-    h = F.linear(x, params[prefix + "fc.weight"], params[prefix + "fc.bias"])  # [B, T, 4C]
-    h = F.gelu(h, approximate="tanh")
-    return F.linear(h, params[prefix + "proj.weight"], params[prefix + "proj.bias"])
+def mlp(x, params, prefix, mixed=False):
+    h = linear(x, params[prefix + "fc.weight"], params[prefix + "fc.bias"], mixed)  # [B, T, 4C]
+    h = in_f32(lambda t: F.gelu(t, approximate="tanh"), h)
+    return linear(h, params[prefix + "proj.weight"], params[prefix + "proj.bias"], mixed)
 
 
-def gpt_loss(params, idx, targets, cfg):
-    """Mean cross-entropy of the tied-head GPT-2 on one batch. idx, targets: i64 [B, T]."""
+def gpt_loss(params, idx, targets, cfg, mixed=False):
+    """Mean cross-entropy of the tied-head GPT-2 on one batch. idx, targets: i64 [B, T].
+
+    mixed: HAP's bf16 mixed precision (ops::AutocastGuard) written out: linear layers in bf16,
+    attention and GELU computed in f32 from their bf16 inputs and rounded to bf16, the residual
+    stream, layer norms and the loss in f32 (a bf16 branch is widened where it meets the stream).
+    """
     B, T = idx.shape
     C, eps = cfg.n_embd, cfg.layer_norm_eps
     positions = torch.arange(T, device=idx.device)
     x = F.embedding(idx, params["wte.weight"]) + F.embedding(positions, params["wpe.weight"])  # [B, T, C]
+
+    def norm(t, name):
+        return F.layer_norm(t.float() if mixed else t, (C,), params[name + ".weight"],
+                            params[name + ".bias"], eps)
+
     for i in range(cfg.n_layer):
         p = f"blocks.{i}."
-        h = F.layer_norm(x, (C,), params[p + "ln1.weight"], params[p + "ln1.bias"], eps)
-        x = x + causal_self_attention(h, params, p + "attn.", cfg.n_head)
-        h = F.layer_norm(x, (C,), params[p + "ln2.weight"], params[p + "ln2.bias"], eps)
-        x = x + mlp(h, params, p + "mlp.")
-    x = F.layer_norm(x, (C,), params["ln_f.weight"], params["ln_f.bias"], eps)
-    logits = x @ params["wte.weight"].t()  # [B, T, V]
+        h = norm(x, p + "ln1")
+        x = x + causal_self_attention(h, params, p + "attn.", cfg.n_head, mixed).to(x.dtype)
+        h = norm(x, p + "ln2")
+        x = x + mlp(h, params, p + "mlp.", mixed).to(x.dtype)
+    x = norm(x, "ln_f")
+    logits = linear(x, params["wte.weight"], None, mixed)  # [B, T, V]
+    if mixed:
+        logits = logits.float()
     return F.cross_entropy(logits.view(-1, cfg.vocab_size), targets.view(-1), ignore_index=IGNORE_INDEX)
 
 
@@ -139,7 +171,7 @@ def lr_at(step, lr, min_lr, warmup_steps, total_steps):
 
 _INT_KEYS = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size", "steps", "warmup_steps", "total_steps")
 _FLOAT_KEYS = ("lr", "min_lr", "weight_decay", "beta1", "beta2", "eps", "grad_clip")
-_OPTIONAL = {"layer_norm_eps": 1e-5, "dtype": "float64"}
+_OPTIONAL = {"layer_norm_eps": 1e-5, "dtype": "float64", "precision": "f32"}
 _DTYPES = {"float64": torch.float64, "float32": torch.float32}
 
 
@@ -167,6 +199,10 @@ def read_config(path):
         if not isinstance(cfg[k], (int, float)) or isinstance(cfg[k], bool):
             raise OracleError(f"{path}: '{k}' must be a number (got {cfg[k]!r})")
         cfg[k] = float(cfg[k])
+    if cfg["precision"] not in ("f32", "bf16"):
+        raise OracleError(f"{path}: 'precision' must be f32 or bf16 (got {cfg['precision']!r})")
+    if cfg["precision"] == "bf16" and cfg["dtype"] != "float32":
+        raise OracleError(f"{path}: 'precision' bf16 keeps f32 parameters: set 'dtype' to float32")
     if cfg["dtype"] not in _DTYPES:
         raise OracleError(f"{path}: 'dtype' must be one of {sorted(_DTYPES)} (got {cfg['dtype']!r})")
     if cfg["steps"] < 1:
@@ -239,7 +275,7 @@ def run(in_path, config_path, out_path):
         for group in optimizer.param_groups:
             group["lr"] = lr
         optimizer.zero_grad(set_to_none=True)
-        loss = gpt_loss(params, idx, targets, model)
+        loss = gpt_loss(params, idx, targets, model, cfg["precision"] == "bf16")
         loss.backward()
         losses.append(loss.detach().to(torch.float64))
         if step == 0:

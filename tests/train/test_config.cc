@@ -113,6 +113,7 @@ TEST(ShippedConfig, GptLoadsWithTheDocumentedValues) {
   EXPECT_EQ(c.model.options.integer("seq_len"), 128);
   EXPECT_EQ(c.train.steps, 400);
   EXPECT_EQ(c.train.optimizer, Optimizer::kAdamW);
+  EXPECT_EQ(c.train.precision, DType::F32);  // not in the file: f32
   EXPECT_DOUBLE_EQ(c.train.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.train.min_lr, 1e-4);
   EXPECT_EQ(c.train.warmup_steps, 20);
@@ -193,13 +194,14 @@ TEST(ShippedConfig, JsonHasEveryValueUnderItsYamlKey) {
   EXPECT_EQ(j["model"]["bias"], true);
   EXPECT_EQ(j["data"]["path"], "/usr/share/games/fortunes");
   EXPECT_EQ(j["train"]["optimizer"], "adamw");
+  EXPECT_EQ(j["train"]["precision"], "f32");
   EXPECT_EQ(j["train"]["seed"], 1337u);
   EXPECT_DOUBLE_EQ(j["train"]["min_lr"].get<double>(), 1e-4);
   EXPECT_EQ(j["model"]["seq_len"], 128);
   EXPECT_EQ(j["data"]["name"], "bytes");
   EXPECT_EQ(j["model"].size(), 9u);
   EXPECT_EQ(j["data"].size(), 3u);
-  EXPECT_EQ(j["train"].size(), 22u);
+  EXPECT_EQ(j["train"].size(), 23u);
   EXPECT_EQ(j["train"]["device"], "cpu");
   EXPECT_EQ(j["train"]["checkpoint_every"], 0);
   EXPECT_EQ(j["train"]["checkpoint_dir"], "");
@@ -295,6 +297,21 @@ TEST_F(ConfigFileTest, EnumListsTheChoices) {
   const std::string path = write(edited("optimizer: sgd", "optimizer: adam"));
   expect_contains(load_error(path),
                   {path, "train.optimizer", "expected one of 'adamw', 'sgd', got 'adam'"});
+}
+
+TEST_F(ConfigFileTest, PrecisionIsF32OrBf16) {
+  const std::string path = write(edited("optimizer: sgd", "optimizer: sgd\n  precision: bf16"));
+  const RunConfig c = load_run_config(path, {});
+  EXPECT_EQ(c.train.precision, DType::BF16);
+  EXPECT_EQ(to_json(c)["train"]["precision"], "bf16");
+  EXPECT_NE(describe(c).find("precision bf16 (mixed: bf16 products, f32 norms, loss and "
+                             "parameters)"),
+            std::string::npos)
+      << describe(c);
+  EXPECT_EQ(load_run_config(path, {"train.precision=f32"}).train.precision, DType::F32);
+  const std::string bad = write(edited("optimizer: sgd", "optimizer: sgd\n  precision: fp16"));
+  expect_contains(load_error(bad),
+                  {bad, "train.precision", "expected one of 'f32', 'bf16', got 'fp16'"});
 }
 
 TEST_F(ConfigFileTest, SectionThatIsNotAMappingIsRejected) {

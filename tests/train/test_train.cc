@@ -2,7 +2,9 @@
 // bad input exits non-zero with a message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -41,6 +43,42 @@ TEST(Train, LossFallsOnTheDefaultCorpus) {
   EXPECT_EQ(s.steps_run, 60);
   EXPECT_LT(s.last_loss, s.first_loss - 1.0) << s.first_loss << " -> " << s.last_loss;
   EXPECT_GT(s.last_val_loss, 0);
+}
+
+// train.precision: bf16 on the default GPT (configs/gpt.yaml): over 200 steps on the same batches
+// its logged losses stay within 2% of f32's, and both fall.
+TEST(Train, Bf16MixedPrecisionTracksF32OnTheDefaultGpt) {
+  test_util::ScratchDir dir("train_bf16");
+  std::map<std::string, std::vector<double>> curves;
+  for (const char* precision : {"f32", "bf16"}) {
+    const std::string log = dir.path(std::string(precision) + ".jsonl");
+    RunConfig c = load_run_config(
+        std::string(HAP_SOURCE_DIR) + "/configs/gpt.yaml",
+        {"train.steps=200", "train.log_every=10", "train.eval_every=200", "train.eval_batches=2",
+         "train.log_file=" + log, std::string("train.precision=") + precision});
+    train(c, {.quiet = true});
+    std::ifstream in(log);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line);
+      if (j["type"] == "train") curves[precision].push_back(j["loss"].get<double>());
+    }
+  }
+  const std::vector<double>&f32 = curves["f32"], &bf16 = curves["bf16"];
+  ASSERT_EQ(f32.size(), 20u);
+  ASSERT_EQ(bf16.size(), f32.size());
+  double worst = 0;
+  for (size_t i = 0; i < f32.size(); ++i) {
+    const double rel = std::abs(bf16[i] - f32[i]) / f32[i];
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, 0.02) << "logged point " << i << ": f32 " << f32[i] << ", bf16 " << bf16[i];
+  }
+  std::printf(
+      "bf16 vs f32 over 200 steps: worst relative difference %.4f; loss %.3f -> %.3f "
+      "(f32 %.3f -> %.3f)\n",
+      worst, bf16.front(), bf16.back(), f32.front(), f32.back());
+  EXPECT_LT(bf16.back(), bf16.front() - 1.0);
+  EXPECT_NE(bf16, f32) << "the bf16 run must not be the f32 run";
 }
 
 TEST(Train, SameConfigAndSeedGiveBitwiseIdenticalRuns) {

@@ -1,0 +1,158 @@
+// Mixed precision by op (ops::AutocastGuard, OpDef::autocast): what each policy casts, that the
+// result is exactly the explicitly cast computation, that gradients reach f32 parameters in f32,
+// and that backward and the outside of the guard are untouched.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "autograd/grad_mode.h"
+#include "ops/dispatch.h"
+#include "ops/functional.h"
+#include "tests/test_util.h"
+
+namespace hap {
+namespace {
+
+using namespace test_util;
+using ops::AutocastGuard;
+
+// Same dtype, shape and bytes.
+void expect_bitwise(const Tensor& a, const Tensor& b, const char* what) {
+  ASSERT_EQ(a.dtype(), b.dtype()) << what;
+  ASSERT_EQ(a.shape(), b.shape()) << what;
+  Tensor ca = a.contiguous(), cb = b.contiguous();
+  EXPECT_EQ(std::memcmp(ca.raw_data(), cb.raw_data(), ca.nbytes()), 0) << what;
+}
+
+Tensor bf(const Tensor& t) { return cast(t, DType::BF16); }
+
+TEST(Autocast, OffByDefaultAndRestoredByTheGuard) {
+  EXPECT_EQ(ops::autocast_dtype(), DType::F32);
+  {
+    AutocastGuard on(DType::BF16);
+    EXPECT_EQ(ops::autocast_dtype(), DType::BF16);
+    {
+      AutocastGuard off(DType::F32);
+      EXPECT_EQ(ops::autocast_dtype(), DType::F32);
+    }
+    EXPECT_EQ(ops::autocast_dtype(), DType::BF16);
+  }
+  EXPECT_EQ(ops::autocast_dtype(), DType::F32);
+  EXPECT_NE(error_of([] { AutocastGuard g(DType::F64); }).find("expected f32 (off) or bf16, got"),
+            std::string::npos);
+}
+
+TEST(Autocast, ProductsRunInBf16AsTheExplicitCastsWould) {
+  Tensor x = uni({5, 12}, 1, DType::F32), w = uni({7, 12}, 2, DType::F32),
+         b = uni({7}, 3, DType::F32);
+  Tensor explicit_linear = linear(bf(x), bf(w), bf(b));
+  Tensor explicit_matmul = matmul(bf(x), transpose(bf(w), 0, 1));
+  AutocastGuard on(DType::BF16);
+  Tensor y = linear(x, w, b);
+  EXPECT_EQ(y.dtype(), DType::BF16);
+  expect_bitwise(y, explicit_linear, "linear");
+  expect_bitwise(matmul(x, transpose(w, 0, 1)), explicit_matmul, "matmul");
+  // Inputs already bf16 are used as they are.
+  expect_bitwise(linear(bf(x), w, b), explicit_linear, "linear of a bf16 input");
+}
+
+TEST(Autocast, NormsSoftmaxSumsAndTheLossRunInF32) {
+  Tensor x = uni({4, 16}, 4, DType::F32);
+  Tensor xb = bf(x);
+  Tensor g = uni({16}, 5, DType::F32), beta = uni({16}, 6, DType::F32);
+  Tensor targets = Tensor::zeros({4}, opts(DType::I64));
+  AutocastGuard on(DType::BF16);
+  Tensor ln = layer_norm(xb, g, beta);
+  EXPECT_EQ(ln.dtype(), DType::F32);
+  {
+    AutocastGuard off(DType::F32);
+    expect_bitwise(ln, layer_norm(cast(xb, DType::F32), g, beta), "layer_norm");
+    expect_bitwise(softmax(cast(xb, DType::F32)), softmax(cast(xb, DType::F32)), "softmax");
+  }
+  EXPECT_EQ(softmax(xb).dtype(), DType::F32);
+  EXPECT_EQ(log_softmax(xb).dtype(), DType::F32);
+  EXPECT_EQ(sum(xb).dtype(), DType::F32);
+  EXPECT_EQ(mean(xb).dtype(), DType::F32);
+  EXPECT_EQ(cross_entropy(xb, targets).dtype(), DType::F32);
+  EXPECT_EQ(rms_norm(xb, g).dtype(), DType::F32);
+}
+
+TEST(Autocast, MixedOperandsArePromotedToF32AndSingleDtypeOpsKeepTheirs) {
+  Tensor a = uni({3, 8}, 7, DType::F32);
+  Tensor b = bf(uni({3, 8}, 8, DType::F32));
+  // Without the guard mixing stays an error that asks for a cast.
+  EXPECT_NE(error_of([&] { add(a, b); }).find("inputs mix bf16 and f32"), std::string::npos);
+  AutocastGuard on(DType::BF16);
+  Tensor s = add(a, b);  // the residual stream: f32 + a bf16 branch
+  EXPECT_EQ(s.dtype(), DType::F32);
+  {
+    AutocastGuard off(DType::F32);
+    expect_bitwise(s, add(a, cast(b, DType::F32)), "add");
+  }
+  EXPECT_EQ(gelu(b).dtype(), DType::BF16);  // elementwise on one bf16 tensor stays bf16
+  EXPECT_EQ(gelu(a).dtype(), DType::F32);
+  EXPECT_EQ(reshape(b, {8, 3}).dtype(), DType::BF16);
+}
+
+TEST(Autocast, AProductWithoutABf16KernelRunsInF32OnceWithoutRecursing) {
+  // conv2d has no bf16 CPU kernel: lowered to bf16, computed in f32 from the bf16 values, rounded
+  // to bf16 once.
+  Tensor x = uni({2, 3, 6, 6}, 9, DType::F32), w = uni({4, 3, 3, 3}, 10, DType::F32);
+  Tensor expected;
+  {
+    Tensor y32 = conv2d(cast(bf(x), DType::F32), cast(bf(w), DType::F32));
+    expected = bf(y32);
+  }
+  AutocastGuard on(DType::BF16);
+  Tensor y = conv2d(x, w);
+  EXPECT_EQ(y.dtype(), DType::BF16);
+  expect_bitwise(y, expected, "conv2d");
+}
+
+TEST(Autocast, GradientsReachF32ParametersInF32AndBackwardIgnoresTheGuard) {
+  Tensor x = uni({6, 10}, 11, DType::F32);
+  auto run = [&](bool backward_inside) {
+    Tensor w = uni({4, 10}, 12, DType::F32, true), b = uni({4}, 13, DType::F32, true);
+    Tensor g = uni({4}, 14, DType::F32, true), beta = uni({4}, 15, DType::F32, true);
+    Tensor loss;
+    {
+      AutocastGuard on(DType::BF16);
+      Tensor h = layer_norm(gelu(linear(x, w, b)), g, beta);
+      loss = sum(mul(h, h));
+      if (backward_inside) loss.backward();
+    }
+    if (!backward_inside) loss.backward();
+    return std::vector<Tensor>{loss, w.grad(), b.grad(), g.grad(), beta.grad()};
+  };
+  std::vector<Tensor> outside = run(false), inside = run(true);
+  EXPECT_EQ(outside[0].dtype(), DType::F32);
+  for (size_t i = 1; i < outside.size(); ++i) {
+    ASSERT_TRUE(outside[i].defined());
+    EXPECT_EQ(outside[i].dtype(), DType::F32) << "gradient " << i;
+  }
+  for (size_t i = 0; i < outside.size(); ++i) expect_bitwise(outside[i], inside[i], "backward");
+
+  // The same computation with every cast written out gives the same bits.
+  Tensor w = uni({4, 10}, 12, DType::F32, true), b = uni({4}, 13, DType::F32, true);
+  Tensor g = uni({4}, 14, DType::F32, true), beta = uni({4}, 15, DType::F32, true);
+  Tensor y = gelu(linear(bf(x), bf(w), bf(b)));  // bf16
+  Tensor h = layer_norm(cast(y, DType::F32), g, beta);
+  Tensor loss = sum(mul(h, h));
+  loss.backward();
+  expect_bitwise(outside[0], loss, "loss");
+  expect_bitwise(outside[1], w.grad(), "weight gradient");
+  expect_bitwise(outside[2], b.grad(), "bias gradient");
+  expect_bitwise(outside[3], g.grad(), "layer-norm gain gradient");
+}
+
+TEST(Autocast, OutsideTheGuardNothingChanges) {
+  Tensor x = uni({3, 5}, 16, DType::F32), w = uni({2, 5}, 17, DType::F32);
+  EXPECT_EQ(linear(x, w).dtype(), DType::F32);
+  EXPECT_EQ(layer_norm(x, Tensor(), Tensor()).dtype(), DType::F32);
+  Tensor x64 = uni({3, 5}, 18, DType::F64), w64 = uni({2, 5}, 19, DType::F64);
+  AutocastGuard on(DType::BF16);
+  EXPECT_EQ(linear(x64, w64).dtype(), DType::F64) << "only f32 is lowered";
+}
+
+}  // namespace
+}  // namespace hap
