@@ -59,6 +59,29 @@ struct Hyper {
   int64_t warmup = 2, total = kSteps;
 };
 
+// gpt_oracle.py's config for tiny_config() and `h`, computing in `dtype` with `precision`.
+nlohmann::json oracle_config(int steps, const Hyper& h, const char* dtype, const char* precision) {
+  nn::GPTConfig c = tiny_config();
+  return {{"n_layer", c.n_layer},
+          {"n_head", c.n_head},
+          {"n_embd", c.n_embd},
+          {"vocab_size", c.vocab_size},
+          {"block_size", c.block_size},
+          {"layer_norm_eps", c.layer_norm_eps},
+          {"steps", steps},
+          {"lr", h.lr},
+          {"min_lr", h.min_lr},
+          {"warmup_steps", h.warmup},
+          {"total_steps", h.total},
+          {"weight_decay", h.weight_decay},
+          {"beta1", h.beta1},
+          {"beta2", h.beta2},
+          {"eps", h.eps},
+          {"grad_clip", h.grad_clip},
+          {"dtype", dtype},
+          {"precision", precision}};
+}
+
 class GptOracle : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -71,25 +94,7 @@ class GptOracle : public ::testing::Test {
       in.push_back({"targets." + std::to_string(s), b.targets});
     }
     save_tensors(dir_ + "/in.hapt", in);
-    Hyper h;
-    nn::GPTConfig c = tiny_config();
-    nlohmann::json cfg = {{"n_layer", c.n_layer},
-                          {"n_head", c.n_head},
-                          {"n_embd", c.n_embd},
-                          {"vocab_size", c.vocab_size},
-                          {"block_size", c.block_size},
-                          {"layer_norm_eps", c.layer_norm_eps},
-                          {"steps", kSteps},
-                          {"lr", h.lr},
-                          {"min_lr", h.min_lr},
-                          {"warmup_steps", h.warmup},
-                          {"total_steps", h.total},
-                          {"weight_decay", h.weight_decay},
-                          {"beta1", h.beta1},
-                          {"beta2", h.beta2},
-                          {"eps", h.eps},
-                          {"grad_clip", h.grad_clip},
-                          {"dtype", "float64"}};
+    const nlohmann::json cfg = oracle_config(kSteps, Hyper{}, "float64", "f32");
     std::ofstream(dir_ + "/config.json") << cfg.dump(2);
     rc_ = oracle::run_script("gpt_oracle.py",
                              {dir_ + "/in.hapt", dir_ + "/config.json", dir_ + "/out.hapt"});
@@ -177,27 +182,10 @@ TEST(GptOracleMixedPrecision, Bf16MatchesTorchDoingTheSameRecipe) {
   in.push_back({"idx.0", b.idx});
   in.push_back({"targets.0", b.targets});
   save_tensors(dir + "/in.hapt", in);
-  nn::GPTConfig c = tiny_config();
   std::map<std::string, std::map<std::string, Tensor>> twin;
   for (const char* precision : {"bf16", "f32"}) {
-    nlohmann::json cfg = {{"n_layer", c.n_layer},
-                          {"n_head", c.n_head},
-                          {"n_embd", c.n_embd},
-                          {"vocab_size", c.vocab_size},
-                          {"block_size", c.block_size},
-                          {"layer_norm_eps", c.layer_norm_eps},
-                          {"steps", 1},
-                          {"lr", 1e-3},
-                          {"min_lr", 1e-3},
-                          {"warmup_steps", 0},
-                          {"total_steps", 1},
-                          {"weight_decay", 0.0},
-                          {"beta1", 0.9},
-                          {"beta2", 0.95},
-                          {"eps", 1e-8},
-                          {"grad_clip", 0.0},
-                          {"dtype", "float32"},
-                          {"precision", precision}};
+    // Step 0's loss and gradients only: the optimizer's settings do not matter.
+    const nlohmann::json cfg = oracle_config(1, Hyper{}, "float32", precision);
     const std::string config = dir + "/config_" + precision + ".json";
     const std::string out = dir + "/out_" + precision + ".hapt";
     std::ofstream(config) << cfg.dump(2);
