@@ -22,6 +22,7 @@
 #include "core/strided_copy.h"
 #include "core/tensor.h"
 #include "ops/functional.h"
+#include "tests/stand_in_device.h"
 #include "tests/test_util.h"
 
 namespace hap {
@@ -445,47 +446,16 @@ TEST(DType, SizesAndNames) {
 namespace hap {
 namespace {
 
-// A stand-in device backend for the CUDA slot: its memory is host memory it counts.
-struct FakeDeviceAllocator : Allocator {
-  size_t live = 0;
-  void* allocate(size_t nbytes, int) override {
-    live += nbytes;
-    return std::malloc(std::max<size_t>(nbytes, 1));
-  }
-  void deallocate(void* p, size_t nbytes, int) override {
-    live -= nbytes;
-    std::free(p);
-  }
-  AllocatorStats stats(int) const override { return {live, live, 0}; }
-  void reset_peak(int) override {}
-  void release_cache(int) override {}
-};
-
-int g_fake_copies = 0;
-void fake_copy(void* dst, Device, const void* src, Device, size_t nbytes) {
-  ++g_fake_copies;
-  std::memcpy(dst, src, nbytes);
-}
-
 // Stands in for the CUDA backend (the real one, when built, is put back afterwards).
 class FakeDevice : public ::testing::Test {
  protected:
   void SetUp() override {
-    saved_allocator_ = registered_allocator(DeviceKind::CUDA);
-    saved_copy_ = registered_device_copy(DeviceKind::CUDA);
     saved_ops_ = registered_device_tensor_ops(DeviceKind::CUDA);
-    register_allocator(DeviceKind::CUDA, &allocator_);
-    register_device_copy(DeviceKind::CUDA, &fake_copy);
     register_device_tensor_ops(DeviceKind::CUDA, {});  // a test registers its own
   }
-  void TearDown() override {
-    register_allocator(DeviceKind::CUDA, saved_allocator_);
-    register_device_copy(DeviceKind::CUDA, saved_copy_);
-    register_device_tensor_ops(DeviceKind::CUDA, saved_ops_);
-  }
-  FakeDeviceAllocator allocator_;
-  Allocator* saved_allocator_ = nullptr;
-  DeviceCopyFn saved_copy_ = nullptr;
+  void TearDown() override { register_device_tensor_ops(DeviceKind::CUDA, saved_ops_); }
+  test_util::StandInDevice device_;  // memory and copies
+  test_util::StandInAllocator& allocator_ = device_.allocator;
   DeviceTensorOps saved_ops_;
 };
 
@@ -552,13 +522,13 @@ TEST(Devices, ToTheSameDeviceIsTheTensorItself) {
 TEST_F(FakeDevice, StorageComesFromTheDevicesAllocatorAndToCopiesBothWays) {
   Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3});
   Tensor xt = permute(x, {1, 0});  // not contiguous: to() packs it first
-  const int copies = g_fake_copies;
+  const int copies = test_util::g_stand_in_copies;
   Tensor d = xt.to(Device::cuda(1));
   EXPECT_EQ(d.device(), Device::cuda(1));
   EXPECT_EQ(allocator_.live, 6 * sizeof(float));
   EXPECT_TRUE(d.is_contiguous());
   Tensor back = d.to(Device::cpu());
-  EXPECT_EQ(g_fake_copies, copies + 2);
+  EXPECT_EQ(test_util::g_stand_in_copies, copies + 2);
   EXPECT_EQ(back.to_vector(), (std::vector<double>{1, 4, 2, 5, 3, 6}));
   EXPECT_EQ(d.to_vector(), back.to_vector()) << "reading a device tensor goes through the host";
   d = Tensor();

@@ -15,39 +15,16 @@
 #include "parallel/mpi.h"
 #include "parallel/staging.h"
 #include "parallel_test_util.h"
+#include "tests/stand_in_device.h"
 
 namespace hap::parallel {
 namespace {
 
 using testing::world;
 
-// Host memory standing in for a GPU's, with counted copies.
-struct StandInAllocator : Allocator {
-  void* allocate(size_t nbytes, int) override { return std::malloc(std::max<size_t>(nbytes, 1)); }
-  void deallocate(void* p, size_t, int) override { std::free(p); }
-  AllocatorStats stats(int) const override { return {}; }
-  void reset_peak(int) override {}
-  void release_cache(int) override {}
-};
-int g_copies = 0;
-void stand_in_copy(void* dst, Device, const void* src, Device, size_t nbytes) {
-  ++g_copies;
-  std::memcpy(dst, src, nbytes);
-}
-
 class Staging : public ::testing::Test {
  protected:
-  void SetUp() override {
-    saved_allocator_ = registered_allocator(DeviceKind::CUDA);
-    saved_copy_ = registered_device_copy(DeviceKind::CUDA);
-    register_allocator(DeviceKind::CUDA, &allocator_);
-    register_device_copy(DeviceKind::CUDA, &stand_in_copy);
-    staged_ = std::make_shared<StagingBackend>(MpiBackend::world());
-  }
-  void TearDown() override {
-    register_allocator(DeviceKind::CUDA, saved_allocator_);
-    register_device_copy(DeviceKind::CUDA, saved_copy_);
-  }
+  void SetUp() override { staged_ = std::make_shared<StagingBackend>(MpiBackend::world()); }
   // This rank's values, on the host and on the stand-in device.
   static Tensor values(const Shape& s, uint64_t salt) {
     return randn(s, 100 + salt, static_cast<uint64_t>(world().rank()));
@@ -59,9 +36,8 @@ class Staging : public ::testing::Test {
   }
 
   static constexpr Device kDevice = Device{DeviceKind::CUDA, 0};
-  StandInAllocator allocator_;
-  Allocator* saved_allocator_ = nullptr;
-  DeviceCopyFn saved_copy_ = nullptr;
+  hap::test_util::StandInDevice device_;  // host memory behind the CUDA slot, counted copies
+  hap::test_util::StandInAllocator& allocator_ = device_.allocator;
   std::shared_ptr<StagingBackend> staged_;
 };
 
@@ -79,7 +55,7 @@ TEST_F(Staging, SupportsTheHostAndRegisteredDevicesAndSaysWhatItStagesOver) {
 TEST_F(Staging, EveryCollectiveOnDeviceTensorsEqualsTheHostCollective) {
   Backend& host = world().backend();
   const int n = world().size(), r = world().rank();
-  const int copies_before = g_copies;
+  const int copies_before = hap::test_util::g_stand_in_copies;
   {  // all_reduce, out of place and in place
     const Tensor x = values({37, 3}, 1);
     Tensor want = Tensor::empty(x.shape());
@@ -158,7 +134,8 @@ TEST_F(Staging, EveryCollectiveOnDeviceTensorsEqualsTheHostCollective) {
     const Tensor want = randn({9}, 106, static_cast<uint64_t>((r + n - 1) % n));
     expect_same(got, want, "recv");
   }
-  EXPECT_GT(g_copies, copies_before) << "device tensors went through host copies";
+  EXPECT_GT(hap::test_util::g_stand_in_copies, copies_before)
+      << "device tensors went through host copies";
 }
 
 TEST_F(Staging, SplitsStageTooAndARankLeftOutGetsNone) {
