@@ -40,7 +40,9 @@ std::string core_rate_key();
 // The folder of the cache file, from the environment as above ("" when none is set).
 std::string default_cache_dir();
 
-// The measurement itself (one thread, the default GPT on 4 examples, `window_s` of steps).
+// The measurement itself (one thread, the default GPT on 4 examples, `window_s` of steps). It is
+// hap-profile's compute measurement (defined beside it, in train/cluster_profile.cc), so that a
+// profile under a quota q confirms q times it.
 double measure_core_flops_per_s(double window_s = 1.5);
 
 }  // namespace hap::train
