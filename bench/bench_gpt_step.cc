@@ -1,9 +1,11 @@
 // One GPT training step (forward, backward, AdamW) timed for HAP and for PyTorch's step on the
 // identical model, batch and thread count, in one run, on the CPU or on a GPU (--device cuda: f32,
 // TF32 off on both sides; the GPU's f32 GEMM rate is measured in the same run for the MFU). Writes
-// bench/results/gpt_step.json (or --out).
+// bench/results/gpt_step.json (or --out). --bf16 also times HAP's step with bf16 mixed precision
+// (train.precision: bf16, ops::AutocastGuard) right after its f32 step.
 //   bench_gpt_step [--sizes gpt-mini,gpt2-124m,gpt2-124m-t1024] [--iters N] [--warmup N]
 //                  [--threads N] [--device cpu|cuda] [--python PATH] [--out FILE] [--profile]
+//                  [--bf16]
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
@@ -74,7 +76,8 @@ double gemm_peak(hap::Device device, int iters) {
   return 2.0 * static_cast<double>(n * n * n) / median(s);
 }
 
-nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap::Device device) {
+nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap::Device device,
+                        hap::DType precision = hap::DType::F32) {
   hap::nn::GPTConfig c;
   c.vocab_size = s.vocab;
   c.block_size = s.seq;
@@ -103,7 +106,11 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
     hap::Tensor y = hap::Tensor::from_vector(tgt, {s.batch, s.seq}).to(device);
     synchronize(device);
     auto t0 = std::chrono::steady_clock::now();
-    hap::Tensor loss = model.loss(x, y);
+    hap::Tensor loss;
+    {
+      hap::ops::AutocastGuard mixed(precision);
+      loss = model.loss(x, y);
+    }
     loss.backward();
     opt.step();
     opt.zero_grad();
@@ -119,6 +126,7 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
   }
   double med = median(ms);
   return {{"framework", "hap"},
+          {"precision", precision == hap::DType::BF16 ? "bf16" : "f32"},
           {"step_ms", ms},
           {"median_ms", med},
           {"tokens_per_s", static_cast<double>(s.batch * s.seq) / (med / 1000.0)},
@@ -152,7 +160,7 @@ int run(int argc, char** argv) {
   std::string sizes_arg = "gpt-mini,gpt2-124m",
               out = std::string(HAP_SOURCE_DIR) + "/bench/results/gpt_step.json";
   int iters = 10, warmup = 3, threads = 0;
-  bool profile = false;
+  bool profile = false, bf16 = false;
   std::string device_arg = "cpu", python = "/usr/bin/python3";
   cli.add_option("--sizes", sizes_arg, "comma-separated: gpt-mini, gpt2-124m, gpt2-124m-t1024");
   cli.add_option("--device", device_arg, "cpu, cuda or cuda:N (both frameworks)");
@@ -162,6 +170,7 @@ int run(int argc, char** argv) {
   cli.add_option("--threads", threads, "threads for both frameworks (0 = all cores)");
   cli.add_option("--out", out, "results JSON");
   cli.add_flag("--profile", profile, "print HAP's kernel time per op");
+  cli.add_flag("--bf16", bf16, "also time HAP's step with bf16 mixed precision");
   CLI11_PARSE(cli, argc, argv);
 
   const std::optional<hap::Device> device = hap::parse_device(device_arg);
@@ -192,10 +201,12 @@ int run(int argc, char** argv) {
                 (long)it->seq, (long)it->batch, (long)it->vocab, threads);
     std::fflush(stdout);
     nlohmann::json hap_r = time_hap(*it, warmup, iters, profile, *device);
+    nlohmann::json bf16_r;
+    if (bf16) bf16_r = time_hap(*it, warmup, iters, profile, *device, hap::DType::BF16);
     nlohmann::json torch_r =
         time_torch(*it, warmup, iters, threads, out + ".torch.tmp", python, *device);
     const double flops = step_flops(*it, hap_r["n_params"].get<int64_t>());
-    for (nlohmann::json* r : {&hap_r, &torch_r})
+    for (nlohmann::json* r : {&hap_r, &bf16_r, &torch_r})
       if (r->contains("median_ms")) {
         (*r)["achieved_flops_per_s"] = flops / ((*r)["median_ms"].get<double>() / 1e3);
         (*r)["mfu"] = flops / ((*r)["median_ms"].get<double>() / 1e3) / peak;
@@ -204,6 +215,13 @@ int run(int argc, char** argv) {
     nlohmann::json row = {{"size", it->name},     {"n_layer", it->n_layer}, {"n_embd", it->n_embd},
                           {"n_head", it->n_head}, {"seq", it->seq},         {"batch", it->batch},
                           {"vocab", it->vocab},   {"hap", hap_r},           {"pytorch", torch_r}};
+    if (bf16) {
+      row["hap_bf16"] = bf16_r;
+      row["bf16_speedup_over_f32"] =
+          hap_r["median_ms"].get<double>() / bf16_r["median_ms"].get<double>();
+      std::printf("   hap bf16 mixed precision %.1f ms/step: %.2fx HAP's f32 step\n",
+                  bf16_r["median_ms"].get<double>(), row["bf16_speedup_over_f32"].get<double>());
+    }
     if (torch_r.contains("median_ms")) {
       double ratio = hap_r["median_ms"].get<double>() / torch_r["median_ms"].get<double>();
       row["ratio_hap_over_pytorch"] = ratio;
