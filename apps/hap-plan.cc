@@ -114,8 +114,7 @@ int main(int argc, char** argv) {
     hap::train::ClusterLoadInfo loaded;
     hap::synth::Cluster cluster = hap::train::load_cluster_config(cluster_path, {}, &loaded);
     if (loaded.core_flops_per_s > 0)
-      std::printf("cluster %s: compute in CPU cores of %.4g FLOP/s (%s)\n", cluster_path.c_str(),
-                  loaded.core_flops_per_s, hap::train::core_rate().source.c_str());
+      std::printf("%s\n", hap::train::core_rate_line(cluster_path, loaded).c_str());
 
     hap::synth::SynthesisOptions opt = hap::train::synthesis_options(config);
     hap::synth::Strategy strat = opt.strategy;

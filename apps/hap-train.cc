@@ -50,8 +50,7 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
     ClusterLoadInfo loaded;
     hap::synth::Cluster cluster = load_cluster_config(cluster_path, rank0_core_rate, &loaded);
     if (lead && !fit.quiet && loaded.core_flops_per_s > 0)
-      std::printf("cluster %s: compute in CPU cores of %.4g FLOP/s (%s)\n", cluster_path.c_str(),
-                  loaded.core_flops_per_s, core_rate().source.c_str());
+      std::printf("%s\n", core_rate_line(cluster_path, loaded).c_str());
     DistributedOptions dist{std::move(cluster), synthesis_options(config), plan_file,
                             config.parallel.collective_timeout_s, config.parallel.backend};
     if (!plan_json.empty())

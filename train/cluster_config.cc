@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -305,6 +306,14 @@ synth::Cluster load_cluster_config(const std::string& path,
     fail(origin, "", e.what());
   }
   return cluster;
+}
+
+std::string core_rate_line(const std::string& path, const ClusterLoadInfo& loaded) {
+  if (loaded.core_flops_per_s <= 0) return "";
+  char rate[32];
+  std::snprintf(rate, sizeof rate, "%.4g", loaded.core_flops_per_s);
+  return "cluster " + path + ": compute in CPU cores of " + rate + " FLOP/s (" +
+         core_rate().source + ")";
 }
 
 nlohmann::json cluster_to_json(const synth::Cluster& cluster) {

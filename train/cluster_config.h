@@ -58,6 +58,10 @@ struct ClusterLoadInfo {
   double core_flops_per_s = 0;  // the per-core rate "<x> cores" used; 0 when no device has one
 };
 
+// "cluster PATH: compute in CPU cores of R FLOP/s (where R came from)", for a file in cores; ""
+// for one in FLOP/s. What hap-train and hap-plan print.
+std::string core_rate_line(const std::string& path, const ClusterLoadInfo& loaded);
+
 // Reads and validates the cluster file at `path`. Throws ConfigError on the first problem.
 // `core_flops` gives one CPU core's FLOP/s for devices whose flops_per_s is in cores, called at
 // most once and only when one is (empty: core_rate(), train/core_rate.h; an MPI run passes a
