@@ -107,6 +107,7 @@ Prop Executor::storage(const std::string& name) const {
 void Executor::materialize_parameters(const TensorSource& source) {
   params_.clear();
   param_local_.clear();
+  device_ = Device::cpu();
   for (const auto& [name, t] : param_tensor_) {
     const synth::GraphTensor& gt = graph_.tensors[t];
     Tensor local;
@@ -120,6 +121,7 @@ void Executor::materialize_parameters(const TensorSource& source) {
     }
     local = local.detach();
     local.set_requires_grad(true);
+    if (param_local_.empty()) device_ = local.device();  // the rank's device: the parameters'
     param_local_[t] = local;
   }
   // In graph order, so that every rank lists them alike.
@@ -157,7 +159,8 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
     HAP_CHECK(gt.value.defined() && gt.value.has_storage(), "executor: tensor %", t, " (", gt.name,
               ") is a constant traced without data (made under a MetaGuard inside forward); "
               "create it from values, or pass it as an input");
-    return box_of(gt.value, local, slice).contiguous();
+    // Traced on the host; it goes where this rank computes (its parameters' device).
+    return box_of(gt.value, local, slice).contiguous().to(device_);
   }
   HAP_CHECK(gt.role == synth::TensorRole::Input, "executor: tensor %", t, " (", gt.name,
             ") is read before it is computed");

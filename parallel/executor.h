@@ -108,6 +108,7 @@ class Executor {
   std::map<std::string, int> param_tensor_;  // name -> graph tensor
   std::map<int, Tensor> param_local_;        // graph tensor -> local leaf
   std::map<int, int> param_segment_;         // graph tensor -> segment its shard lengths use
+  Device device_ = Device::cpu();            // where this rank's parameters live
   std::vector<std::pair<std::string, Tensor>> states_;
   std::map<int, Tensor> state_value_;  // graph tensor -> the full buffer
   // Values of the current forward: graph tensor -> property (prop_key) -> local tensor, and the

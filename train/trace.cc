@@ -6,6 +6,12 @@ namespace hap::train {
 
 synth::Graph trace_model(nn::Model& model, std::int64_t batch_size, DType precision) {
   const std::vector<nn::InputSpec> specs = model.inputs(batch_size);
+  // The shape-only batch sits on the parameters' device, as a real batch would.
+  Device device = Device::cpu();
+  for (const auto& [name, p] : model.named_parameters()) {
+    device = p.device();
+    break;
+  }
   nn::Batch batch;
   std::vector<std::pair<std::string, Tensor>> inputs;
   for (const nn::InputSpec& s : specs) {
@@ -13,7 +19,7 @@ synth::Graph trace_model(nn::Model& model, std::int64_t batch_size, DType precis
                   s.shape[static_cast<size_t>(s.batch_dim)] == batch_size,
               "the model declares the input ", nn::input_str(s),
               " whose batch dim does not hold the ", batch_size, " examples of the batch");
-    Tensor t = Tensor::meta(s.shape, s.dtype);
+    Tensor t = Tensor::meta(s.shape, s.dtype, device);
     batch[s.name] = t;
     inputs.emplace_back(s.name, t);
   }
