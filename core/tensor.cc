@@ -198,6 +198,19 @@ std::vector<float> Tensor::to_float_vector() const {
 
 Tensor Tensor::as_strided(const Shape& shape, const Strides& strides, int64_t offset) const {
   HAP_ASSERT(shape.size() == strides.size());
+  if (has_storage()) {  // every element of the view must lie inside the storage
+    int64_t lo = offset, hi = offset, n = 1;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      n *= shape[d];
+      if (shape[d] == 0) continue;
+      (strides[d] < 0 ? lo : hi) += (shape[d] - 1) * strides[d];
+    }
+    const int64_t elements =
+        static_cast<int64_t>(impl_->storage->nbytes / std::max<size_t>(dtype_size(dtype()), 1));
+    HAP_CHECK(n == 0 || (lo >= 0 && hi < elements), "as_strided: the view ", shape_str(shape),
+              " with strides ", shape_str(strides), " at offset ", offset, " reaches elements ", lo,
+              " to ", hi, " of a storage of ", elements, " ", dtype_name(dtype()), " elements");
+  }
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = impl_->storage;
   impl->shape = shape;

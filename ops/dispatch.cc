@@ -6,6 +6,9 @@
 #include <optional>
 
 #include "core/timeline.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 
 namespace hap::ops {
 
@@ -63,7 +66,7 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
   HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
-  if (bf && device.is_cpu() && op_def(kind).cpu_bf16) return false;
+  if (bf && (device.is_cpu() ? op_def(kind).cpu_bf16 : op_def(kind).cuda_bf16)) return false;
   return bf != nullptr;
 }
 }  // namespace
@@ -202,9 +205,17 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   KernelContext ctx{kind, inputs, out_meta, attrs};
   std::optional<timeline::Scope> span;  // in --trace timelines: the kernel and its module
   if (timeline::recording()) span.emplace("op", def.name, current_scope());
+  // A GPU's kernels run after their launch: profiling waits for the device around each op.
+  auto wait_for_device = [&] {
+#ifdef HAP_HAVE_CUDA
+    if (g_profiling && device.is_cuda()) cuda::synchronize(device.index);
+#endif
+  };
+  wait_for_device();
   auto t0 =
       g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   std::vector<Tensor> outputs = kernel(ctx);
+  wait_for_device();
   span.reset();
   if (g_profiling)
     g_stats.kernel_s[static_cast<size_t>(kind)] +=

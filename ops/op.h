@@ -105,6 +105,8 @@ struct OpDef {
   // Its CPU kernel takes bf16 operands itself (f32 accumulation, one rounding at the end, as the
   // f32 route would give): on CPU tensors whose float inputs are all bf16, no casts are inserted.
   bool cpu_bf16 = false;
+  // The same for its CUDA kernel.
+  bool cuda_bf16 = false;
   // Its CPU kernel only makes views or calls the Tensor methods every device backend provides
   // (fill_, clone, copy_from: core/tensor.h, DeviceTensorOps), so it serves tensors of any device.
   bool any_device = false;

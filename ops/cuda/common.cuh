@@ -45,7 +45,8 @@ void on_float(const Tensor& out, const char* op, Fn fn) {
 
 // Row-major C[i] (m x n) = alpha op(A[i]) (m x k) op(B[i]) (k x n) + beta C[i] for i < batch,
 // through cuBLAS; A is stored [m, k] ([k, m] when a_trans), B [k, n] ([n, k] when b_trans), all
-// contiguous, f32 (f32 compute, no TF32) or f64 (ops/cuda/matmul.cu).
+// contiguous, f32 (f32 compute, no TF32), f64, or bf16 (f32 accumulation on the tensor cores)
+// (ops/cuda/matmul.cu).
 void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool b_trans,
           int64_t batch, int64_t m, int64_t n, int64_t k, const char* op, double alpha = 1,
           double beta = 0);

@@ -1,6 +1,8 @@
 // CUDA kernels of matmul and linear: cuBLAS strided-batched GEMMs (f32 with f32 compute, TF32
-// off; f64), operands made contiguous first where they are not (a broadcast batch operand is
-// expanded), a's batch folded into the rows when b has none; the bias added by a small kernel.
+// off; f64; bf16 operands with f32 accumulation on the tensor cores, one rounding at the end),
+// operands made contiguous first where they are not (a broadcast batch operand is expanded), a's
+// batch folded into the rows when b has none. Linear's bias is written into the output first and
+// the GEMM adds to it (beta = 1), as the CPU kernel does: bias + x W^T is rounded once.
 #include <cublas_api.h>
 
 #include "core/cuda/cublas.h"
@@ -14,8 +16,9 @@ namespace {
 cudaDataType data_type(DType d, const char* op) {
   if (d == DType::F32) return CUDA_R_32F;
   if (d == DType::F64) return CUDA_R_64F;
+  if (d == DType::BF16) return CUDA_R_16BF;
   HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(d),
-            " has no CUDA kernel yet (f32 and f64 have)");
+            " has no GEMM (f32, f64 and bf16 have)");
   return CUDA_R_32F;
 }
 
@@ -32,7 +35,7 @@ void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool 
               beta);
     if (beta == 0) {
       HAP_CUDA_CHECK(cudaSetDevice(c.device().index));
-      HAP_CUDA_CHECK(cudaMemsetAsync(c.raw_data(), 0, c.nbytes()));  // +0.0 in f32 and f64
+      HAP_CUDA_CHECK(cudaMemsetAsync(c.raw_data(), 0, c.nbytes()));  // +0.0 in every float
     }
     return;
   }
@@ -96,10 +99,28 @@ std::vector<Tensor> matmul(const KernelContext& c) {
   return {out};
 }
 
-template <typename T>
-__global__ void add_bias_kernel(T* out, const T* bias, int64_t bias_stride, int64_t rows,
-                                int64_t n) {
-  HAP_GRID_STRIDE_LOOP(i, rows * n) { out[i] += bias[(i % n) * bias_stride]; }
+// out[r, j] = bias[j]: the bias's bits in every row (any element size).
+template <typename Bits>
+__global__ void bias_rows_kernel(Bits* out, const Bits* bias, int64_t bias_stride, int64_t rows,
+                                 int64_t n) {
+  HAP_GRID_STRIDE_LOOP(i, rows * n) { out[i] = bias[(i % n) * bias_stride]; }
+}
+
+void fill_bias_rows(const Tensor& out, const Tensor& bias, int64_t rows, int64_t n) {
+  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  auto launch = [&](auto bits) {
+    using Bits = decltype(bits);
+    bias_rows_kernel<<<blocks_for(rows * n), kThreads>>>(static_cast<Bits*>(out.raw_data()),
+                                                         static_cast<const Bits*>(bias.raw_data()),
+                                                         bias.strides()[0], rows, n);
+  };
+  if (dtype_size(out.dtype()) == 2)
+    launch(uint16_t{});
+  else if (dtype_size(out.dtype()) == 4)
+    launch(uint32_t{});
+  else
+    launch(uint64_t{});
+  check_launch("linear");
 }
 
 std::vector<Tensor> linear(const KernelContext& c) {
@@ -108,19 +129,14 @@ std::vector<Tensor> linear(const KernelContext& c) {
   const int64_t in = w.size(1), n = w.size(0);
   if (out.numel() == 0) return {out};
   const int64_t rows = out.numel() / n;
+  const double beta = bias.defined() ? 1.0 : 0.0;
+  if (bias.defined()) fill_bias_rows(out, bias, rows, n);
   if (in == 0) {
-    zero(out);
+    if (!bias.defined()) zero(out);
   } else if (transposed_2d(w) && !w.is_contiguous()) {  // a view of a stored [in, out]
-    gemm(out, dense(x), false, w, false, 1, rows, n, in, "linear");
+    gemm(out, dense(x), false, w, false, 1, rows, n, in, "linear", 1.0, beta);
   } else {
-    gemm(out, dense(x), false, dense(w), true, 1, rows, n, in, "linear");
-  }
-  if (bias.defined()) {
-    on_float(out, "linear", [&](auto tag) {
-      using T = decltype(tag);
-      add_bias_kernel<<<blocks_for(rows * n), kThreads>>>(ptr<T>(out), ptr<T>(bias),
-                                                          bias.strides()[0], rows, n);
-    });
+    gemm(out, dense(x), false, dense(w), true, 1, rows, n, in, "linear", 1.0, beta);
   }
   return {out};
 }
@@ -128,8 +144,10 @@ std::vector<Tensor> linear(const KernelContext& c) {
 }  // namespace
 
 void register_matmul(OpTable& t) {
-  t[static_cast<size_t>(OpKind::MatMul)].cuda = matmul;
-  t[static_cast<size_t>(OpKind::Linear)].cuda = linear;
+  for (OpKind k : {OpKind::MatMul, OpKind::Linear}) {
+    t[static_cast<size_t>(k)].cuda = k == OpKind::MatMul ? matmul : linear;
+    t[static_cast<size_t>(k)].cuda_bf16 = true;  // bf16 operands on the tensor cores
+  }
 }
 
 }  // namespace hap::ops::cuda

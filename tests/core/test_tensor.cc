@@ -246,6 +246,22 @@ TEST(Tensor, CudaStorageIsRejectedWithTheDeviceNamed) {
 
 // ---------------------------------------------------------------- views share storage
 
+// A view that reaches past its storage (or before it) is refused, naming the range: written
+// through, it would corrupt whatever memory follows (a GPU kernel or a host loop alike).
+TEST(Tensor, AViewOutsideItsStorageIsAnError) {
+  Tensor t = Tensor::zeros({7, 9});
+  EXPECT_HAS(test_util::error_of([&] {
+               t.as_strided({4, 9}, {18, 1}, 9);
+             }),
+             "reaches elements 9 to 71 of a storage of 63 f32 elements");
+  EXPECT_HAS(test_util::error_of([&] { t.as_strided({3}, {-2}, 3); }), "reaches elements -1 to 3");
+  EXPECT_EQ(t.as_strided({3, 9}, {18, 1}, 9).numel(), 27);   // rows 1, 3 and 5: inside
+  EXPECT_EQ(t.as_strided({0, 5}, {100, 1}, 62).numel(), 0);  // an empty view reaches nothing
+  EXPECT_EQ(t.as_strided({5, 4}, {0, 1}, 59).numel(), 20);   // broadcast rows over the last 4
+  // A view of a view is checked against the storage, not the view.
+  EXPECT_EQ(t.as_strided({9}, {1}, 0).as_strided({9}, {1}, 54).numel(), 9);
+}
+
 TEST(Tensor, AsStridedAndDetachShareStorage) {
   Tensor t = Tensor::from_vector(std::vector<double>{0, 1, 2, 3, 4, 5}, {2, 3},
                                  TensorOptions{}.with_dtype(DType::F64));

@@ -30,16 +30,19 @@ inline std::string source_dir() {
 
 inline TensorOptions f64() { return TensorOptions{}.with_dtype(DType::F64); }
 
-// max |a - b| / (atol + rtol |b|) <= 1, element by element, both brought to the host.
+// max |a - b| / (atol + rtol |b|) <= 1, element by element, both brought to the host; equal
+// infinities and NaN against NaN agree.
 inline void expect_close(const Tensor& gpu, const Tensor& cpu, double rtol, double atol,
                          const std::string& what) {
   ASSERT_EQ(gpu.device(), kGpu) << what;
   ASSERT_EQ(gpu.shape(), cpu.shape()) << what;
   ASSERT_EQ(gpu.dtype(), cpu.dtype()) << what;
   const std::vector<double> a = gpu.to(Device::cpu()).to_vector(), b = cpu.to_vector();
-  for (size_t i = 0; i < a.size(); ++i)
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) continue;  // infinities, NaNs
     ASSERT_LE(std::abs(a[i] - b[i]), atol + rtol * std::abs(b[i]))
         << what << " element " << i << ": " << a[i] << " vs " << b[i];
+  }
 }
 
 // A device copy of `x` with the same view: the storage block under it copied, the same sizes,

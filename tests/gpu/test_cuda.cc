@@ -58,22 +58,25 @@ TEST(Cuda, TheAllocatorCachesCountsAndHonoursItsCap) {
              "no such device");
 }
 
-TEST(Cuda, FillAndCopiesOfViewsConvertExactlyAsTheHostDoes) {
+// Values with fractions, ties of bf16 rounding (1 + 2^-8 + 2^-9 ...) and magnitudes that every
+// dtype holds; negative ones only where neither side is u8 (their conversion is undefined).
+std::vector<double> conversion_values(bool negatives) {
+  std::vector<double> v;
+  for (int i = 0; i < 7 * 9; ++i)
+    v.push_back(std::ldexp(1.0 + i / 256.0, i % 7) * (negatives && i % 2 ? -1 : 1));
+  return v;
+}
+
+const std::vector<DType> kEveryDtype = {DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8};
+
+TEST(Cuda, CopiesOfViewsConvertExactlyAsTheHostDoes) {
   HAP_REQUIRE_GPU();
-  const std::vector<DType> dtypes = {DType::F32, DType::F64, DType::BF16, DType::I64, DType::U8};
-  // Values with fractions, ties of bf16 rounding (1 + 2^-8 + 2^-9 ...) and magnitudes that every
-  // dtype holds; negative ones only where neither side is u8 (their conversion is undefined).
-  auto values = [](bool negatives) {
-    std::vector<double> v;
-    for (int i = 0; i < 7 * 9; ++i)
-      v.push_back(std::ldexp(1.0 + i / 256.0, i % 7) * (negatives && i % 2 ? -1 : 1));
-    return v;
-  };
-  for (DType from : dtypes) {
-    for (DType to : dtypes) {
+  for (DType from : kEveryDtype) {
+    for (DType to : kEveryDtype) {
       SCOPED_TRACE(std::string(dtype_name(from)) + " -> " + dtype_name(to));
       const bool negatives = from != DType::U8 && to != DType::U8;
-      const Tensor block = Tensor::from_vector(values(negatives), {7, 9}, f64()).to(from);
+      const Tensor block =
+          Tensor::from_vector(conversion_values(negatives), {7, 9}, f64()).to(from);
       const Tensor view = block.as_strided({9, 7}, {1, 9}, 0);  // transposed
       const Tensor gpu_view = same_view_on_gpu(view);
       expect_equal(gpu_view.to(to), view.to(to), "to(dtype) of a transposed view");
@@ -83,17 +86,29 @@ TEST(Cuda, FillAndCopiesOfViewsConvertExactlyAsTheHostDoes) {
       dst_cpu.as_strided({9, 7}, {1, 9}, 0).copy_from(view);
       expect_equal(dst, dst_cpu, "copy_from into a transposed view");
     }
+  }
+}
+
+TEST(Cuda, FillOfAViewConvertsExactlyAsTheHostDoes) {
+  HAP_REQUIRE_GPU();
+  for (DType from : kEveryDtype) {
     for (double value : {0.0, -3.25, 1.0 + 1.0 / 256 + 1.0 / 512, 77.0}) {
       if (from == DType::U8 && value < 0) continue;
       SCOPED_TRACE(std::string("fill_ ") + dtype_name(from) + " " + std::to_string(value));
-      const Tensor block = Tensor::from_vector(values(false), {7, 9}, f64()).to(from);
+      const Tensor block = Tensor::from_vector(conversion_values(false), {7, 9}, f64()).to(from);
       Tensor t = block.to(kGpu), t_cpu = block.clone();
-      t.as_strided({4, 9}, {18, 1}, 9).fill_(value);  // every other row
-      t_cpu.as_strided({4, 9}, {18, 1}, 9).fill_(value);
+      t.as_strided({3, 9}, {18, 1}, 9).fill_(value);  // rows 1, 3 and 5
+      t_cpu.as_strided({3, 9}, {18, 1}, 9).fill_(value);
       expect_equal(t, t_cpu, "fill_ of every other row");
     }
   }
-  // Out-of-range floats and NaN to integers: saturated, NaN to 0, on both devices.
+  EXPECT_EQ(Tensor::zeros({3}, TensorOptions{}.with_device(kGpu)).to(Device::cpu()).to_vector(),
+            (std::vector<double>{0, 0, 0}));
+}
+
+// Out-of-range floats and NaN to integers: saturated, NaN to 0, on both devices.
+TEST(Cuda, FloatsToIntegersSaturateAsOnTheHost) {
+  HAP_REQUIRE_GPU();
   const std::vector<double> edges = {-1.0, 300.0, std::nan(""), 2.7, -2.7, 1e30, -1e30, 255.5};
   for (DType from : {DType::F32, DType::F64, DType::BF16}) {
     const Tensor x = Tensor::from_vector(edges, {8}, f64()).to(from);
@@ -102,8 +117,6 @@ TEST(Cuda, FillAndCopiesOfViewsConvertExactlyAsTheHostDoes) {
       expect_equal(x.to(kGpu).to(to), x.to(to), "saturating conversion");
     }
   }
-  EXPECT_EQ(Tensor::zeros({3}, TensorOptions{}.with_device(kGpu)).to(Device::cpu()).to_vector(),
-            (std::vector<double>{0, 0, 0}));
 }
 
 // The ops that only restride or move data run on the GPU through the same kernels as on the CPU.
@@ -250,6 +263,40 @@ TEST(Cuda, MatmulAndLinearMatchTheCpu) {
                    "linear");
     }
   }
+}
+
+// bf16 operands on both devices, f32 accumulation and one rounding to bf16 at the end on both
+// (the GPU's tensor cores, the CPU's bf16 GEMM), the sums in other orders: the f32 results differ
+// by ~1e-6 relative, so the bf16 results are equal or one bf16 ulp (2^-8 relative) apart.
+TEST(Cuda, Bf16MatmulAndLinearMatchTheCpusBf16Kernels) {
+  HAP_REQUIRE_GPU();
+  const double rtol = 1.0 / 128, atol = 1e-6;  // two ulps of bf16
+  auto normal = [&](const Shape& s, uint64_t seed) {
+    return randn(s, seed, 0, f64()).to(DType::BF16);
+  };
+  const std::vector<std::pair<std::string, std::vector<Tensor>>> matmuls = {
+      {"2-D", {normal({37, 19}, 1), normal({19, 23}, 2)}},
+      {"batched", {normal({3, 37, 19}, 7), normal({3, 19, 23}, 8)}},
+      {"by a transposed view",
+       {normal({37, 19}, 6), normal({23, 19}, 5).as_strided({19, 23}, {1, 19}, 0)}}};
+  for (const auto& [label, in] : matmuls) {
+    SCOPED_TRACE("matmul " + label);
+    const Tensor got =
+        ops::call1(OpKind::MatMul, {same_view_on_gpu(in[0]), same_view_on_gpu(in[1])});
+    EXPECT_EQ(got.dtype(), DType::BF16);
+    expect_close(got, ops::call1(OpKind::MatMul, in), rtol, atol, "bf16 matmul");
+  }
+  const std::vector<Tensor> lin = {normal({2, 37, 19}, 16), normal({23, 19}, 13), normal({23}, 14)};
+  std::vector<Tensor> gpu;
+  for (const Tensor& t : lin) gpu.push_back(t.to(kGpu));
+  expect_close(ops::call1(OpKind::Linear, gpu), ops::call1(OpKind::Linear, lin), rtol, atol,
+               "bf16 linear with bias");
+  // Under autocast, f32 operands are lowered to bf16 and the product stays bf16, on both.
+  ops::AutocastGuard mixed(DType::BF16);
+  const Tensor x = randn({37, 19}, 30, 0), w = randn({23, 19}, 31, 0);
+  const Tensor y = ops::call1(OpKind::Linear, {x.to(kGpu), w.to(kGpu), Tensor()});
+  EXPECT_EQ(y.dtype(), DType::BF16);
+  expect_close(y, ops::call1(OpKind::Linear, {x, w, Tensor()}), rtol, atol, "autocast linear");
 }
 
 TEST(Cuda, SoftmaxAndLogSoftmaxWithTheirBackwardMatchTheCpu) {
