@@ -62,9 +62,10 @@ double step_flops(const Size& s, int64_t n_params) {
 }
 
 // The device's f32 GEMM rate (FLOP/s): the median of `iters` 4096^3 products (8192^3 on a GPU).
-double gemm_peak(hap::Device device, int iters) {
+double gemm_peak(hap::Device device, int iters, hap::DType dtype = hap::DType::F32) {
   const int64_t n = device.is_cuda() ? 8192 : 2048;
-  hap::Tensor a = hap::randn({n, n}, 1).to(device), b = hap::randn({n, n}, 2).to(device);
+  hap::Tensor a = hap::randn({n, n}, 1).to(dtype).to(device),
+              b = hap::randn({n, n}, 2).to(dtype).to(device);
   std::vector<double> s;
   for (int i = 0; i < iters + 2; ++i) {
     auto t0 = std::chrono::steady_clock::now();
@@ -185,6 +186,11 @@ int run(int argc, char** argv) {
   std::printf("%s f32 GEMM rate: %.2f TFLOP/s (the MFU's peak)\n", device->str().c_str(),
               peak / 1e12);
   if (device->is_cpu()) std::printf("%s\n", hap::cpu::gemm_description().c_str());
+  // The bf16 step's MFU is over the bf16 GEMM rate (bf16 operands, f32 accumulation).
+  const double peak_bf16 = bf16 ? gemm_peak(*device, 5, hap::DType::BF16) : 0.0;
+  if (bf16)
+    std::printf("%s bf16 GEMM rate: %.2f TFLOP/s (the bf16 step's MFU peak)\n",
+                device->str().c_str(), peak_bf16 / 1e12);
   nlohmann::json results = nlohmann::json::array();
   std::stringstream ss(sizes_arg);
   std::string name;
@@ -209,7 +215,8 @@ int run(int argc, char** argv) {
     for (nlohmann::json* r : {&hap_r, &bf16_r, &torch_r})
       if (r->contains("median_ms")) {
         (*r)["achieved_flops_per_s"] = flops / ((*r)["median_ms"].get<double>() / 1e3);
-        (*r)["mfu"] = flops / ((*r)["median_ms"].get<double>() / 1e3) / peak;
+        (*r)["mfu"] =
+            flops / ((*r)["median_ms"].get<double>() / 1e3) / (r == &bf16_r ? peak_bf16 : peak);
       }
     std::remove((out + ".torch.tmp").c_str());
     nlohmann::json row = {{"size", it->name},     {"n_layer", it->n_layer}, {"n_embd", it->n_embd},
@@ -240,6 +247,7 @@ int run(int argc, char** argv) {
                         {"device", device->str()},
                         {"threads", threads},
                         {"gemm_f32_flops_per_s", peak},
+                        {"gemm_bf16_flops_per_s", peak_bf16},
                         {"cpu_gemm", hap::cpu::gemm_description()},
                         {"step_flops_formula", "6 N tokens + 12 L T C tokens"},
                         {"results", results}};
