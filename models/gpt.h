@@ -3,7 +3,8 @@
 //
 // Parameter names (what checkpoints and the PyTorch oracle use), in this order:
 //   wte.weight [V, C], wpe.weight [block_size, C], then for each block i:
-//   blocks.{i}.ln1.weight/bias [C], blocks.{i}.attn.qkv.weight [3C, C] / .bias [3C],
+//   blocks.{i}.ln1.weight/bias [C], blocks.{i}.attn.qkv.weight [3, C, C] / .bias [3, C] (q, k,
+//   v stacked: GPT-2's c_attn [3C, C] / [3C] reshaped; checkpoints in that older shape load),
 //   blocks.{i}.attn.proj.weight [C, C] / .bias [C], blocks.{i}.ln2.weight/bias [C],
 //   blocks.{i}.mlp.fc.weight [4C, C] / .bias [4C], blocks.{i}.mlp.proj.weight [C, 4C] / .bias [C],
 //   and ln_f.weight/bias [C]. Without `bias`, every .bias is absent.

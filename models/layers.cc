@@ -195,6 +195,30 @@ Tensor MLP::forward(const Tensor& x) {
 }
 
 // ---- CausalSelfAttention ----
+// ---- QkvProjection ----
+QkvProjection::QkvProjection(int64_t dim, bool bias) : Module("QkvProjection") {
+  HAP_CHECK(dim >= 1, "QkvProjection: dim must be >= 1, got ", dim);
+  weight = register_parameter("weight", make_param(*this, "weight", {3, dim, dim}));
+  if (bias) this->bias = register_parameter("bias", make_param(*this, "bias", {3, dim}));
+}
+
+std::vector<Tensor> QkvProjection::forward(const Tensor& x) const {
+  auto scope = enter_scope();
+  const int64_t C = weight.size(1);
+  std::vector<Tensor> w = split(weight, {1, 1, 1}, 0), b;
+  if (bias.defined()) b = split(bias, {1, 1, 1}, 0);
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < 3; ++i)
+    out.push_back(linear(x, reshape(w[i], {C, C}), bias.defined() ? reshape(b[i], {C}) : Tensor()));
+  return out;
+}
+
+std::optional<ParamInit> QkvProjection::init_rule(const std::string& name, const Tensor&) const {
+  if (name == "weight") return ParamInit::normal(0.0, kGpt2InitStd);
+  if (name == "bias") return ParamInit::zeros();
+  return std::nullopt;
+}
+
 SelfAttention::SelfAttention(const SelfAttentionOptions& options)
     : Module("SelfAttention"), options_(options) {
   HAP_CHECK(options.n_head() >= 1 && options.dim() >= 1,
@@ -205,8 +229,7 @@ SelfAttention::SelfAttention(const SelfAttentionOptions& options)
   HAP_CHECK(options.dropout() >= 0.0 && options.dropout() < 1.0,
             "SelfAttention: dropout must be in [0, 1), got ", options.dropout());
   int64_t C = options.dim();
-  qkv = register_module("qkv",
-                        std::make_shared<Linear>(LinearOptions(C, 3 * C).bias(options.bias())));
+  qkv = register_module("qkv", std::make_shared<QkvProjection>(C, options.bias()));
   proj =
       register_module("proj", std::make_shared<Linear>(LinearOptions(C, C).bias(options.bias())));
   resid_drop = register_module("resid_drop", std::make_shared<Dropout>(options.dropout()));
@@ -217,7 +240,7 @@ Tensor SelfAttention::forward(const Tensor& x, const Tensor& key_mask) {
   HAP_CHECK(x.dim() == 3 && x.size(2) == options_.dim(), "SelfAttention: expected x of ",
             "shape [B, T, ", options_.dim(), "], got ", shape_str(x.shape()));
   int64_t B = x.size(0), T = x.size(1), C = options_.dim(), H = options_.n_head(), D = C / H;
-  std::vector<Tensor> parts = split(qkv->forward(x), {C, C, C}, -1);  // 3 x [B, T, C]
+  std::vector<Tensor> parts = qkv->forward(x);  // 3 x [B, T, C]
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, H, D}), 1, 2); };
   Tensor q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);  // [B, H, T, D]
   double p = is_training() ? options_.dropout() : 0.0;

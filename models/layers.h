@@ -203,6 +203,23 @@ class MLP : public Module {
   MLPOptions options_;
 };
 
+// ---- QkvProjection: x [..., C] -> q, k, v [..., C] ----
+// The three projections of attention as one parameter: weight [3, C, C] (q's, k's and v's [out,
+// in] matrices stacked; the same numbers, in the same order, as one [3C, C] linear), bias [3, C].
+// Each projection is a linear by its own [C, C] slice, so a weight stored Sharded(1) gives each
+// rank whole columns (output features) of q, k and v alike: the column-parallel projections of
+// head-parallel attention (Megatron's). Initialised as Linear: weights N(0, 0.02), biases 0.
+class QkvProjection : public Module {
+ public:
+  QkvProjection(int64_t dim, bool bias);
+  // x: [..., C] -> {q, k, v}, each [..., C].
+  std::vector<Tensor> forward(const Tensor& x) const;
+  std::optional<ParamInit> init_rule(const std::string& name, const Tensor& p) const override;
+
+  Tensor weight;  // [3, C, C]
+  Tensor bias;    // [3, C], undefined without bias
+};
+
 // ---- SelfAttention: qkv -> heads -> attention (causal or bidirectional) -> proj -> dropout ----
 struct SelfAttentionOptions {
   SelfAttentionOptions(int64_t dim, int64_t n_head) : dim_(dim), n_head_(n_head) {}
@@ -221,8 +238,8 @@ class SelfAttention : public Module {
   Tensor forward(const Tensor& x, const Tensor& key_mask = Tensor());
   const SelfAttentionOptions& options() const { return options_; }
 
-  std::shared_ptr<Linear> qkv;   // C -> 3C (q, k, v side by side)
-  std::shared_ptr<Linear> proj;  // C -> C
+  std::shared_ptr<QkvProjection> qkv;  // C -> q, k, v
+  std::shared_ptr<Linear> proj;        // C -> C
   std::shared_ptr<Dropout> resid_drop;
 
  private:

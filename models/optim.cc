@@ -29,7 +29,10 @@ std::vector<ParamGroup> weight_decay_groups(
   no_decay.name = "no_decay";
   for (const auto& [name, t] : named_params) {
     if (!t.requires_grad()) continue;
-    (t.dim() >= 2 ? decay : no_decay).params.push_back(t);
+    // Matrices (and larger) decay, vectors do not; a bias never does, whatever its shape (the
+    // stacked q, k, v biases are [3, C]).
+    const bool is_bias = name == "bias" || (name.size() > 5 && name.ends_with(".bias"));
+    (t.dim() >= 2 && !is_bias ? decay : no_decay).params.push_back(t);
   }
   return {decay, no_decay};
 }

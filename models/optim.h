@@ -29,7 +29,9 @@ struct ParamGroup {
 };
 
 // nanoGPT's grouping: parameters with dim >= 2 (matrices, embeddings) decay with `weight_decay`,
-// the others (biases, LayerNorm weights) do not. Returns {decay, no_decay}, in the given order.
+// the others (vectors: biases, LayerNorm weights) do not, nor does any parameter named "bias" or
+// "*.bias" whatever its shape (attention's stacked q, k, v biases are [3, C]). Returns {decay,
+// no_decay}, in the given order.
 std::vector<ParamGroup> weight_decay_groups(
     const std::vector<std::pair<std::string, Tensor>>& named_params, double weight_decay);
 

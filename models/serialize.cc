@@ -255,7 +255,38 @@ void write_checkpoint(const std::string& path, const Checkpoint& c) {
   save_safetensors(path, c.tensors, meta);
 }
 
+namespace {
+
+// Attention's q, k, v weights were one [3C, C] matrix and their biases one [3C] vector before they
+// became [3, C, C] and [3, C] (models/layers.h, QkvProjection): the same numbers in the same
+// order, so a checkpoint of the older shape (model and optimizer entries alike) is read as the
+// newer one.
+void upgrade_stacked_qkv(NamedTensors& tensors) {
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() &&
+           s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  for (auto& [name, t] : tensors) {
+    Shape to;
+    if (ends_with(name, "attn.qkv.weight") && t.dim() == 2 && t.size(0) == 3 * t.size(1))
+      to = {3, t.size(1), t.size(1)};
+    else if (ends_with(name, "attn.qkv.bias") && t.dim() == 1 && t.size(0) % 3 == 0)
+      to = {3, t.size(0) / 3};
+    if (to.empty()) continue;
+    const Tensor packed = t.contiguous();
+    t = packed.as_strided(to, contiguous_strides(to), packed.offset());
+  }
+}
+
+}  // namespace
+
 Checkpoint read_checkpoint(const std::string& path) {
+  Checkpoint c = read_checkpoint_as_written(path);
+  upgrade_stacked_qkv(c.tensors);
+  return c;
+}
+
+Checkpoint read_checkpoint_as_written(const std::string& path) {
   Checkpoint c;
   if (looks_like_safetensors(path)) {
     c.tensors = load_safetensors(path, &c.metadata);

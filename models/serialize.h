@@ -55,8 +55,11 @@ struct Checkpoint {
 void write_checkpoint(const std::string& path, const Checkpoint& c);
 // Reads a checkpoint: a safetensors file write_checkpoint wrote (checksums verified), or a .hapt
 // checkpoint of HAP's first format ("meta.step", "meta.random_seed", "meta.random_step" tensors).
-// Throws naming the file for anything else.
+// Throws naming the file for anything else. Tensors of an older layout are read in the current
+// one (attention's "*attn.qkv.weight" [3C, C] as [3, C, C], "*attn.qkv.bias" [3C] as [3, C]).
 Checkpoint read_checkpoint(const std::string& path);
+// The same, with every tensor as the file holds it.
+Checkpoint read_checkpoint_as_written(const std::string& path);
 
 // The value of an i64 scalar entry `name` of a checkpoint, exactly; throws naming `path` and
 // `name` for anything else.

@@ -68,11 +68,26 @@ class Expander {
     for (int pos = 0; pos < static_cast<int>(order_.size()); ++pos)
       for (int t : g_.nodes[order_[pos]].inputs)
         if (t >= 0) last_use_[t] = pos;
+    // The node that produced each tensor (-1 for leaves).
+    std::vector<int> producer(g_.tensors.size(), -1);
+    for (const GraphNode& n : g_.nodes)
+      for (int o : n.outputs)
+        if (o >= 0) producer[static_cast<size_t>(o)] = n.id;
     for (const GraphNode& n : g_.nodes) {
       const bool product = ops::op_def(n.kind).product;
-      if (product && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
-          g_.tensors[n.inputs[1]].role == TensorRole::Parameter)
-        linear_weight_[n.inputs[1]] = true;
+      // A product's weight: a parameter, directly or through views of it (attention's stacked
+      // q, k, v weight is split and reshaped into three [C, C] matrices; casts under mixed
+      // precision).
+      int w = product && n.inputs.size() > 1 ? n.inputs[1] : -1;
+      while (w >= 0 && g_.tensors[w].role != TensorRole::Parameter) {
+        const int p = producer[static_cast<size_t>(w)];
+        if (p < 0 || !ops::op_def(g_.nodes[p].kind).moves_data || g_.nodes[p].inputs.size() != 1) {
+          w = -1;
+          break;
+        }
+        w = g_.nodes[p].inputs[0];
+      }
+      if (w >= 0) linear_weight_[w] = true;
       if (n.kind == ops::OpKind::MatMul && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
           g_.tensors[n.inputs[1]].role == TensorRole::Parameter &&
           g_.tensors[n.inputs[1]].shape.size() >= 3)
@@ -277,7 +292,8 @@ class Expander {
       };
       for (int a = 0; a < P; ++a) d[a * P + a] = 0;
       for (int a = 2; a < P; ++a) {
-        edge(a, 0, InstrKind::AllGather);
+        if (space_.allow_activation_all_gather || g_.tensors[t].role == TensorRole::Parameter)
+          edge(a, 0, InstrKind::AllGather);
         if (space_.allow_slice) edge(0, a, InstrKind::Slice);
         if (space_.allow_reduce_scatter) edge(1, a, InstrKind::ReduceScatter);
         if (space_.allow_all_to_all)
@@ -581,7 +597,9 @@ class Expander {
         continue;
       }
       if (q.kind == PropKind::Replicated) {
-        if (p.kind == PropKind::Sharded) consider(InstrKind::AllGather, p, L.segment);
+        if (p.kind == PropKind::Sharded &&
+            (space_.allow_activation_all_gather || g_.tensors[t].role == TensorRole::Parameter))
+          consider(InstrKind::AllGather, p, L.segment);
         if (p.kind == PropKind::Partial) consider(InstrKind::AllReduce, p, L.segment);
       } else if (q.kind == PropKind::Partial) {
         // Only parameters (a bias added to a Partial sum): for activations it would only widen

@@ -28,6 +28,10 @@ struct SearchSpace {
   // Megatron tensor parallelism (the tp baseline) uses neither of these two.
   bool allow_reduce_scatter = true;  // Partial -> Sharded(d)
   bool allow_all_to_all = true;      // Sharded(a) -> Sharded(b)
+  // Sharded(d) -> Replicated of anything but a parameter. Megatron's tensor parallelism gathers
+  // no activation: column-parallel products feed row-parallel ones, whose Partial sums are
+  // all-reduced (the tp baseline forbids it, and allows it only where no such program exists).
+  bool allow_activation_all_gather = true;
   // Tensor parallelism proper (the tp baseline): the weight of every Linear/MatMul is stored
   // Sharded (column- or row-parallel), never Replicated.
   bool linear_weights_must_shard = false;

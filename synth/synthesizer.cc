@@ -297,6 +297,7 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
       sp.allow_reduce_scatter = false;
       sp.allow_all_to_all = false;
       sp.linear_weights_must_shard = true;
+      sp.allow_activation_all_gather = false;  // Megatron's; relaxed where nothing else exists
       break;
   }
   return sp;
@@ -380,7 +381,17 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       SynthesisStep step;
       step.what = "ratios " + start_name[start_index] + ", round " + std::to_string(it + 1);
       try {
-        res = search_program(cm, r, seg, space);
+        try {
+          res = search_program(cm, r, seg, space);
+        } catch (const SearchBudgetError&) {
+          throw;
+        } catch (const Error&) {
+          // tp: no program gathers no activation (or none fits): one that does.
+          if (space.allow_activation_all_gather) throw;
+          space.allow_activation_all_gather = true;
+          step.what += " (with activation all-gathers: no Megatron program)";
+          res = search_program(cm, r, seg, space);
+        }
       } catch (const SearchBudgetError& e) {
         last_error = budget_error = e.what();
         over_budget = true;

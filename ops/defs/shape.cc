@@ -77,6 +77,15 @@ std::vector<ShardSignature> shard_reshape(const Metas& in, const Metas& out, con
           sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(e)}});
         break;
       }
+      // A sharded dim split into consecutive output dims ([B, T, C] -> [B, T, H, D]): its shards
+      // become shards of the outer one, in whole multiples of the inner size (the heads of a
+      // width; synth/shard_layout.cc sizes them so).
+      if (pa == pb && a[d] > 1 && b[e] > 1 && a[d] % b[e] == 0) {
+        int64_t prod = b[e];
+        for (size_t f = static_cast<size_t>(e) + 1; prod < a[d] && f < b.size(); ++f) prod *= b[f];
+        if (prod == a[d]) sigs.push_back({{Prop::sharded(d)}, {Prop::sharded(e)}});
+        break;
+      }
       pb *= b[e];
       if (pb > pa) break;
     }

@@ -66,8 +66,8 @@ TEST(GPT, ParameterNamesAndShapesFollowTheGpt2Layout) {
     std::string p = "blocks." + std::to_string(i) + ".";
     expected.push_back({p + "ln1.weight", {C}});
     expected.push_back({p + "ln1.bias", {C}});
-    expected.push_back({p + "attn.qkv.weight", {3 * C, C}});
-    expected.push_back({p + "attn.qkv.bias", {3 * C}});
+    expected.push_back({p + "attn.qkv.weight", {3, C, C}});
+    expected.push_back({p + "attn.qkv.bias", {3, C}});
     expected.push_back({p + "attn.proj.weight", {C, C}});
     expected.push_back({p + "attn.proj.bias", {C}});
     expected.push_back({p + "ln2.weight", {C}});

@@ -225,6 +225,33 @@ TEST_F(SerializeTest, CheckpointResumesTrainingExactly) {
   EXPECT_EQ(c.opt->state(c.model->wte->weight)->step, 0);
 }
 
+// Checkpoints written while attention's q, k, v weights were one [3C, C] matrix (and their biases
+// one [3C] vector), optimizer moments included, resume on the stacked [3, C, C] / [3, C] layout:
+// the same numbers in the same order.
+TEST_F(SerializeTest, CheckpointsOfTheUnstackedQkvLayoutResume) {
+  TrainingRun a(1);
+  a.train_step();
+  save_checkpoint(path("new.ckpt"), *a.model, a.opt.get(), 1);
+  Checkpoint old = read_checkpoint_as_written(path("new.ckpt"));
+  int rewritten = 0;
+  for (auto& [name, t] : old.tensors) {
+    if (name.find("attn.qkv.") == std::string::npos || name.starts_with("optim.step.")) continue;
+    const Tensor packed = t.contiguous();
+    const Shape flat = t.dim() == 3 ? Shape{3 * t.size(1), t.size(2)} : Shape{3 * t.size(1)};
+    t = packed.as_strided(flat, contiguous_strides(flat), packed.offset());
+    ++rewritten;
+  }
+  EXPECT_EQ(rewritten, 2 * 2 * 3);  // 2 blocks x (weight, bias) x (model, exp_avg, exp_avg_sq)
+  write_checkpoint(path("old.ckpt"), old);
+  EXPECT_EQ(read_checkpoint_as_written(path("old.ckpt")).tensors.size(), old.tensors.size());
+  TrainingRun b(999);
+  EXPECT_EQ(load_checkpoint(path("old.ckpt"), *b.model, b.opt.get()), 1);
+  a.train_step();
+  b.train_step();
+  for (const auto& [name, p] : a.model->named_parameters())
+    EXPECT_TRUE(same_values(p, b.model->parameter(name))) << name;
+}
+
 TEST_F(SerializeTest, CheckpointsHoldBuffers) {
   nn::BatchNorm a(nn::BatchNormOptions(3));
   a.forward(randn({5, 3, 2}, 3) * 2.0 + 1.0);  // running statistics away from their start

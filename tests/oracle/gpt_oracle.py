@@ -63,8 +63,8 @@ def parameter_shapes(cfg):
         p = f"blocks.{i}."
         shapes[p + "ln1.weight"] = (C,)
         shapes[p + "ln1.bias"] = (C,)
-        shapes[p + "attn.qkv.weight"] = (3 * C, C)
-        shapes[p + "attn.qkv.bias"] = (3 * C,)
+        shapes[p + "attn.qkv.weight"] = (3, C, C)  # q, k, v stacked
+        shapes[p + "attn.qkv.bias"] = (3, C)
         shapes[p + "attn.proj.weight"] = (C, C)
         shapes[p + "attn.proj.bias"] = (C,)
         shapes[p + "ln2.weight"] = (C,)
@@ -96,7 +96,10 @@ def in_f32(fn, *xs):
 def causal_self_attention(x, params, prefix, n_head, mixed=False):
     B, T, C = x.shape
     D = C // n_head
-    qkv = linear(x, params[prefix + "qkv.weight"], params[prefix + "qkv.bias"], mixed)  # [B, T, 3C]
+    # HAP stacks the q, k, v weights as [3, C, C]: the same numbers as GPT-2's [3C, C].
+    w = params[prefix + "qkv.weight"].reshape(3 * C, C)
+    b = params[prefix + "qkv.bias"].reshape(3 * C)
+    qkv = linear(x, w, b, mixed)  # [B, T, 3C]
     q, k, v = qkv.split(C, dim=2)
     q = q.view(B, T, n_head, D).transpose(1, 2)  # [B, H, T, D]
     k = k.view(B, T, n_head, D).transpose(1, 2)
@@ -148,9 +151,13 @@ def gpt_loss(params, idx, targets, cfg, mixed=False):
 
 
 def adamw_param_groups(params, weight_decay):
-    """Decay matrices and embeddings (dim >= 2); never biases or LayerNorm gains."""
-    decay = [t for t in params.values() if t.dim() >= 2]
-    no_decay = [t for t in params.values() if t.dim() < 2]
+    """Decay matrices and embeddings (dim >= 2); never biases (the stacked q, k, v biases are
+    [3, C]) or LayerNorm gains."""
+    def decays(name, t):
+        return t.dim() >= 2 and not name.endswith("bias")
+
+    decay = [t for n, t in params.items() if decays(n, t)]
+    no_decay = [t for n, t in params.items() if not decays(n, t)]
     return [
         {"params": decay, "weight_decay": weight_decay},
         {"params": no_decay, "weight_decay": 0.0},

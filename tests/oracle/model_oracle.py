@@ -100,7 +100,9 @@ LN_EPS = 1e-5
 def self_attention(x, p, prefix, n_head, causal):
     B, T, C = x.shape
     D = C // n_head
-    qkv = F.linear(x, p[prefix + "qkv.weight"], p[prefix + "qkv.bias"])
+    # HAP stacks the q, k, v weights as [3, C, C]: the same numbers as one [3C, C] linear.
+    w = p[prefix + "qkv.weight"].reshape(3 * C, C)
+    qkv = F.linear(x, w, p[prefix + "qkv.bias"].reshape(3 * C))
     q, k, v = (t.view(B, T, n_head, D).transpose(1, 2) for t in qkv.split(C, dim=2))
     att = (q @ k.transpose(-2, -1)) / math.sqrt(D)
     if causal:
@@ -157,8 +159,8 @@ def moe_block(x, p, prefix, o, causal):
 def block_shapes(shapes, prefix, C, hidden):
     shapes[prefix + "ln1.weight"] = (C,)
     shapes[prefix + "ln1.bias"] = (C,)
-    shapes[prefix + "attn.qkv.weight"] = (3 * C, C)
-    shapes[prefix + "attn.qkv.bias"] = (3 * C,)
+    shapes[prefix + "attn.qkv.weight"] = (3, C, C)  # q, k, v stacked
+    shapes[prefix + "attn.qkv.bias"] = (3, C)
     shapes[prefix + "attn.proj.weight"] = (C, C)
     shapes[prefix + "attn.proj.bias"] = (C,)
     shapes[prefix + "ln2.weight"] = (C,)
@@ -225,8 +227,8 @@ def bert_parameter_shapes(o):
         if E and i % 2 == 1:
             for n in ("ln1.weight", "ln1.bias"):
                 shapes[pre + n] = (C,)
-            shapes[pre + "attn.qkv.weight"] = (3 * C, C)
-            shapes[pre + "attn.qkv.bias"] = (3 * C,)
+            shapes[pre + "attn.qkv.weight"] = (3, C, C)
+            shapes[pre + "attn.qkv.bias"] = (3, C)
             shapes[pre + "attn.proj.weight"] = (C, C)
             shapes[pre + "attn.proj.bias"] = (C,)
             for n in ("ln2.weight", "ln2.bias"):

@@ -17,6 +17,7 @@
 #include "parallel/executor.h"
 #include "parallel/shard.h"
 #include "parallel_test_util.h"
+#include "synth/shard_layout.h"
 #include "synth/synthesizer.h"
 
 namespace hap::parallel {
@@ -161,10 +162,14 @@ nn::GPTConfig tiny_gpt(double dropout) {
 }
 
 void check_gpt(synth::Strategy strategy, double dropout, int steps,
-               synth::SegmentMode segments = synth::SegmentMode::Single) {
+               synth::SegmentMode segments = synth::SegmentMode::Single,
+               const std::function<void(nn::GPTConfig&)>& configure = {},
+               const std::function<void(const synth::Graph&, const synth::DistributedProgram&)>&
+                   check_plan = {}) {
   SCOPED_TRACE(synth::strategy_name(strategy));
   const int64_t B = 7, T = 6;
   nn::GPTConfig cfg = tiny_gpt(dropout);
+  if (configure) configure(cfg);
   nn::GPT ref(cfg);
   std::vector<int64_t> ids, tg;
   for (int64_t i = 0; i < B * T; ++i) {
@@ -185,7 +190,72 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
   compare_with_one_device(
       g, strategy, segments, ref, [&] { return ref.loss(idx, targets); },
       {{"idx", idx}, {"targets", targets}}, steps, lr, 0.0,
-      testing::close_parameters_with_attention(lr, steps));
+      testing::close_parameters_with_attention(lr, steps),
+      [&](const synth::DistributedProgram& plan) {
+        if (check_plan) check_plan(g, plan);
+      });
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// tp is Megatron's: the q, k, v projections and the MLP's first layer column-parallel (weights
+// stored Sharded on their output features; q, k and v in whole heads), attention head-parallel,
+// the attention and MLP output projections row-parallel, no activation all-gathered (one
+// all-reduce after each row-parallel product); and it is exact. 4 heads of width 4 over 2-4 ranks
+// with uneven ratios: some ranks hold more heads than others (or none).
+TEST(Executor, GptTensorParallelIsHeadParallelAttentionAndExact) {
+  constexpr int64_t kHeads = 4, kWidth = 16, kHeadDim = kWidth / kHeads;
+  check_gpt(
+      synth::Strategy::Tp, 0.0, 2, synth::SegmentMode::Single,
+      [](nn::GPTConfig& c) {
+        c.n_head = kHeads;
+        c.n_embd = kWidth;
+      },
+      [](const synth::Graph& g, const synth::DistributedProgram& plan) {
+        if (world().size() < 2) return;
+        const synth::ShardLayout layout(g, plan.instructions, plan.ratios);
+        int checked = 0;
+        for (const synth::GraphTensor& t : g.tensors) {
+          if (t.role != synth::TensorRole::Parameter) continue;
+          const Prop p = plan.storage[static_cast<size_t>(t.id)];
+          SCOPED_TRACE(t.name + " stored " + p.str());
+          if (ends_with(t.name, "attn.qkv.weight") || ends_with(t.name, "attn.qkv.bias")) {
+            EXPECT_TRUE(p == Prop::sharded(1));  // the output features of q, k and v alike
+            for (int64_t len : layout.lengths(t.id, 1, 0)) EXPECT_EQ(len % kHeadDim, 0);
+            ++checked;
+          } else if (ends_with(t.name, "mlp.fc.weight")) {
+            EXPECT_TRUE(p == Prop::sharded(0));  // column-parallel
+            ++checked;
+          } else if (ends_with(t.name, "attn.proj.weight") ||
+                     ends_with(t.name, "mlp.proj.weight")) {
+            EXPECT_TRUE(p == Prop::sharded(1));  // row-parallel
+            ++checked;
+          }
+        }
+        EXPECT_EQ(checked, 2 * 5);  // 2 blocks
+        int heads_sharded = 0, row_parallel = 0;
+        for (const synth::Instruction& in : plan.instructions) {
+          if (in.kind == synth::InstrKind::AllGather) {
+            const synth::GraphTensor& t = g.tensors[static_cast<size_t>(in.tensor)];
+            EXPECT_EQ(t.role, synth::TensorRole::Parameter) << "an activation gathered: " << t.name;
+          }
+          if (in.kind != synth::InstrKind::Compute || in.signature < 0) continue;
+          const synth::GraphNode& n = g.nodes[static_cast<size_t>(in.node)];
+          const ops::ShardSignature sig =
+              synth::signatures_of(g, n)[static_cast<size_t>(in.signature)];
+          if (n.kind == ops::OpKind::Attention) {
+            EXPECT_TRUE(sig.inputs[0] == Prop::sharded(1))
+                << "attention's q [B, H, T, D]: by heads";
+            heads_sharded += sig.inputs[0] == Prop::sharded(1);
+          }
+          if (n.kind == ops::OpKind::Linear && sig.outputs[0] == Prop::partial()) ++row_parallel;
+        }
+        EXPECT_EQ(heads_sharded, 2);
+        EXPECT_EQ(row_parallel, 2 * 2);  // each block's attention and MLP output projections
+      });
 }
 
 TEST(Executor, GptMatchesOneDeviceUnderDataParallelEven) {
