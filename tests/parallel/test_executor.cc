@@ -79,13 +79,24 @@ TEST(Executor, MlpParametersMatchAfterTenAdamWStepsWithDropout) {
     check_mlp(s, 0.2, 10);
 }
 
+// A linear classifier on whole features, as a language model's head after its last norm.
+struct Classifier : nn::Module {
+  std::shared_ptr<nn::Linear> head;
+  Classifier(int64_t d, int64_t k) : Module("Classifier") {
+    head = register_module("head", std::make_shared<nn::Linear>(nn::LinearOptions(d, k)));
+    reset_parameters(12);
+  }
+  Tensor loss(const Tensor& x, const Tensor& y) { return cross_entropy(head->forward(x), y); }
+};
+
 // A classifier over a vocabulary that does not divide (37): under tp the head's weight is split
-// over the vocabulary, so cross_entropy runs vocabulary-parallel (logits Sharded(1), targets
-// whole) and must still give the one-device loss and gradients, ignored targets included.
+// over the vocabulary (its input is whole: column-parallel), so cross_entropy runs
+// vocabulary-parallel (logits Sharded(1), targets whole) and must still give the one-device loss
+// and gradients, ignored targets included.
 TEST(Executor, VocabularyParallelCrossEntropyMatchesOneDevice) {
-  const int64_t B = 9, D = 6, H = 8, K = 37;
+  const int64_t B = 9, D = 6, K = 37;
   for (int steps : {1, 4}) {
-    Mlp ref(D, H, K, 0.0), shape_model(D, H, K, 0.0);
+    Classifier ref(D, K), shape_model(D, K);
     Tensor x = randn({B, D}, 4, 0);
     std::vector<int64_t> labels;
     for (int64_t i = 0; i < B; ++i) labels.push_back(i == 4 ? -100 : (i * 11 + 5) % K);

@@ -77,14 +77,21 @@ void check_model(const ModelCase& c, synth::Strategy strategy, int steps, double
   std::map<std::string, Tensor> tensors(batch.begin(), batch.end());
 
   ref->train();
-  // dp-ep: expert weights (3-dim parameters of batched products) split by expert, the rest whole.
+  // dp-ep: expert weights (parameters of 3 or more dims that are a batched product's second
+  // operand) split by expert, the rest whole.
   auto check_plan = [&](const synth::DistributedProgram& plan) {
     if (strategy != synth::Strategy::DpEp || world().size() < 2) return;
+    std::vector<bool> expert(g.tensors.size(), false);
+    for (const synth::GraphNode& n : g.nodes)
+      if (n.kind == ops::OpKind::MatMul && n.inputs.size() > 1 && n.inputs[1] >= 0 &&
+          g.tensors[static_cast<size_t>(n.inputs[1])].role == synth::TensorRole::Parameter &&
+          g.tensors[static_cast<size_t>(n.inputs[1])].shape.size() >= 3)
+        expert[static_cast<size_t>(n.inputs[1])] = true;
     int experts = 0;
     for (const synth::GraphTensor& t : g.tensors) {
       if (t.role != synth::TensorRole::Parameter) continue;
       const ops::Prop& p = plan.storage[t.id];
-      if (t.shape.size() >= 3) {
+      if (expert[static_cast<size_t>(t.id)]) {
         ++experts;
         EXPECT_TRUE(p.kind == ops::PropKind::Sharded && p.dim == 0) << t.name;
       } else {
