@@ -93,6 +93,34 @@ class Expander {
           g_.tensors[n.inputs[1]].shape.size() >= 3)
         expert_weight_[n.inputs[1]] = true;
     }
+    // Views of parameters (a slice of the position table, attention's q, k and v weights split
+    // from their stack): their property follows the parameter's storage through the view op and
+    // is never converted itself (a conversion happens at the parameter, before the view). Left
+    // free, every view would multiply the properties a state can hold.
+    param_view_.assign(g_.tensors.size(), false);
+    for (int id : order_) {
+      const GraphNode& n = g_.nodes[static_cast<size_t>(id)];
+      if (!ops::op_def(n.kind).moves_data || n.inputs.size() != 1 || n.inputs[0] < 0) continue;
+      const GraphTensor& in = g_.tensors[static_cast<size_t>(n.inputs[0])];
+      if (in.role != TensorRole::Parameter && !param_view_[static_cast<size_t>(in.id)]) continue;
+      for (int o : n.outputs)
+        if (o >= 0) param_view_[static_cast<size_t>(o)] = true;
+    }
+    // Of those, the ones a product reads (through more views): a weight or a bias split from a
+    // stack. These are never converted themselves; other views (a slice of the position table,
+    // an expert bias reshaped to broadcast) may still be sliced locally.
+    fixed_view_.assign(g_.tensors.size(), false);
+    for (auto it = order_.rbegin(); it != order_.rend(); ++it)
+      for (int o : g_.nodes[static_cast<size_t>(*it)].outputs) {
+        if (o < 0 || !param_view_[static_cast<size_t>(o)]) continue;
+        for (int c : g_.tensors[static_cast<size_t>(o)].consumers) {
+          const GraphNode& cn = g_.nodes[static_cast<size_t>(c)];
+          if (ops::op_def(cn.kind).product) fixed_view_[static_cast<size_t>(o)] = true;
+          for (int u : cn.outputs)
+            if (u >= 0 && fixed_view_[static_cast<size_t>(u)])
+              fixed_view_[static_cast<size_t>(o)] = true;
+        }
+      }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
     std::map<std::vector<double>, int> classes;
@@ -291,6 +319,12 @@ class Expander {
         d[a * P + b] = std::min(d[a * P + b], best);
       };
       for (int a = 0; a < P; ++a) d[a * P + a] = 0;
+      if (fixed_view_[static_cast<size_t>(t)]) return d;  // never converted (convert, below)
+      if (param_view_[static_cast<size_t>(t)]) {          // only sliced locally
+        if (space_.allow_slice)
+          for (int a = 2; a < P; ++a) edge(0, a, InstrKind::Slice);
+        return d;
+      }
       for (int a = 2; a < P; ++a) {
         if (space_.allow_activation_all_gather || g_.tensors[t].role == TensorRole::Parameter)
           edge(a, 0, InstrKind::AllGather);
@@ -355,6 +389,9 @@ class Expander {
     for (const GraphNode& n : g_.nodes)
       for (int t : n.outputs)
         for (int c : g_.tensors[t].consumers) {
+          // A parameter's view is no activation to chain (it is never converted, and linking a
+          // product to it would cut the product from the activations that reach it).
+          if (param_view_[static_cast<size_t>(t)]) continue;
           double out = 0;
           for (int u : g_.nodes[c].outputs)
             out = std::max(out, static_cast<double>(g_.tensors[u].bytes()));
@@ -567,6 +604,10 @@ class Expander {
   bool convert(Live& L, const Prop& q, int seg, State& child) const {
     const std::vector<double>& r = ratios_[seg];
     int t = L.tensor;
+    // A parameter's view is only sliced locally (Replicated -> Sharded) or moved between
+    // segments, one that a product reads not even that; collectives happen at the parameter.
+    if (fixed_view_[static_cast<size_t>(t)]) return false;
+    const bool view = param_view_[static_cast<size_t>(t)];
     Instruction best;
     double best_cost = kInf;
     auto consider = [&](InstrKind kind, const Prop& from, int from_seg) {
@@ -589,30 +630,34 @@ class Expander {
         best = in;
       }
     };
+    auto offer = [&](InstrKind kind, const Prop& from, int from_seg) {
+      if (!view || kind == InstrKind::Slice || kind == InstrKind::Reshard)
+        consider(kind, from, from_seg);
+    };
     for (int b = 0; b < 32; ++b) {
       if (!(L.mask & (1u << b))) continue;
       Prop p = prop_of_bit(b);
       if (p == q && L.segment != seg) {
-        consider(InstrKind::Reshard, p, L.segment);
+        offer(InstrKind::Reshard, p, L.segment);
         continue;
       }
       if (q.kind == PropKind::Replicated) {
         if (p.kind == PropKind::Sharded &&
             (space_.allow_activation_all_gather || g_.tensors[t].role == TensorRole::Parameter))
-          consider(InstrKind::AllGather, p, L.segment);
-        if (p.kind == PropKind::Partial) consider(InstrKind::AllReduce, p, L.segment);
+          offer(InstrKind::AllGather, p, L.segment);
+        if (p.kind == PropKind::Partial) offer(InstrKind::AllReduce, p, L.segment);
       } else if (q.kind == PropKind::Partial) {
         // Only parameters (a bias added to a Partial sum): for activations it would only widen
         // the search without new useful programs.
         if (p.kind == PropKind::Replicated && g_.tensors[t].role == TensorRole::Parameter)
-          consider(InstrKind::ToPartial, p, L.segment);
+          offer(InstrKind::ToPartial, p, L.segment);
       } else if (q.kind == PropKind::Sharded) {
         if (p.kind == PropKind::Partial && space_.allow_reduce_scatter)
-          consider(InstrKind::ReduceScatter, p, L.segment);
+          offer(InstrKind::ReduceScatter, p, L.segment);
         if (p.kind == PropKind::Sharded && p.dim != q.dim && space_.allow_all_to_all)
-          consider(InstrKind::AllToAll, p, L.segment);
+          offer(InstrKind::AllToAll, p, L.segment);
         if (p.kind == PropKind::Replicated && space_.allow_slice)
-          consider(InstrKind::Slice, p, L.segment);
+          offer(InstrKind::Slice, p, L.segment);
       }
     }
     if (best_cost == kInf) return false;
@@ -660,6 +705,8 @@ class Expander {
   const std::vector<int>& seg_;
   const SearchSpace& space_;
   std::vector<bool> linear_weight_;  // the weight (input 1) of a Linear or MatMul
+  std::vector<bool> param_view_;     // made by view ops from a parameter (above)
+  std::vector<bool> fixed_view_;     // such a view that a product reads: never converted
   std::vector<bool> expert_weight_;  // a parameter of >= 3 dims: a batched MatMul weight
   std::vector<int> order_;           // position -> node id: the order nodes are visited in
   std::vector<int> last_use_;        // tensor -> position of its last reader
