@@ -94,9 +94,9 @@ class Expander {
         expert_weight_[n.inputs[1]] = true;
     }
     // Views of parameters (a slice of the position table, attention's q, k and v weights split
-    // from their stack): their property follows the parameter's storage through the view op and
-    // is never converted itself (a conversion happens at the parameter, before the view). Left
-    // free, every view would multiply the properties a state can hold.
+    // from their stack): their property follows the parameter's storage through the view op, and
+    // collectives happen at the parameter, before the view, never on the view itself (only a
+    // local slice). Left free, every view would multiply the properties a state can hold.
     param_view_.assign(g_.tensors.size(), false);
     for (int id : order_) {
       const GraphNode& n = g_.nodes[static_cast<size_t>(id)];
