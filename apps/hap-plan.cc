@@ -141,7 +141,7 @@ int main(int argc, char** argv) {
                     hap::train::synthesis_error_message(e.what(), config.parallel).c_str());
       }
     }
-    hap::synth::CostModel cm(graph, cluster, opt.optimizer_state_slots);
+    hap::synth::CostModel cm(graph, cluster, opt.optimizer_state_slots, opt.overlap_grad_comm);
     std::printf("%s", hap::train::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {
       hap::train::save_plan(json_path, cm, plan);

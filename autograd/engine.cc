@@ -13,6 +13,7 @@ namespace hap::autograd {
 namespace {
 
 thread_local bool t_grad_enabled = true;
+thread_local BackwardObserver* t_observer = nullptr;
 std::atomic<uint64_t> g_sequence{0};
 
 std::shared_ptr<Node> edge_for(const Tensor& t) {
@@ -99,6 +100,24 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 
 using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
 
+// A leaf's AccumulateGrad: adds the gradient into .grad (or into `capture`).
+void accumulate(const std::vector<Tensor>& grads, const std::shared_ptr<TensorImpl>& leaf_impl,
+                std::unordered_map<TensorImpl*, Tensor>* capture) {
+  if (!leaf_impl || grads.empty() || !grads[0].defined()) return;
+  Tensor g = grads[0];
+  Tensor leaf(leaf_impl);
+  HAP_ASSERT(g.shape() == leaf.shape(), "gradient shape ", shape_str(g.shape()), " for leaf ",
+             leaf.str());
+  if (capture) {
+    auto it = capture->find(leaf_impl.get());
+    if (it != capture->end()) it->second = add_grads(it->second, g);
+    return;
+  }
+  if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
+  Tensor old = leaf.grad();
+  leaf.set_grad(old.defined() ? add_grads(old, g) : owned_grad(g));
+}
+
 // Runs the backward graph from the given roots. With `capture`, gradients reaching the leaves
 // in `capture` are returned instead of accumulated into .grad.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
@@ -157,6 +176,14 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
   }
 
+  // Accumulations per leaf still to run (each use of a leaf has its own), for the observer.
+  BackwardObserver* observer = capture ? nullptr : t_observer;
+  std::unordered_map<TensorImpl*, int> leaf_pending;
+  if (observer)
+    for (const auto& [n, unused] : seen)
+      if (n->is_accumulate)
+        if (auto impl = n->leaf.lock()) ++leaf_pending[impl.get()];
+
   auto later_first = [](const std::shared_ptr<Node>& a, const std::shared_ptr<Node>& b) {
     return a->sequence < b->sequence;
   };
@@ -180,19 +207,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 
     if (node->is_accumulate) {
       auto leaf_impl = node->leaf.lock();
-      if (!leaf_impl || grads.empty() || !grads[0].defined()) continue;
-      Tensor g = grads[0];
-      Tensor leaf(leaf_impl);
-      HAP_ASSERT(g.shape() == leaf.shape(), "gradient shape ", shape_str(g.shape()), " for leaf ",
-                 leaf.str());
-      if (capture) {
-        auto it = capture->find(leaf_impl.get());
-        if (it != capture->end()) it->second = add_grads(it->second, g);
-        continue;
+      accumulate(grads, leaf_impl, capture);
+      if (observer) {
+        if (leaf_impl && --leaf_pending[leaf_impl.get()] == 0)
+          observer->leaf_done(Tensor(leaf_impl));
+        observer->node_done();
       }
-      if (g.dtype() != leaf.dtype()) g = g.to(leaf.dtype());
-      Tensor old = leaf.grad();
-      leaf.set_grad(old.defined() ? add_grads(old, g) : owned_grad(g));
       continue;
     }
 
@@ -228,10 +248,16 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
         ready.push(e.node);
       }
     }
+    if (observer) observer->node_done();
   }
 }
 
 }  // namespace
+
+ObserveBackward::ObserveBackward(BackwardObserver* observer) : prev_(t_observer) {
+  t_observer = observer;
+}
+ObserveBackward::~ObserveBackward() { t_observer = prev_; }
 
 bool GradMode::is_enabled() { return t_grad_enabled; }
 void GradMode::set_enabled(bool enabled) {

@@ -11,6 +11,32 @@ namespace hap::autograd {
 // grad_output means ones (the root must then be a scalar).
 void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs);
 
+// Watches the backward() calls of one thread (ObserveBackward): told when a leaf's gradient is
+// complete, that is when every accumulation into it of this backward has run (a leaf used by
+// several ops gets one accumulation per use; leaf_done comes after the last, and also when none
+// carried a gradient), and after every node. The SPMD executor starts a bucket's gradient
+// all-reduce as soon as its gradients are complete and advances the ones in flight from here, so
+// communication overlaps the rest of the backward pass. autograd::grad() is not observed.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  virtual void leaf_done(const Tensor& leaf) = 0;
+  virtual void node_done() {}
+};
+
+// Observes the backward() calls made on this thread during its scope (nested scopes: the
+// innermost observer).
+class ObserveBackward {
+ public:
+  explicit ObserveBackward(BackwardObserver* observer);
+  ~ObserveBackward();
+  ObserveBackward(const ObserveBackward&) = delete;
+  ObserveBackward& operator=(const ObserveBackward&) = delete;
+
+ private:
+  BackwardObserver* prev_;
+};
+
 // Gradients of `output` with respect to `inputs`, returned instead of accumulated.
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
                          const Tensor& grad_output = Tensor());

@@ -14,7 +14,9 @@ For each emulated cluster (default: emu-mixed4 and emu-2node), in one run:
 Steps 2 and 3 run in --rounds interleaved rounds (every strategy once per round, in turn), so
 that a slow spell of the machine falls on all of them alike: each strategy reports the median of
 all its steps, each round's median and the spread of those (max / min - 1); strategies whose
-plans are the same program (hap often finds dp-cp's) report how far apart they measured.
+plans are the same program (hap often finds dp-cp's) report how far apart they measured. hap
+also runs without overlap (parallel.overlap_grad_comm=false: gradient all-reduces after the
+backward pass), measured and predicted beside the overlapped default.
 Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
 (measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
 
@@ -126,13 +128,16 @@ def main(argv):
         entry["profile"] = profile_vs_quotas(args.build, profiled)
         print(f"{name} profile: rate ratios vs quota ratios off by at most "
               f"{entry['profile']['max_ratio_deviation'] * 100:.1f}%", flush=True)
-        runs = [(s, profiled, s) for s in STRATEGIES] + [("hap-declared", declared, "hap")]
-        step_ms = {label: [] for label, _, _ in runs}
-        round_medians = {label: [] for label, _, _ in runs}
+        # hap without overlap: the gradient all-reduces after the backward pass (the same numbers).
+        runs = [(s, profiled, s, []) for s in STRATEGIES] + [
+            ("hap-declared", declared, "hap", []),
+            ("hap-no-overlap", profiled, "hap", ["--set", "parallel.overlap_grad_comm=false"])]
+        step_ms = {label: [] for label, _, _, _ in runs}
+        round_medians = {label: [] for label, _, _, _ in runs}
         programs, predicted = {}, {}
         ddp_ms, ddp_round_medians, torch_version = [], [], None
         for rnd in range(args.rounds):
-            for label, cluster_file, strategy in runs:
+            for label, cluster_file, strategy, extra in runs:
                 log = os.path.join(work, f"{name}-{label}-r{rnd}.jsonl")
                 plan = os.path.join(work, f"{name}-{label}-plan.json")
                 if os.path.exists(log):
@@ -141,7 +146,7 @@ def main(argv):
                      "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
                      "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
                      "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
-                     "--plan-json", plan, "--quiet"], os.path.join(work, f"{name}-{label}.log"))
+                     "--plan-json", plan, "--quiet"] + extra, os.path.join(work, f"{name}-{label}.log"))
                 ms = steps_from_log(log, args.skip)
                 step_ms[label] += ms
                 round_medians[label].append(statistics.median(ms))
@@ -172,7 +177,7 @@ def main(argv):
                 torch_version = ddp["torch_version"]
                 print(f"{name} pytorch-ddp round {rnd + 1}/{args.rounds}: median "
                       f"{ddp['median_ms']:.1f} ms/step", flush=True)
-        for label, cluster_file, strategy in runs:
+        for label, cluster_file, strategy, _ in runs:
             median = statistics.median(step_ms[label])
             result = {"median_ms": median, "predicted_ms": predicted[label],
                       "cluster_file": cluster_file,
@@ -181,6 +186,8 @@ def main(argv):
                       "round_spread": spread(round_medians[label]), "step_ms": step_ms[label]}
             if label == "hap-declared":
                 entry["hap_planned_on_declared_file"] = result
+            elif label == "hap-no-overlap":
+                entry["hap_without_overlap"] = result
             else:
                 entry["strategies"][strategy] = result
             print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
@@ -195,7 +202,7 @@ def main(argv):
                   flush=True)
         # The same program planned under two names (hap finding dp-cp's, say) must measure alike.
         same = []
-        labels = [label for label, _, _ in runs if label != "hap-declared"]
+        labels = [label for label, _, _, _ in runs if label in STRATEGIES]
         for i, a in enumerate(labels):
             for b in labels[i + 1:]:
                 if programs[a] == programs[b]:
@@ -215,6 +222,7 @@ def main(argv):
         entry["max_abs_prediction_error"] = max(abs(v["prediction_error"]) for v in s.values())
         entry["hap_profiled_vs_declared_plan"] = (
             entry["hap_planned_on_declared_file"]["median_ms"] / s["hap"]["median_ms"])
+        entry["overlap_speedup"] = entry["hap_without_overlap"]["median_ms"] / s["hap"]["median_ms"]
         results["clusters"][name] = entry
 
     os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
@@ -229,7 +237,9 @@ def main(argv):
             line += (f", {e['hap_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP; dp-ev "
                      f"{e['dp_ev_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP")
         line += (f"; prediction error at most {e['max_abs_prediction_error'] * 100:.0f}%; hap planned on "
-                 f"the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x the profiled plan's time")
+                 f"the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x the profiled plan's time"
+                 f"; without overlap hap takes {e['overlap_speedup']:.2f}x its time (predicted "
+                 f"{e['hap_without_overlap']['predicted_ms'] / e['strategies']['hap']['predicted_ms']:.2f}x)")
         print(line)
     return 0
 

@@ -36,6 +36,17 @@ struct BlockLayout {
   static BlockLayout slots(size_t ranks, int64_t slot);
 };
 
+// A collective started by Backend::start_all_reduce. test() advances it without blocking and
+// says whether it has completed; wait() completes it (under the wait policy and the collective
+// timeout, parallel/mpi.h). The tensors it was started with must stay alive until it completes;
+// one destroyed before then keeps them alive (a started MPI collective cannot be cancelled).
+class PendingCollective {
+ public:
+  virtual ~PendingCollective() = default;
+  virtual bool test() = 0;
+  virtual void wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -73,6 +84,22 @@ class Backend {
   // Block r of `in` (send layout) to rank r; block s of `out` (recv layout) from rank s.
   virtual void all_to_all(const Tensor& in, const BlockLayout& send, const Tensor& out,
                           const BlockLayout& recv) = 0;
+
+  // ---- nonblocking ----
+  // Starts all_reduce(in, out) and returns at once; the sums are all_reduce's, bit for bit. Every
+  // rank starts the same collectives in the same order and completes each before starting the
+  // next, and calls no other collective of this backend while one is pending (give it a backend
+  // of its own: split(0, rank)). This default runs the all-reduce to completion here (a backend
+  // with no nonblocking form: the overlap is then lost, never the result).
+  virtual bool nonblocking_all_reduce() const { return false; }
+  virtual std::unique_ptr<PendingCollective> start_all_reduce(const Tensor& in, const Tensor& out) {
+    all_reduce(in, out);
+    struct Done final : PendingCollective {
+      bool test() override { return true; }
+      void wait() override {}
+    };
+    return std::make_unique<Done>();
+  }
 };
 
 }  // namespace hap::parallel

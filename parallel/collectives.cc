@@ -365,5 +365,11 @@ const char* collective_stat_name(CollectiveStat c) {
 
 const CollectiveStats& collective_stats() { return g_stats; }
 void reset_collective_stats() { g_stats = CollectiveStats{}; }
+void add_collective_stat(CollectiveStat kind, uint64_t calls, double bytes, double seconds) {
+  const int k = static_cast<int>(kind);
+  g_stats.calls[k] += calls;
+  g_stats.bytes[k] += bytes;
+  g_stats.seconds[k] += seconds;
+}
 
 }  // namespace hap::parallel

@@ -65,6 +65,9 @@ struct CollectiveStats {
 };
 const CollectiveStats& collective_stats();
 void reset_collective_stats();
+// For collectives run outside these functions (the executor's overlapped gradient all-reduces:
+// their seconds are the time the rank waited on them, not the time they ran).
+void add_collective_stat(CollectiveStat kind, uint64_t calls, double bytes, double seconds);
 
 // Root's tensor on every rank (a new contiguous tensor). Non-roots may pass an undefined tensor
 // (shape and dtype come from the root) or one whose shape and dtype must match the root's.

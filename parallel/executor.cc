@@ -1,8 +1,14 @@
 #include "parallel/executor.h"
 
+#include <chrono>
 #include <cmath>
+#include <memory>
+#include <optional>
+#include <unordered_map>
 
+#include "autograd/engine.h"
 #include "autograd/grad_mode.h"
+#include "core/timeline.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "parallel/autograd_collectives.h"
@@ -69,12 +75,15 @@ class Executor::NodeContext : public ops::ShardContext {
 };
 
 Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& program,
-                   Communicator comm)
+                   Communicator comm, const ExecutorOptions& options)
     : graph_(graph),
       program_(program),
       comm_(std::move(comm)),
+      options_(options),
       layout_(graph, program.instructions, program.ratios) {
   HAP_CHECK(!program.ratios.empty(), "executor: the program has no ratios");
+  HAP_CHECK(options.bucket_bytes > 0, "executor: bucket_bytes must be positive, got ",
+            options.bucket_bytes);
   HAP_CHECK(static_cast<int>(program.ratios[0].size()) == comm_.size(),
             "executor: the plan is for ", program.ratios[0].size(), " devices but the world has ",
             comm_.size(), " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
@@ -299,46 +308,167 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
   return functional::to_partial(comm_, it->second);
 }
 
-void Executor::backward(const Tensor& local_loss) {
-  local_loss.backward();
-  constexpr int64_t kBucketBytes = int64_t{32} << 20;
-  NoGradGuard no_grad;
-  // Every rank runs the same program, so the same gradients are defined on every rank.
-  std::vector<std::pair<Tensor, Tensor>> pending;  // (parameter, local gradient)
+void Executor::plan_buckets() {
+  // Reverse program order: the backward pass completes the last layers' gradients first. A
+  // bucket holds one method and one dtype (a gradient has its parameter's dtype).
+  buckets_.clear();
   CollectiveMethod method = CollectiveMethod::Grouped;
-  int64_t pending_bytes = 0;
-  auto flush = [&]() {
-    if (pending.empty()) return;
-    std::vector<Tensor> flat;
-    std::vector<int64_t> sizes;
-    for (const auto& [p, g] : pending) {
-      flat.push_back(hap::reshape(g.contiguous(), {g.numel()}));
-      sizes.push_back(g.numel());
-    }
-    Tensor sum =
-        parallel::all_reduce(comm_, flat.size() == 1 ? flat[0] : hap::concat(flat, 0), method);
-    std::vector<Tensor> parts = hap::split(sum, sizes, 0);
-    for (size_t i = 0; i < pending.size(); ++i)
-      pending[i].first.set_grad(hap::reshape(parts[i], pending[i].second.shape()).contiguous());
-    pending.clear();
-    pending_bytes = 0;
-  };
-  for (const Instruction& in : program_.instructions) {
+  DType dtype = DType::F32;
+  int64_t bytes = 0;
+  for (auto it = program_.instructions.rbegin(); it != program_.instructions.rend(); ++it) {
+    const Instruction& in = *it;
     if (in.kind != InstrKind::GradAllReduce) continue;
     auto p = param_local_.find(in.tensor);
     HAP_ASSERT(p != param_local_.end(), "grad_all_reduce of %", in.tensor,
                ", which is not a parameter");
-    Tensor g = p->second.grad();
-    if (!g.defined()) continue;
-    const int64_t bytes = g.numel() * static_cast<int64_t>(dtype_size(g.dtype()));
-    if (!pending.empty() && (pending.front().second.dtype() != g.dtype() || in.method != method ||
-                             pending_bytes + bytes > kBucketBytes))
-      flush();
+    const Tensor& param = p->second;
+    const int64_t b = param.numel() * static_cast<int64_t>(dtype_size(param.dtype()));
+    if (buckets_.empty() || param.dtype() != dtype || in.method != method ||
+        bytes + b > options_.bucket_bytes) {
+      buckets_.emplace_back();
+      bytes = 0;
+    }
     method = in.method;
-    pending.push_back({p->second, g});
-    pending_bytes += bytes;
+    dtype = param.dtype();
+    buckets_.back().push_back(in.tensor);
+    bytes += b;
   }
-  flush();
+  buckets_planned_ = true;
+}
+
+// One backward's gradient buckets: each all-reduced (one at a time, in bucket order) once every
+// gradient in it is complete, or at finish().
+class Executor::GradBuckets final : public autograd::BackwardObserver {
+ public:
+  GradBuckets(Executor& ex, const Communicator& comm) : ex_(ex), comm_(comm) {
+    remaining_.reserve(ex.buckets_.size());
+    for (size_t b = 0; b < ex.buckets_.size(); ++b) {
+      remaining_.push_back(static_cast<int>(ex.buckets_[b].size()));
+      for (int t : ex.buckets_[b]) bucket_of_[ex.param_local_.at(t).impl()] = b;
+    }
+  }
+
+  void leaf_done(const Tensor& leaf) override {
+    auto it = bucket_of_.find(leaf.impl());
+    if (it == bucket_of_.end()) return;
+    --remaining_[it->second];
+    advance(/*during_backward=*/true);
+  }
+
+  void node_done() override {
+    if (inflight_) advance(/*during_backward=*/true);
+  }
+
+  // After the backward pass: the rest, in order (a gradient that never came is left out).
+  void finish() {
+    while (next_ < ex_.buckets_.size() || inflight_) {
+      if (inflight_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        {
+          std::optional<timeline::Scope> span;  // in --trace timelines
+          if (timeline::recording())
+            span.emplace("collective", "AllReduce", std::to_string(in_bytes()) + " bytes");
+          inflight_->wait();
+        }
+        waited_ += since(t0);
+        unpack();
+      }
+      if (next_ < ex_.buckets_.size()) launch(/*during_backward=*/false);
+    }
+    // hap-train --profile: the time this rank waited on its gradient all-reduces.
+    add_collective_stat(CollectiveStat::AllReduce, static_cast<uint64_t>(stats.buckets), bytes_,
+                        waited_);
+  }
+
+  BackwardStats stats;
+
+ private:
+  // Completes the bucket in flight if it has finished; starts the next one that is ready.
+  void advance(bool during_backward) {
+    for (;;) {
+      if (inflight_) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool done = inflight_->test();
+        waited_ += since(t0);
+        if (!done) return;
+        unpack();
+      }
+      if (next_ == ex_.buckets_.size() || remaining_[next_] > 0) return;
+      launch(during_backward);
+    }
+  }
+
+  void launch(bool during_backward) {
+    const std::vector<int>& bucket = ex_.buckets_[next_++];
+    members_.clear();
+    std::vector<Tensor> flat;
+    for (int t : bucket) {
+      const Tensor& param = ex_.param_local_.at(t);
+      Tensor g = param.grad();
+      if (!g.defined()) continue;
+      members_.push_back({param, g.shape()});
+      flat.push_back(hap::reshape(g.contiguous(), {g.numel()}));
+    }
+    if (flat.empty()) return;
+    NoGradGuard no_grad;
+    in_ = flat.size() == 1 ? flat[0].contiguous() : hap::concat(flat, 0);
+    out_ = Tensor::empty(in_.shape(),
+                         TensorOptions{}.with_dtype(in_.dtype()).with_device(in_.device()));
+    bytes_ += static_cast<double>(in_bytes());
+    const auto t0 = std::chrono::steady_clock::now();
+    inflight_ = comm_.backend().start_all_reduce(in_, out_);
+    waited_ += since(t0);
+    ++stats.buckets;
+    if (during_backward) ++stats.started_during_backward;
+  }
+
+  void unpack() {
+    inflight_.reset();
+    NoGradGuard no_grad;
+    std::vector<int64_t> sizes;
+    for (const auto& [param, shape] : members_) sizes.push_back(shape_numel(shape));
+    std::vector<Tensor> parts = hap::split(out_, sizes, 0);
+    for (size_t i = 0; i < members_.size(); ++i)
+      members_[i].first.set_grad(hap::reshape(parts[i], members_[i].second).contiguous());
+    members_.clear();
+    in_ = out_ = Tensor();
+  }
+
+  int64_t in_bytes() const { return in_.numel() * static_cast<int64_t>(dtype_size(in_.dtype())); }
+  static double since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  Executor& ex_;
+  const Communicator& comm_;
+  double bytes_ = 0, waited_ = 0;
+  std::unordered_map<const TensorImpl*, size_t> bucket_of_;
+  std::vector<int> remaining_;  // per bucket: gradients not yet complete
+  size_t next_ = 0;             // the next bucket to start
+  std::unique_ptr<PendingCollective> inflight_;
+  std::vector<std::pair<Tensor, Shape>> members_;  // the bucket in flight's (parameter, shape)
+  Tensor in_, out_;
+};
+
+void Executor::backward(const Tensor& local_loss) {
+  if (!buckets_planned_) plan_buckets();
+  // Every rank runs the same program, so the same gradients are defined on every rank, and the
+  // same buckets start in the same order. Nonblocking all-reduces get a communicator of their
+  // own (their phases start as each rank finds the last one done); a backend that runs them at
+  // once runs them at the same points of the backward pass on every rank, between its other
+  // collectives, on the same communicator.
+  const bool own_comm = options_.overlap_grad_comm && comm_.backend().nonblocking_all_reduce();
+  if (own_comm && !grad_comm_.valid() && !buckets_.empty())
+    grad_comm_ = comm_.split(0, comm_.rank());
+  GradBuckets buckets(*this, own_comm ? grad_comm_ : comm_);
+  if (options_.overlap_grad_comm) {
+    autograd::ObserveBackward observe(&buckets);
+    local_loss.backward();
+  } else {
+    local_loss.backward();
+  }
+  buckets.finish();
+  backward_stats_ = buckets.stats;
 }
 
 void Executor::update(const std::function<void(const std::vector<Tensor>& params)>& step) const {

@@ -42,10 +42,28 @@ struct ForwardOptions {
   bool training = true;
 };
 
+// How backward() carries the program's gradient all-reduces.
+struct ExecutorOptions {
+  // true: each bucket's all-reduce starts as soon as the backward pass has completed its
+  // gradients and runs while the backward pass goes on (on a communicator of its own, one
+  // bucket at a time, advanced between backward ops); false: all of them after the backward
+  // pass. The sums are the same, bit for bit.
+  bool overlap_grad_comm = true;
+  // The most bytes of one bucket (synth::kGradBucketBytes, which the cost model assumes).
+  int64_t bucket_bytes = synth::kGradBucketBytes;
+};
+
+// What the last backward() did with its gradient buckets (for tests and the run log).
+struct BackwardStats {
+  int buckets = 0;                  // all-reduces started
+  int started_during_backward = 0;  // of them, started before the backward pass had ended
+};
+
 class Executor {
  public:
   // Checks that the program is for a world of this size.
-  Executor(const synth::Graph& graph, const synth::DistributedProgram& program, Communicator comm);
+  Executor(const synth::Graph& graph, const synth::DistributedProgram& program, Communicator comm,
+           const ExecutorOptions& options = {});
 
   // Creates this rank's parameters (leaves that require grad) from `source`.
   void materialize_parameters(const TensorSource& source);
@@ -63,11 +81,14 @@ class Executor {
   // Runs the program's forward on this rank's inputs and returns the local loss, a Partial
   // (the global loss is the sum over ranks) ready for backward().
   Tensor forward(const TensorSource& inputs, const ForwardOptions& options = {});
-  // Backward of the local loss from forward(), then the program's gradient all-reduce
-  // instructions with their methods: consecutive ones of one method and dtype share one
-  // all-reduce of up to 32 MiB (a bucket), as data-parallel frameworks do; the sums are the same
-  // element by element (rank order) either way.
+  // Backward of the local loss from forward(), and the program's gradient all-reduce
+  // instructions: in reverse program order (the order the backward pass completes gradients),
+  // consecutive ones of one method and dtype share one all-reduce of up to
+  // options.bucket_bytes (a bucket), as data-parallel frameworks do, overlapped with the backward
+  // pass unless options say not. The sums are the same element by element (rank order) whatever
+  // the buckets and the overlap.
   void backward(const Tensor& local_loss);
+  const BackwardStats& last_backward() const { return backward_stats_; }
   // The program's update instructions: `step` gets, once, the local tensors of the parameters
   // they name, in program order (an optimizer's fused update over exactly those).
   void update(const std::function<void(const std::vector<Tensor>& params)>& step) const;
@@ -98,10 +119,18 @@ class Executor {
   Tensor full_value(int tensor) const;
   void apply_state_updates();
   int param_tensor(const std::string& name) const;
+  class GradBuckets;
+  void plan_buckets();
 
   const synth::Graph& graph_;
   const synth::DistributedProgram& program_;
   Communicator comm_;
+  ExecutorOptions options_;
+  Communicator grad_comm_;  // the overlapped all-reduces' own (made at the first backward)
+  // Gradient buckets, in launch order: each a list of parameter tensors (graph ids).
+  std::vector<std::vector<int>> buckets_;
+  bool buckets_planned_ = false;
+  BackwardStats backward_stats_;
   synth::ShardLayout layout_;
   std::vector<std::vector<ops::ShardSignature>> sigs_;  // per node
   std::vector<std::pair<std::string, Tensor>> params_;

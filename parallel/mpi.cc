@@ -413,3 +413,99 @@ void MpiBackend::all_reduce(const Tensor& in, const Tensor& out) {
 }
 
 }  // namespace hap::parallel
+
+namespace hap::parallel {
+
+namespace {
+
+// MpiBackend::all_reduce as nonblocking phases: an all-to-all moves every addend of rank r's
+// even block to rank r, test() or wait() adds them up in rank order once it has arrived and
+// starts the all-gather of the sums. The same blocks, the same sums, the same bits.
+class MpiPendingAllReduce final : public PendingCollective {
+ public:
+  MpiPendingAllReduce(MPI_Comm comm, int rank, int size, const Tensor& in, const Tensor& out)
+      : comm_(comm), rank_(rank), in_(in), out_(out) {
+    const int64_t n = in.numel();
+    std::vector<int64_t> counts(static_cast<size_t>(size), n / size);
+    for (int64_t r = 0; r < n % size; ++r) counts[static_cast<size_t>(r)] += 1;
+    layout_ = BlockLayout::packed(counts);
+    const int64_t mine_n = counts[static_cast<size_t>(rank)];
+    recv_ = BlockLayout::slots(static_cast<size_t>(size), mine_n);
+    addends_ = Tensor::empty({recv_.total()}, TensorOptions{}.with_dtype(in.dtype()));
+    mine_ = Tensor::empty({mine_n}, TensorOptions{}.with_dtype(in.dtype()));
+    const char* op = "all_reduce";
+    send_counts_ = mpi_counts(layout_.counts, op);
+    send_displs_ = mpi_counts(layout_.displs, op);
+    recv_counts_ = mpi_counts(recv_.counts, op);
+    recv_displs_ = mpi_counts(recv_.displs, op);
+    const MPI_Datatype type = mpi_datatype(in.dtype());
+    HAP_MPI_CHECK(MPI_Ialltoallv(in_.raw_data(), send_counts_.data(), send_displs_.data(), type,
+                                 addends_.raw_data(), recv_counts_.data(), recv_displs_.data(),
+                                 type, comm_, &request_));
+  }
+
+  ~MpiPendingAllReduce() override {
+    // MPI cannot cancel a started collective: its buffers must outlive it (this happens only on
+    // an error path, where the job is ending).
+    if (phase_ != Phase::Done)
+      new Tensor[4]{in_, out_, addends_, mine_};  // NOLINT: deliberately kept alive
+  }
+
+  bool test() override {
+    while (phase_ != Phase::Done) {
+      int done = 0;
+      HAP_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
+      if (!done) return false;
+      advance();
+    }
+    return true;
+  }
+
+  void wait() override {
+    while (phase_ != Phase::Done) {
+      complete(request_, phase_ == Phase::AllToAll ? "MPI_Ialltoallv(all_reduce)"
+                                                   : "MPI_Iallgatherv(all_reduce)");
+      advance();
+    }
+  }
+
+ private:
+  enum class Phase { AllToAll, AllGather, Done };
+
+  // The current phase's request has completed: start the next.
+  void advance() {
+    if (phase_ == Phase::AllGather) {
+      phase_ = Phase::Done;
+      return;
+    }
+    sum_in_rank_order(addends_, recv_.displs, mine_);
+    const MPI_Datatype type = mpi_datatype(in_.dtype());
+    HAP_MPI_CHECK(MPI_Iallgatherv(mine_.raw_data(), send_counts_[static_cast<size_t>(rank_)], type,
+                                  out_.raw_data(), send_counts_.data(), send_displs_.data(), type,
+                                  comm_, &request_));
+    phase_ = Phase::AllGather;
+  }
+
+  MPI_Comm comm_;
+  int rank_;
+  Tensor in_, out_, addends_, mine_;
+  BlockLayout layout_, recv_;
+  std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  Phase phase_ = Phase::AllToAll;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingCollective> MpiBackend::start_all_reduce(const Tensor& in,
+                                                                const Tensor& out) {
+  const char* op = "all_reduce";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  check_reducible(in.dtype(), op);
+  HAP_CHECK(out.numel() == in.numel() && out.dtype() == in.dtype(), op, ": out ", out.str(),
+            " does not match in ", in.str());
+  return std::make_unique<MpiPendingAllReduce>(comm_, rank_, size_, in, out);
+}
+
+}  // namespace hap::parallel

@@ -137,6 +137,10 @@ class MpiBackend : public Backend {
   void all_reduce(const Tensor& in, const Tensor& out) override;
   void all_to_all(const Tensor& in, const BlockLayout& send, const Tensor& out,
                   const BlockLayout& recv) override;
+  // The all-reduce's two phases (an all-to-all of even blocks, the sums in rank order, an
+  // all-gather) as nonblocking MPI calls, advanced by test() and wait().
+  bool nonblocking_all_reduce() const override { return true; }
+  std::unique_ptr<PendingCollective> start_all_reduce(const Tensor& in, const Tensor& out) override;
 
  private:
   MPI_Comm comm_;

@@ -40,8 +40,12 @@ double LinearCost::eval(const std::vector<double>& r) const {
   return m + constant_s;
 }
 
-CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots)
-    : graph_(graph), cluster_(cluster), param_state_factor_(2.0 + optimizer_state_slots) {
+CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots,
+                     bool overlap_grad_comm)
+    : graph_(graph),
+      cluster_(cluster),
+      param_state_factor_(2.0 + optimizer_state_slots),
+      overlap_grad_comm_(overlap_grad_comm) {
   HAP_CHECK(optimizer_state_slots >= 0, "cost model: optimizer_state_slots must be >= 0, got ",
             optimizer_state_slots);
   std::vector<int> all(cluster.devices.size());
@@ -316,6 +320,88 @@ double CostModel::compute_lower_bound_s() const {
   double f = 0;
   for (double x : step_flops_) f += x;
   return f / cluster_.total_flops_per_s();
+}
+
+double CostModel::backward_fraction(int node) const {
+  const GraphNode& n = graph_.nodes[node];
+  if (step_flops_[node] > 0) return 1.0 - n.flops / step_flops_[node];
+  if (step_bytes_[node] > 0) return 1.0 - n.bytes / step_bytes_[node];
+  return 0.0;
+}
+
+StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) {
+  const Graph& graph = cm.graph();
+  const size_t n = instrs.size();
+  // The backward part of every instruction, and where each parameter's gradient is complete.
+  std::vector<double> backward(n, 0.0);
+  std::vector<size_t> first_use(graph.tensors.size(), n);
+  double forward_s = 0, updates_s = 0, sum_s = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const Instruction& in = instrs[i];
+    sum_s += in.cost_s;
+    switch (in.kind) {
+      case InstrKind::GradAllReduce:
+        continue;
+      case InstrKind::Update:
+        updates_s += in.cost_s;
+        continue;
+      case InstrKind::Compute:
+        backward[i] = in.cost_s * cm.backward_fraction(in.node);
+        for (int t : graph.nodes[in.node].inputs)
+          if (t >= 0) first_use[t] = std::min(first_use[t], i);
+        break;
+      default:
+        // A collective's backward adjoint costs about what its forward does.
+        backward[i] = cm.requires_grad(in.tensor) ? 0.5 * in.cost_s : 0.0;
+        first_use[in.tensor] = std::min(first_use[in.tensor], i);
+        break;
+    }
+    forward_s += in.cost_s - backward[i];
+  }
+  // done[i]: when the backward pass has finished instruction i.
+  std::vector<double> done(n + 1, 0.0);
+  double t = forward_s;
+  done[n] = t;
+  for (size_t i = n; i-- > 0;) {
+    t += backward[i];
+    done[i] = t;
+  }
+  const double backward_end = t;
+  // The executor's buckets (parallel::Executor::plan_buckets) on one channel.
+  double channel = cm.overlap_grad_comm() ? forward_s : backward_end;
+  double grads_s = 0;
+  double bucket_ready = 0, bucket_cost = 0, bucket_bytes = 0;
+  bool open = false;
+  CollectiveMethod method = CollectiveMethod::None;
+  DType dtype = DType::F32;
+  auto close = [&]() {
+    if (!open) return;
+    channel = std::max(channel, cm.overlap_grad_comm() ? bucket_ready : backward_end) + bucket_cost;
+    open = false;
+    bucket_ready = bucket_cost = bucket_bytes = 0;
+  };
+  for (size_t i = n; i-- > 0;) {
+    const Instruction& in = instrs[i];
+    if (in.kind != InstrKind::GradAllReduce) continue;
+    const GraphTensor& p = graph.tensors[in.tensor];
+    const double bytes = static_cast<double>(shape_numel(p.shape)) * dtype_size(p.dtype);
+    if (open && (p.dtype != dtype || in.method != method ||
+                 bucket_bytes + bytes > static_cast<double>(kGradBucketBytes)))
+      close();
+    open = true;
+    method = in.method;
+    dtype = p.dtype;
+    bucket_bytes += bytes;
+    bucket_cost += in.cost_s;
+    grads_s += in.cost_s;
+    bucket_ready = std::max(bucket_ready, done[std::min(first_use[in.tensor], n)]);
+  }
+  close();
+  StepTime st;
+  st.step_s = std::max(backward_end, channel) + updates_s;
+  if (!cm.overlap_grad_comm()) st.step_s = sum_s;  // the same, without rounding
+  st.hidden_s = std::max(0.0, sum_s - st.step_s);
+  return st;
 }
 
 }  // namespace hap::synth

@@ -39,7 +39,11 @@ class CostModel {
   // `optimizer_state_slots`: tensors of optimizer state per parameter tensor, each the size of the
   // parameter (AdamW 2, SGD with momentum 1, plain SGD 0): a stored parameter costs the parameter,
   // its gradient and these in memory.
-  CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots = 2);
+  // `overlap_grad_comm`: whether the executor overlaps its gradient all-reduces with the
+  // backward pass (parallel::ExecutorOptions), which step_time() prices.
+  CostModel(const Graph& graph, const Cluster& cluster, int optimizer_state_slots = 2,
+            bool overlap_grad_comm = true);
+  bool overlap_grad_comm() const { return overlap_grad_comm_; }
 
   const Graph& graph() const { return graph_; }
   const Cluster& cluster() const { return cluster_; }
@@ -57,6 +61,9 @@ class CostModel {
   double step_flops(int node) const { return step_flops_[node]; }
   // Bytes read and written by forward + backward of a node.
   double step_bytes(int node) const { return step_bytes_[node]; }
+  // The part of a node's forward + backward time that is its backward (by FLOPs, or bytes for
+  // ops without FLOPs; 0 for a node no gradient flows through).
+  double backward_fraction(int node) const;
 
   // Compute time as a linear cost in the ratios (what the ratio LP reads).
   LinearCost compute(int node, int sig) const;
@@ -118,6 +125,21 @@ class CostModel {
   std::vector<double> step_bytes_;
   int num_params_ = 0;  // parameter tensors of the graph
   double param_state_factor_ = 4.0;
+  bool overlap_grad_comm_ = true;
 };
+
+// The predicted time of one training step of a costed program (instruction costs set, as by
+// synth::recost), in the executor's order: every instruction's forward part in program order,
+// then every backward part in reverse order; the gradient all-reduces go, in the executor's
+// buckets (reverse program order, one method and dtype per bucket, up to kGradBucketBytes), to a
+// channel of their own, one bucket at a time, each starting once the backward pass has completed
+// its gradients (a parameter's gradient is complete after the backward of the first instruction
+// that reads it); the optimizer's updates run after both. Without overlap the channel starts when
+// the backward pass ends, and the step is the sum of the costs.
+struct StepTime {
+  double step_s = 0;
+  double hidden_s = 0;  // gradient all-reduce time the backward pass hides
+};
+StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs);
 
 }  // namespace hap::synth

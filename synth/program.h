@@ -16,6 +16,10 @@ using ops::PropKind;
 using ops::CollectiveMethod;
 using ops::method_name;
 
+// The most bytes the executor's gradient all-reduces put in one bucket (parallel/executor.h);
+// the cost model prices the overlap of the backward pass with buckets of this size.
+constexpr int64_t kGradBucketBytes = int64_t{4} << 20;
+
 enum class InstrKind : uint8_t {
   Compute,        // run graph node `node` under signature `signature` on local shards
   AllGather,      // Sharded(d) -> Replicated
@@ -58,8 +62,10 @@ struct DistributedProgram {
   std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
   std::vector<int> node_segment;            // graph node id -> segment
   std::vector<Prop> storage;                // graph tensor id -> how parameters/inputs are held
-  double predicted_step_s = 0;              // sum of instruction costs
-  double compute_s = 0, communication_s = 0;
+  // The step as the executor runs it (synth::step_time): compute_s + communication_s -
+  // hidden_communication_s, the gradient all-reduce time hidden behind the backward pass.
+  double predicted_step_s = 0;
+  double compute_s = 0, communication_s = 0, hidden_communication_s = 0;
   std::vector<double> device_compute_s;     // per device: its own compute time
   std::vector<double> device_memory_bytes;  // per device: predicted peak
   double synthesis_s = 0;

@@ -94,7 +94,6 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios) {
   // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
   const ShardLayout layout(cm.graph(), instrs, ratios);
-  double total = 0;
   for (Instruction& in : instrs) {
     const std::vector<double>& r = ratios[in.segment];
     switch (in.kind) {
@@ -128,9 +127,8 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
         in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r);
         break;
     }
-    total += in.cost_s;
   }
-  return total;
+  return step_time(cm, instrs).step_s;
 }
 
 bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs,
@@ -309,7 +307,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                               const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
-  CostModel cm(graph, cluster, options.optimizer_state_slots);
+  CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
   int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
@@ -554,6 +552,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       best.communication_s += in.cost_s;
     }
   }
+  best.hidden_communication_s = step_time(cm, best.instructions).hidden_s;
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
   best.steps = std::move(steps);
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

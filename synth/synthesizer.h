@@ -34,6 +34,9 @@ struct SynthesisOptions {
   // Optimizer state tensors per parameter (the memory model's; see CostModel): AdamW's 2 by
   // default; train::optimizer_state_slots gives a run's.
   int optimizer_state_slots = 2;
+  // Whether the executor overlaps gradient all-reduces with the backward pass (the cost model's
+  // step_time prices it; parallel::ExecutorOptions).
+  bool overlap_grad_comm = true;
 };
 
 // Segment of every node and the number of segments.
@@ -46,7 +49,9 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
                      const std::vector<Prop>& storage, int num_segments, double min_share,
                      std::vector<std::vector<double>>* ratios);
 
-// Recomputes every instruction's cost under `ratios`, keeping each collective's method.
+// Recomputes every instruction's cost under `ratios`, keeping each collective's method, and
+// returns the predicted step time (step_time: the gradient all-reduces the backward pass hides
+// are not counted).
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios);
 

@@ -39,8 +39,9 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 5> kParallelKeys = {"strategy", "segments", "search_budget",
-                                                           "collective_timeout_s", "backend"};
+constexpr std::array<std::string_view, 6> kParallelKeys = {"strategy",      "segments",
+                                                           "search_budget", "collective_timeout_s",
+                                                           "backend",       "overlap_grad_comm"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -330,6 +331,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.collective_timeout_s =
       s.number("collective_timeout_s", p.collective_timeout_s, RealRange::at_least(0.0));
   p.backend = s.choice("backend", kCommBackends, p.backend);
+  p.overlap_grad_comm = s.boolean("overlap_grad_comm", p.overlap_grad_comm);
   s.finish();
   return p;
 }
@@ -467,7 +469,8 @@ nlohmann::json to_json(const RunConfig& config) {
         {"segments", std::string(to_string(config.parallel.segments))},
         {"search_budget", config.parallel.search_budget},
         {"collective_timeout_s", config.parallel.collective_timeout_s},
-        {"backend", std::string(to_string(config.parallel.backend))}}},
+        {"backend", std::string(to_string(config.parallel.backend))},
+        {"overlap_grad_comm", config.parallel.overlap_grad_comm}}},
   };
 }
 
@@ -478,6 +481,7 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.strategy = p.strategy;
   o.segments = p.segments;
   o.max_states = p.search_budget;
+  o.overlap_grad_comm = p.overlap_grad_comm;
   return o;
 }
 

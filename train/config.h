@@ -112,6 +112,10 @@ struct ParallelConfig {
   // may share a GPU), or auto (nccl where every rank has a GPU of its own and NCCL loads, else
   // mpi). CPU ranks always use MPI; nccl there is an error.
   CommBackend backend = CommBackend::kAuto;
+  // Whether gradient all-reduces run while the backward pass goes on (bucketed, as soon as
+  // their gradients are complete) or after it; the planner prices the one chosen. The same
+  // numbers either way.
+  bool overlap_grad_comm = true;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
 std::string_view to_string(CommBackend backend);          // "auto", "nccl", "mpi"

@@ -96,6 +96,7 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
           {"predicted_step_s", p.predicted_step_s},
           {"compute_s", p.compute_s},
           {"communication_s", p.communication_s},
+          {"hidden_communication_s", p.hidden_communication_s},
           {"compute_lower_bound_s", cm.compute_lower_bound_s()},
           {"device_compute_s", p.device_compute_s},
           {"device_memory_bytes", p.device_memory_bytes},
@@ -332,6 +333,7 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
     for (const synth::Instruction& x : p.instructions)
       (x.kind == InstrKind::Compute || x.kind == InstrKind::Update ? p.compute_s
                                                                    : p.communication_s) += x.cost_s;
+    p.hidden_communication_s = synth::step_time(cm, p.instructions).hidden_s;
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(path + ": malformed plan (" + e.what() + ")");

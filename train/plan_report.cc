@@ -210,7 +210,11 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   if (listed == 0) os << (c.size() == 1 ? "  none (one device)\n" : "  none\n");
 
   os << "\npredicted step time: " << fmt_s(p.predicted_step_s) << " (compute " << fmt_s(p.compute_s)
-     << ", communication " << fmt_s(p.communication_s) << ")\n";
+     << ", communication " << fmt_s(p.communication_s);
+  if (p.hidden_communication_s > 0)
+    os << ", of which " << fmt_s(p.hidden_communication_s)
+       << " of gradient all-reduce hidden behind the backward pass";
+  os << ")\n";
   if (!p.note.empty()) os << "note: " << p.note << "\n";
   os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())
      << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";

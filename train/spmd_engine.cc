@@ -37,7 +37,8 @@ class SpmdEngine : public Engine {
         cluster_(std::move(dist.cluster)),
         inputs_(model_->inputs(config.batch_size)),
         graph_(trace_model(*model_, config.batch_size, config.precision)),
-        cost_(graph_, cluster_, dist.synthesis.optimizer_state_slots) {
+        cost_(graph_, cluster_, dist.synthesis.optimizer_state_slots,
+              dist.synthesis.overlap_grad_comm) {
     plan_ = dist.plan_file.empty() ? synth::synthesize(graph_, cluster_, dist.synthesis)
                                    : load_plan(dist.plan_file, cost_);
     // Every rank planned from the same inputs; a difference (non-deterministic planning, another
@@ -52,7 +53,9 @@ class SpmdEngine : public Engine {
         comm_.allreduce(int64_t{rank0 != hash}) == 0,
         "the ranks run different programs (program hash of rank 0 differs from another rank's: "
         "non-deterministic planning, or different plan or cluster files on different nodes)");
-    executor_ = std::make_unique<parallel::Executor>(graph_, plan_, comm_);
+    parallel::ExecutorOptions exec;
+    exec.overlap_grad_comm = dist.synthesis.overlap_grad_comm;
+    executor_ = std::make_unique<parallel::Executor>(graph_, plan_, comm_, exec);
     materialize();
   }
 

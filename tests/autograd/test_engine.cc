@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -80,6 +81,52 @@ TEST(Engine, ATensorUsedSeveralTimesGetsTheSumOfItsGradients) {
   std::vector<double> want;
   for (double v : {0.1, 0.3}) want.push_back((2 * std::exp(v) + 1) * std::exp(v));
   expect_near(z.grad(), want);
+}
+
+// The observer hears of a leaf once, after its last accumulation (a leaf used three times, once
+// through a view), with .grad then complete, and a leaf whose gradient is zeros like any other.
+// Nodes are reported as they run;
+// autograd::grad is not observed, nor any backward outside the observer's scope.
+TEST(Engine, AnObserverHearsOfEachLeafOnceItsGradientIsComplete) {
+  struct Recorder : autograd::BackwardObserver {
+    std::vector<std::pair<const TensorImpl*, std::vector<double>>> leaves;
+    int nodes = 0;
+    void leaf_done(const Tensor& leaf) override {
+      leaves.push_back(
+          {leaf.impl(), leaf.grad().defined() ? leaf.grad().to_vector() : std::vector<double>{}});
+    }
+    void node_done() override { ++nodes; }
+  } rec;
+  Tensor a = vec({1, 2});
+  Tensor b = vec({3, -1});
+  Tensor unused_grad = vec({5, 5});
+  {
+    autograd::ObserveBackward observe(&rec);
+    // y = sum(a * a + a[0:2] * b) + sum(c * 0)
+    Tensor first = mul(a, a);
+    Tensor second = mul(slice(a, 0, 0, 2), b);
+    Tensor y = add(sum(add(first, second)), sum(mul(unused_grad, 0.0)));
+    y.backward();
+  }
+  ASSERT_EQ(rec.leaves.size(), 3u);
+  std::map<const TensorImpl*, std::vector<double>> got;
+  for (const auto& [impl, g] : rec.leaves) {
+    EXPECT_EQ(got.count(impl), 0u) << "a leaf reported twice";
+    got[impl] = g;
+  }
+  // d/da = 2a + b, d/db = a: complete when reported.
+  EXPECT_EQ(got.at(a.impl()), (std::vector<double>{2 * 1 + 3, 2 * 2 - 1}));
+  EXPECT_EQ(got.at(b.impl()), (std::vector<double>{1, 2}));
+  EXPECT_EQ(got.at(unused_grad.impl()), (std::vector<double>{0, 0}));
+  EXPECT_GT(rec.nodes, 3);
+  // Outside the scope, and autograd::grad inside one, nothing is reported.
+  const size_t before = rec.leaves.size();
+  sum(mul(a, b)).backward();
+  {
+    autograd::ObserveBackward observe(&rec);
+    autograd::grad(sum(mul(a, b)), {a});
+  }
+  EXPECT_EQ(rec.leaves.size(), before);
 }
 
 TEST(Engine, DiamondGraphsRunEachNodeOnceWithAllItsGradient) {

@@ -244,3 +244,65 @@ TEST(Synthesizer, TensorParallelBaselineShardsEveryLinearWeight) {
 
 }  // namespace
 }  // namespace hap::synth
+
+namespace hap::synth {
+namespace {
+
+// step_time: the gradient all-reduces run on a channel of their own, one bucket at a time, each
+// from the moment the backward pass has completed its gradient; worked by hand on two products
+// whose weights (4.5 MB each) fill a bucket each. x -> matmul(w1) -> matmul(w2) -> mean.
+TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
+  Tensor x = Tensor::meta({4, 1100}, DType::F32);
+  Tensor w1 = Tensor::meta({1100, 1024}, DType::F32), w2 = Tensor::meta({1024, 1100}, DType::F32);
+  Graph g =
+      trace([&] { return mean(matmul(matmul(x, w1), w2)); }, {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  ASSERT_GT(g.tensors[tensor_named(g, "w1")].bytes(), kGradBucketBytes);
+  Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  int mm[2] = {-1, -1}, mean_node = -1;
+  for (const GraphNode& n : g.nodes) {
+    if (n.kind == ops::OpKind::MatMul) (mm[0] < 0 ? mm[0] : mm[1]) = n.id;
+    if (n.kind == ops::OpKind::Mean) mean_node = n.id;
+  }
+  ASSERT_GE(mm[1], 0);
+  ASSERT_GE(mean_node, 0);
+  auto compute = [](int node, double cost) {
+    Instruction in;
+    in.kind = InstrKind::Compute;
+    in.node = node;
+    in.cost_s = cost;
+    return in;
+  };
+  auto grad = [](int tensor, double cost) {
+    Instruction in;
+    in.kind = InstrKind::GradAllReduce;
+    in.tensor = tensor;
+    in.from = Prop::partial();
+    in.to = Prop::replicated();
+    in.method = CollectiveMethod::Grouped;
+    in.cost_s = cost;
+    return in;
+  };
+  const std::vector<Instruction> instrs = {compute(mm[0], 3), compute(mm[1], 3),
+                                           compute(mean_node, 0), grad(tensor_named(g, "w1"), 2),
+                                           grad(tensor_named(g, "w2"), 2)};
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    const CostModel cm(g, c, 2, overlap);
+    // Backward of x @ w1 is one product (x needs no gradient), of h @ w2 two.
+    ASSERT_NEAR(cm.backward_fraction(mm[0]), 1.0 / 2, 1e-12);
+    ASSERT_NEAR(cm.backward_fraction(mm[1]), 2.0 / 3, 1e-12);
+    const StepTime st = step_time(cm, instrs);
+    if (!overlap) {
+      EXPECT_DOUBLE_EQ(st.step_s, 10.0);
+      EXPECT_DOUBLE_EQ(st.hidden_s, 0.0);
+      continue;
+    }
+    // Forward 1.5 + 1; backward of the second product ends at 4.5, of the first at 6. w2's
+    // gradient is reduced over [4.5, 6.5], w1's over [6.5, 8.5]: 1.5 s hidden.
+    EXPECT_NEAR(st.step_s, 8.5, 1e-12);
+    EXPECT_NEAR(st.hidden_s, 1.5, 1e-12);
+  }
+}
+
+}  // namespace
+}  // namespace hap::synth

@@ -586,6 +586,19 @@ TEST(ParallelSection, TheBackendIsAutoNcclOrMpi) {
             std::string::npos);
 }
 
+TEST(ParallelSection, OverlapOfGradientAllReducesIsOnByDefaultAndReachesTheSynthesizer) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  const RunConfig on = load_run_config(path, {});
+  EXPECT_TRUE(on.parallel.overlap_grad_comm);
+  EXPECT_TRUE(synthesis_options(on).overlap_grad_comm);
+  const RunConfig off = load_run_config(path, {"parallel.overlap_grad_comm=false"});
+  EXPECT_FALSE(off.parallel.overlap_grad_comm);
+  EXPECT_FALSE(synthesis_options(off).overlap_grad_comm);
+  EXPECT_EQ(to_json(off)["parallel"]["overlap_grad_comm"], false);
+  const std::string m = load_error(path, {"parallel.overlap_grad_comm=maybe"});
+  EXPECT_NE(m.find("parallel.overlap_grad_comm"), std::string::npos) << m;
+}
+
 TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
   const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   RunConfig c = load_run_config(path, {});
