@@ -117,6 +117,7 @@ int main(int argc, char** argv) {
       std::printf("%s\n", hap::train::core_rate_line(cluster_path, loaded).c_str());
 
     hap::synth::SynthesisOptions opt = hap::train::synthesis_options(config);
+    opt.devices = hap::train::pinned_devices(config.parallel, cluster);
     hap::synth::Strategy strat = opt.strategy;
     hap::synth::DistributedProgram plan;
     try {
@@ -141,7 +142,10 @@ int main(int argc, char** argv) {
                     hap::train::synthesis_error_message(e.what(), config.parallel).c_str());
       }
     }
-    hap::synth::CostModel cm(graph, cluster, opt.optimizer_state_slots, opt.overlap_grad_comm);
+    // The program's cost model is that of the devices it runs on.
+    const hap::synth::Cluster plan_cluster =
+        plan.devices.empty() ? cluster : cluster.subset(plan.devices);
+    hap::synth::CostModel cm(graph, plan_cluster, opt.optimizer_state_slots, opt.overlap_grad_comm);
     std::printf("%s", hap::train::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {
       hap::train::save_plan(json_path, cm, plan);

@@ -51,7 +51,9 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
     hap::synth::Cluster cluster = load_cluster_config(cluster_path, rank0_core_rate, &loaded);
     if (lead && !fit.quiet && loaded.core_flops_per_s > 0)
       std::printf("%s\n", core_rate_line(cluster_path, loaded).c_str());
-    DistributedOptions dist{std::move(cluster), synthesis_options(config), plan_file,
+    hap::synth::SynthesisOptions synthesis = synthesis_options(config);
+    synthesis.devices = pinned_devices(config.parallel, cluster);
+    DistributedOptions dist{std::move(cluster), std::move(synthesis), plan_file,
                             config.parallel.collective_timeout_s, config.parallel.backend};
     if (!plan_json.empty())
       if (const std::string reason = unwritable_reason(plan_json); !reason.empty())
@@ -62,9 +64,13 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
     if (lead && !fit.quiet)
       std::printf("%s\n", plan_report(*trainer.cost_model(), *trainer.program(), {}).c_str());
     if (lead && !plan_json.empty()) save_plan(plan_json, *trainer.cost_model(), *trainer.program());
+    if (trainer.left_out() && !fit.quiet)
+      std::printf("hap-train: rank %d is left out by the plan (%s); it waits for the others\n",
+                  comm.rank(), trainer.program()->devices_note.c_str());
     TrainSummary s = trainer.fit(fit);
-    if (lead && !fit.quiet)
-      std::printf("hap-train: done on %d ranks: %s\n", comm.size(), summary_text(s).c_str());
+    if (trainer.is_lead() && !fit.quiet)
+      std::printf("hap-train: done on %d ranks: %s\n", trainer.world_size(),
+                  summary_text(s).c_str());
     return 0;
   } catch (const ConfigError& e) {
     if (lead) std::fprintf(stderr, "hap-train: config error: %s\n", e.what());

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -59,6 +60,28 @@ synth::Graph gpt_graph(int layers, int64_t batch) {
   return train::trace_model(*model, batch);
 }
 
+// Three GPU types, `n` devices in nodes of 8 over 100 Gbit/s: 8 A100, then V100 and T4 halves.
+synth::Cluster three_type_cluster(int n) {
+  synth::Cluster c;
+  c.name = "a100-v100-t4-x" + std::to_string(n);
+  c.inter_node = {1.25e10, 1e-5};
+  const int v100_end = 8 + (n - 8) / 2;
+  for (int start = 0, node = 0; start < n; start += 8, ++node) {
+    std::vector<synth::Device> devs;
+    for (int i = start; i < std::min(n, start + 8); ++i) {
+      if (i < 8)
+        devs.push_back({"a100-" + std::to_string(i), "a100", 1.5e13, int64_t{80} << 30, -1});
+      else if (i < v100_end)
+        devs.push_back({"v100-" + std::to_string(i), "v100", 7e12, int64_t{32} << 30, -1});
+      else
+        devs.push_back({"t4-" + std::to_string(i), "t4", 4e12, int64_t{16} << 30, -1});
+    }
+    c.add_node("node" + std::to_string(node), {1e11, 5e-6}, devs);
+  }
+  c.validate();
+  return c;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -68,6 +91,9 @@ int main(int argc, char** argv) {
   cli.add_option("--out", out, "results JSON");
   cli.add_option("--layers", layer_counts, "layer counts");
   cli.add_option("--devices", device_counts, "device counts");
+  int select_devices = 256;
+  cli.add_option("--selection-devices", select_devices,
+                 "devices of the three-type cluster for the device-selection case (0: skip)");
   CLI11_PARSE(cli, argc, argv);
   hap::set_num_threads(1);
 
@@ -157,10 +183,61 @@ int main(int argc, char** argv) {
     std::printf(" %10.4f %8.3f\n", cm.compute_lower_bound_s(), hap_s / cm.compute_lower_bound_s());
     predicted.push_back(row);
   }
+  // Device selection: GPT-2 small at global batch 16 on 256 devices of three types. hap (which
+  // may leave devices out) against hap made to use all of them and hap pinned to each subset of
+  // the k fastest devices (k = 1, 2, 4, ..., and the 8 A100s).
+  nlohmann::json selection;
+  if (select_devices > 0) {
+    const synth::Cluster c = three_type_cluster(select_devices);
+    const synth::Graph graph = gpt_graph(12, 16);
+    std::printf("\ndevice selection: GPT-2 small, global batch 16, on %s\n", c.name.c_str());
+    const synth::DistributedProgram hap = synth::synthesize(graph, c, synth::SynthesisOptions{});
+    synth::SynthesisOptions all;
+    all.select_devices = false;
+    const synth::DistributedProgram on_all = synth::synthesize(graph, c, all);
+    std::printf("  hap: %.4f s on %zu devices (synthesis %.2f s); %s\n", hap.predicted_step_s,
+                hap.devices.empty() ? static_cast<size_t>(c.size()) : hap.devices.size(),
+                hap.synthesis_s, hap.devices_note.c_str());
+    std::printf("  hap on all %d: %.4f s (synthesis %.2f s)\n", c.size(), on_all.predicted_step_s,
+                on_all.synthesis_s);
+    nlohmann::json subsets = nlohmann::json::array();
+    double best_subset = std::numeric_limits<double>::infinity();
+    for (int k = 1; k < c.size(); k *= 2) {
+      std::vector<int> fastest;  // the devices are listed fastest first
+      for (int d = 0; d < k; ++d) fastest.push_back(d);
+      synth::SynthesisOptions pinned;
+      pinned.devices = fastest;
+      try {
+        const synth::DistributedProgram p = synth::synthesize(graph, c, pinned);
+        best_subset = std::min(best_subset, p.predicted_step_s);
+        subsets.push_back({{"devices", k}, {"predicted_step_s", p.predicted_step_s}});
+        std::printf("  hap pinned to the %d fastest: %.4f s\n", k, p.predicted_step_s);
+      } catch (const hap::Error& e) {
+        subsets.push_back({{"devices", k}, {"error", e.what()}});
+        std::printf("  hap pinned to the %d fastest: no program (%s)\n", k, e.what());
+      }
+    }
+    selection = {
+        {"cluster", c.name},
+        {"devices", c.size()},
+        {"global_batch", 16},
+        {"hap",
+         {{"predicted_step_s", hap.predicted_step_s},
+          {"devices_used", hap.devices.empty() ? c.size() : static_cast<int>(hap.devices.size())},
+          {"note", hap.devices_note},
+          {"synthesis_s", hap.synthesis_s}}},
+        {"hap_on_all", {{"predicted_step_s", on_all.predicted_step_s}}},
+        {"hap_pinned_to_fastest", subsets},
+        {"hap_over_best_subset", hap.predicted_step_s / best_subset},
+        {"speedup_over_all", on_all.predicted_step_s / hap.predicted_step_s}};
+    std::printf("  hap / best pinned subset: %.3f; hap's speed-up over all devices: %.1fx\n",
+                hap.predicted_step_s / best_subset, on_all.predicted_step_s / hap.predicted_step_s);
+  }
   nlohmann::json doc = {{"benchmark", "synthesis"},
                         {"threads", 1},
                         {"synthesis_time", timing},
-                        {"predicted_step", predicted}};
+                        {"predicted_step", predicted},
+                        {"device_selection", selection}};
   std::ofstream(out) << doc.dump(2) << "\n";
   std::printf("wrote %s\n", out.c_str());
   return 0;

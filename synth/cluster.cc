@@ -95,6 +95,44 @@ int Cluster::add_node(std::string node_name, Link link, std::vector<Device> node
   return index;
 }
 
+Cluster Cluster::subset(std::vector<int> ranks) const {
+  HAP_CHECK(!ranks.empty(), "cluster '", name, "': a subset needs at least one device");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    HAP_CHECK(ranks[i] >= 0 && ranks[i] < size(), "cluster '", name, "': rank ", ranks[i],
+              " is not one of its ", size(), " devices");
+    HAP_CHECK(i == 0 || ranks[i] != ranks[i - 1], "cluster '", name, "': rank ", ranks[i],
+              " is listed twice");
+  }
+  Cluster out;
+  out.name = name;
+  out.inter_node = inter_node;
+  for (const Node& node : nodes) {
+    std::vector<Device> kept;
+    for (int r : node.devices)
+      if (std::binary_search(ranks.begin(), ranks.end(), r)) kept.push_back(devices[r]);
+    if (!kept.empty()) out.add_node(node.name, node.link, std::move(kept));
+  }
+  // add_node numbers ranks node by node: a cluster whose nodes' ranks interleave is renumbered
+  // in ascending order instead.
+  std::vector<Device> ordered;
+  for (int r : ranks) ordered.push_back(devices[r]);
+  bool same = true;
+  for (size_t i = 0; i < ordered.size(); ++i) same = same && out.devices[i].name == ordered[i].name;
+  if (!same) {
+    std::map<std::string, int> node_of_device;
+    for (const Device& d : out.devices) node_of_device[d.name] = d.node;
+    for (Node& n : out.nodes) n.devices.clear();
+    out.devices.clear();
+    for (Device& d : ordered) {
+      d.node = node_of_device.at(d.name);
+      out.nodes[static_cast<size_t>(d.node)].devices.push_back(out.size());
+      out.devices.push_back(std::move(d));
+    }
+  }
+  return out;
+}
+
 void Cluster::validate() const {
   const std::string where = "cluster '" + name + "': ";
   HAP_CHECK(!devices.empty(), where, "no devices; expected at least one");

@@ -112,6 +112,11 @@ struct Cluster {
   // The smallest memory of any device (0 for a cluster without devices).
   std::int64_t min_memory_bytes() const;
 
+  // The cluster of the given ranks only (ascending rank order; their nodes, links and names
+  // kept): what a program that leaves the other devices out is planned on. Throws hap::Error for
+  // an empty list, a rank out of range or a repeated rank.
+  Cluster subset(std::vector<int> ranks) const;
+
   // A compact table: a header line with totals and the inter-node link, then per node its link and
   // one row per run of identical devices (ranks, count, type, FLOP/s, memory, share of FLOP/s).
   std::string summary() const;

@@ -400,7 +400,8 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   StepTime st;
   st.step_s = std::max(backward_end, channel) + updates_s;
   if (!cm.overlap_grad_comm()) st.step_s = sum_s;  // the same, without rounding
-  st.hidden_s = std::max(0.0, sum_s - st.step_s);
+  st.hidden_s = sum_s - st.step_s;
+  if (st.hidden_s <= 1e-12 * sum_s) st.hidden_s = 0;  // rounding, not overlap
   return st;
 }
 

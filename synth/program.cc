@@ -53,6 +53,11 @@ uint64_t program_hash(const DistributedProgram& p) {
   for (int s : p.node_segment) h.add(s);
   h.add(p.storage.size());
   for (const Prop& s : p.storage) add_prop(h, s);
+  // Programs on all devices hash as before devices were recorded.
+  if (!p.devices.empty()) {
+    h.add(p.devices.size());
+    for (int d : p.devices) h.add(d);
+  }
   return h.value();
 }
 

@@ -57,7 +57,12 @@ struct SynthesisStep {
 };
 
 struct DistributedProgram {
-  std::string strategy;                     // hap, dp-ev, dp-cp, tp, dp-ep
+  std::string strategy;  // hap, dp-ev, dp-cp, tp, dp-ep
+  // The cluster's ranks the program runs on, ascending; empty: all of them. The ratios, the
+  // costs and everything below are those of that subset (Cluster::subset): a rank left out gets
+  // no work and takes no part in the program's collectives. `devices_note` says why.
+  std::vector<int> devices;
+  std::string devices_note;
   std::vector<Instruction> instructions;    // in execution order
   std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
   std::vector<int> node_segment;            // graph node id -> segment
@@ -77,8 +82,8 @@ struct DistributedProgram {
 
 // A 64-bit hash (FNV-1a) of what a rank executes: every instruction's kind, node, signature,
 // tensor, properties, segments and method, the exact bits of every ratio, the node segments and
-// the storage of every tensor. Two programs with equal hashes run alike (up to a collision);
-// predicted costs and timings are left out.
+// the storage of every tensor and the devices it runs on. Two programs with equal hashes run alike
+// (up to a collision); predicted costs and timings are left out.
 uint64_t program_hash(const DistributedProgram& p);
 
 }  // namespace hap::synth

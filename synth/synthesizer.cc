@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <map>
+#include <set>
+#include <string>
 #include <tuple>
 
 #include "synth/shard_layout.h"
@@ -303,8 +307,11 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
 
 }  // namespace
 
-DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
-                              const SynthesisOptions& options) {
+namespace {
+
+// synthesize() on every device of `cluster`.
+DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
+                                 const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
   CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
@@ -555,6 +562,137 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   best.hidden_communication_s = step_time(cm, best.instructions).hidden_s;
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
   best.steps = std::move(steps);
+  best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return best;
+}
+
+// Subsets of the fastest devices worth planning on: the k fastest (by FLOP/s, then memory, then
+// rank) for k a power of two and for k ending a class of alike devices, fewer than all.
+std::vector<std::vector<int>> fastest_subsets(const Cluster& cluster) {
+  const int D = cluster.size();
+  std::vector<int> order(static_cast<size_t>(D));
+  for (int d = 0; d < D; ++d) order[static_cast<size_t>(d)] = d;
+  const auto& dev = cluster.devices;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (dev[a].flops_per_s != dev[b].flops_per_s) return dev[a].flops_per_s > dev[b].flops_per_s;
+    return dev[a].memory_bytes > dev[b].memory_bytes;
+  });
+  std::set<int> sizes;
+  for (int k = 1; k < D; k *= 2) sizes.insert(k);
+  for (int k = 1; k < D; ++k) {
+    const Device& a = dev[order[static_cast<size_t>(k - 1)]];
+    const Device& b = dev[order[static_cast<size_t>(k)]];
+    if (a.flops_per_s != b.flops_per_s || a.memory_bytes != b.memory_bytes) sizes.insert(k);
+  }
+  std::vector<std::vector<int>> out;
+  for (int k : sizes) {
+    std::vector<int> s(order.begin(), order.begin() + k);
+    std::sort(s.begin(), s.end());
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::string device_list(const Cluster& cluster, const std::vector<int>& ranks) {
+  std::string out;
+  const size_t shown = std::min<size_t>(ranks.size(), 8);
+  for (size_t i = 0; i < shown; ++i)
+    out += (i ? ", " : "") + cluster.devices[static_cast<size_t>(ranks[i])].name;
+  if (ranks.size() > shown) out += " and " + std::to_string(ranks.size() - shown) + " more";
+  return out;
+}
+
+}  // namespace
+
+DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
+                              const SynthesisOptions& options) {
+  const auto t0 = std::chrono::steady_clock::now();
+  cluster.validate();
+  const int D = cluster.size();
+  if (!options.devices.empty()) {
+    std::vector<int> pinned = options.devices;
+    std::sort(pinned.begin(), pinned.end());
+    SynthesisOptions o = options;
+    o.devices.clear();
+    const Cluster sub = cluster.subset(pinned);  // checks the ranks
+    if (static_cast<int>(pinned.size()) == D) return synthesize_on(graph, cluster, o);
+    DistributedProgram p = synthesize_on(graph, sub, o);
+    std::vector<int> out;
+    for (int d = 0; d < D; ++d)
+      if (!std::binary_search(pinned.begin(), pinned.end(), d)) out.push_back(d);
+    p.devices = pinned;
+    p.devices_note = "runs on the " + std::to_string(pinned.size()) +
+                     " devices pinned; left out: " + device_list(cluster, out);
+    return p;
+  }
+  DistributedProgram best = synthesize_on(graph, cluster, options);
+  // Not where hap fell back to a baseline over its budget: that is the plan to raise it for.
+  if (options.strategy != Strategy::Hap || !options.select_devices || D == 1 || !best.note.empty())
+    return best;
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  // Each subset is judged by its dp-cp program (fast to find); the most promising one, if its
+  // dp-cp already beats hap on all devices, is planned with hap too.
+  SynthesisOptions proxy = options;
+  proxy.strategy = Strategy::DpCp;
+  proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
+  double best_proxy = std::numeric_limits<double>::infinity();
+  std::vector<int> chosen;
+  for (const std::vector<int>& subset : fastest_subsets(cluster)) {
+    const auto sub_t0 = std::chrono::steady_clock::now();
+    SynthesisStep step;
+    step.what = "devices: the " + std::to_string(subset.size()) + " fastest, by dp-cp";
+    try {
+      const DistributedProgram p = synthesize_on(graph, cluster.subset(subset), proxy);
+      step.states = p.states_expanded;
+      step.cost_s = p.predicted_step_s;
+      if (p.predicted_step_s < best_proxy) {
+        best_proxy = p.predicted_step_s;
+        chosen = subset;
+      }
+    } catch (const Error& e) {
+      step.outcome = no_program_reason(e);
+    }
+    step.seconds = since(sub_t0);
+    best.states_expanded += step.states;
+    best.steps.push_back(step);
+  }
+  if (!chosen.empty() && best_proxy < best.predicted_step_s * (1 - 1e-9)) {
+    const auto sub_t0 = std::chrono::steady_clock::now();
+    SynthesisStep step;
+    step.what = "devices: the " + std::to_string(chosen.size()) + " fastest, by hap";
+    SynthesisOptions o = options;
+    o.select_devices = false;
+    try {
+      DistributedProgram p = synthesize_on(graph, cluster.subset(chosen), o);
+      step.states = p.states_expanded;
+      step.cost_s = p.predicted_step_s;
+      step.seconds = since(sub_t0);
+      if (p.predicted_step_s < best.predicted_step_s * (1 - 1e-9)) {
+        std::vector<int> out;
+        for (int d = 0; d < D; ++d)
+          if (!std::binary_search(chosen.begin(), chosen.end(), d)) out.push_back(d);
+        char why[160];
+        std::snprintf(why, sizeof why, "predicted %.4g s per step on them, %.4g s on all %d",
+                      p.predicted_step_s, best.predicted_step_s, D);
+        p.devices = chosen;
+        p.devices_note = "runs on the " + std::to_string(chosen.size()) + " fastest devices (" +
+                         why + "); left out: " + device_list(cluster, out);
+        // How the whole synthesis went: the steps on all devices and the subsets', then this
+        // one (its own rounds summed in one line).
+        p.steps = std::move(best.steps);
+        p.states_expanded += best.states_expanded;
+        best = std::move(p);
+      } else {
+        best.states_expanded += step.states;
+      }
+    } catch (const Error& e) {
+      step.outcome = no_program_reason(e);
+      step.seconds = since(sub_t0);
+    }
+    best.steps.push_back(step);
+  }
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return best;
 }

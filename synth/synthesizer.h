@@ -37,6 +37,13 @@ struct SynthesisOptions {
   // Whether the executor overlaps gradient all-reduces with the backward pass (the cost model's
   // step_time prices it; parallel::ExecutorOptions).
   bool overlap_grad_comm = true;
+  // The devices (cluster ranks) to plan on; empty: hap chooses (see select_devices), the
+  // baselines take all.
+  std::vector<int> devices;
+  // hap only, with no devices pinned: also plan on subsets of the fastest devices (the k fastest
+  // for k a power of two, and whole device classes), each judged first by its dp-cp program, and
+  // leave the others out where that is predicted faster (DistributedProgram::devices).
+  bool select_devices = true;
 };
 
 // Segment of every node and the number of segments.

@@ -39,9 +39,9 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 6> kParallelKeys = {"strategy",      "segments",
-                                                           "search_budget", "collective_timeout_s",
-                                                           "backend",       "overlap_grad_comm"};
+constexpr std::array<std::string_view, 8> kParallelKeys = {
+    "strategy", "segments",          "search_budget", "collective_timeout_s",
+    "backend",  "overlap_grad_comm", "devices",       "select_devices"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -332,6 +332,8 @@ ParallelConfig read_parallel(SectionReader& s) {
       s.number("collective_timeout_s", p.collective_timeout_s, RealRange::at_least(0.0));
   p.backend = s.choice("backend", kCommBackends, p.backend);
   p.overlap_grad_comm = s.boolean("overlap_grad_comm", p.overlap_grad_comm);
+  p.devices = s.string("devices", p.devices, /*allow_empty=*/true);
+  p.select_devices = s.boolean("select_devices", p.select_devices);
   s.finish();
   return p;
 }
@@ -470,7 +472,9 @@ nlohmann::json to_json(const RunConfig& config) {
         {"search_budget", config.parallel.search_budget},
         {"collective_timeout_s", config.parallel.collective_timeout_s},
         {"backend", std::string(to_string(config.parallel.backend))},
-        {"overlap_grad_comm", config.parallel.overlap_grad_comm}}},
+        {"overlap_grad_comm", config.parallel.overlap_grad_comm},
+        {"devices", config.parallel.devices},
+        {"select_devices", config.parallel.select_devices}}},
   };
 }
 
@@ -482,7 +486,44 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.segments = p.segments;
   o.max_states = p.search_budget;
   o.overlap_grad_comm = p.overlap_grad_comm;
+  o.select_devices = p.select_devices;
   return o;
+}
+
+std::vector<int> pinned_devices(const ParallelConfig& p, const synth::Cluster& cluster) {
+  std::vector<int> ranks;
+  if (p.devices.empty()) return ranks;
+  const std::string key = "parallel.devices";
+  size_t at = 0;
+  while (at <= p.devices.size()) {
+    size_t comma = p.devices.find(',', at);
+    if (comma == std::string::npos) comma = p.devices.size();
+    std::string name = p.devices.substr(at, comma - at);
+    name.erase(0, name.find_first_not_of(" \t"));
+    name.erase(name.find_last_not_of(" \t") + 1);
+    at = comma + 1;
+    if (name.empty()) continue;
+    int rank = -1;
+    for (int r = 0; r < cluster.size(); ++r)
+      if (cluster.devices[static_cast<size_t>(r)].name == name) rank = r;
+    if (rank < 0) {
+      std::string known;
+      for (int r = 0; r < cluster.size() && r < 8; ++r)
+        known += (r ? ", " : "") + cluster.devices[static_cast<size_t>(r)].name;
+      if (cluster.size() > 8) known += ", ...";
+      throw ConfigError(key + ": the cluster '" + cluster.name + "' has no device '" + name +
+                        "' (its devices: " + known + ")");
+    }
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end())
+      throw ConfigError(key + ": device '" + name + "' is named twice");
+    ranks.push_back(rank);
+  }
+  if (ranks.empty())
+    throw ConfigError(key + ": '" + p.devices +
+                      "' names no device; expected device names separated by commas, or "
+                      "nothing (hap chooses)");
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
 }
 
 std::string synthesis_error_message(const std::string& what, const ParallelConfig& p) {

@@ -116,6 +116,11 @@ struct ParallelConfig {
   // their gradients are complete) or after it; the planner prices the one chosen. The same
   // numbers either way.
   bool overlap_grad_comm = true;
+  // The devices to train on, by name, comma-separated ("v100-0,v100-1"); empty: hap may leave
+  // devices out where that is predicted faster (select_devices), the baselines use all. Ranks of
+  // devices left out wait for the others.
+  std::string devices;
+  bool select_devices = true;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
 std::string_view to_string(CommBackend backend);          // "auto", "nccl", "mpi"
@@ -158,6 +163,10 @@ nlohmann::json to_json(const RunConfig& config);
 // The synthesizer's options for a run: its parallel section, and the optimizer state the memory
 // model counts.
 synth::SynthesisOptions synthesis_options(const RunConfig& config);
+// The ranks of `cluster` that parallel.devices names (ascending; empty when it is empty). Throws
+// ConfigError naming parallel.devices for a name the cluster lacks, one named twice, or a list
+// with no name in it.
+std::vector<int> pinned_devices(const ParallelConfig& p, const synth::Cluster& cluster);
 
 // The message of a synthesis error for the user: when the search ran out of states, it also names
 // the key and the options that raise the budget.

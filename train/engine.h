@@ -72,6 +72,13 @@ class Engine {
   // On ranks: the program and its cost model; null on one process.
   virtual const synth::DistributedProgram* program() const { return nullptr; }
   virtual const synth::CostModel* cost_model() const { return nullptr; }
+
+  // A rank the program leaves out (synth::DistributedProgram::devices) trains nothing:
+  // wait_for_the_others() returns once every rank that trains has called finish() (which they
+  // do once, after their last step or before stopping on a signal). No-ops elsewhere.
+  virtual bool left_out() const { return false; }
+  virtual void wait_for_the_others() {}
+  virtual void finish() {}
 };
 
 std::unique_ptr<Engine> make_local_engine(std::shared_ptr<nn::Model> model,

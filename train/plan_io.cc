@@ -61,6 +61,10 @@ std::string cluster_fingerprint(const synth::Cluster& c) {
 }
 
 nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::DistributedProgram& p) {
+  HAP_CHECK(!p.ratios.empty() && static_cast<int>(p.ratios[0].size()) == cm.num_devices(),
+            "plan file: the program runs on ", p.ratios.empty() ? 0 : p.ratios[0].size(),
+            " devices but the cost model is of ", cm.num_devices(),
+            " (a program on a device subset is written with the subset's cost model)");
   using nlohmann::json;
   json instrs = json::array();
   for (const Instruction& in : p.instructions) {
@@ -84,23 +88,31 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
   for (const synth::GraphTensor& t : cm.graph().tensors)
     if (t.producer < 0 && !t.name.empty() && t.role != synth::TensorRole::Constant)
       storage[t.name] = p.storage[t.id].str();
-  return {{"format", "hap-plan-v1"},
-          {"strategy", p.strategy},
-          {"graph_fingerprint", graph_fingerprint(cm.graph())},
-          {"cluster", cm.cluster().name},
-          {"cluster_fingerprint", cluster_fingerprint(cm.cluster())},
-          {"ratios", p.ratios},
-          {"node_segment", p.node_segment},
-          {"storage", storage},
-          {"instructions", instrs},
-          {"predicted_step_s", p.predicted_step_s},
-          {"compute_s", p.compute_s},
-          {"communication_s", p.communication_s},
-          {"hidden_communication_s", p.hidden_communication_s},
-          {"compute_lower_bound_s", cm.compute_lower_bound_s()},
-          {"device_compute_s", p.device_compute_s},
-          {"device_memory_bytes", p.device_memory_bytes},
-          {"synthesis_s", p.synthesis_s}};
+  json out = {{"format", "hap-plan-v1"},
+              {"strategy", p.strategy},
+              {"graph_fingerprint", graph_fingerprint(cm.graph())},
+              {"cluster", cm.cluster().name},
+              {"cluster_fingerprint", cluster_fingerprint(cm.cluster())},
+              {"ratios", p.ratios},
+              {"node_segment", p.node_segment},
+              {"storage", storage},
+              {"instructions", instrs},
+              {"predicted_step_s", p.predicted_step_s},
+              {"compute_s", p.compute_s},
+              {"communication_s", p.communication_s},
+              {"hidden_communication_s", p.hidden_communication_s},
+              {"compute_lower_bound_s", cm.compute_lower_bound_s()},
+              {"device_compute_s", p.device_compute_s},
+              {"device_memory_bytes", p.device_memory_bytes},
+              {"synthesis_s", p.synthesis_s}};
+  if (!p.devices.empty()) {
+    // The cost model is the subset's: its devices, in rank order, are the program's.
+    json names = json::array();
+    for (const synth::Device& d : cm.cluster().devices) names.push_back(d.name);
+    out["devices"] = names;
+    out["devices_note"] = p.devices_note;
+  }
+  return out;
 }
 
 void save_plan(const std::string& path, const synth::CostModel& cm,
@@ -238,6 +250,39 @@ CollectiveMethod parse_method(const std::string& s, const std::string& where) {
 }
 
 }  // namespace
+
+std::vector<int> plan_devices(const std::string& path, const synth::Cluster& cluster) {
+  if (const std::string why = unreadable_reason(path, kMaxPlanBytes); !why.empty())
+    throw ConfigError(path + ": cannot read the plan file: it " + why);
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot read the plan file");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    throw ConfigError(path + ": not a JSON plan file (" + e.what() + ")");
+  }
+  std::vector<int> ranks;
+  if (!j.is_object() || !j.contains("devices")) return ranks;
+  const nlohmann::json& names = j.at("devices");
+  if (!names.is_array() || names.empty())
+    throw ConfigError(path + ": devices: expected a non-empty list of device names");
+  for (const nlohmann::json& n : names) {
+    if (!n.is_string()) throw ConfigError(path + ": devices: expected device names (strings)");
+    const std::string name = n.get<std::string>();
+    int rank = -1;
+    for (int r = 0; r < cluster.size(); ++r)
+      if (cluster.devices[static_cast<size_t>(r)].name == name) rank = r;
+    if (rank < 0)
+      throw ConfigError(path + ": devices: the cluster '" + cluster.name + "' has no device '" +
+                        name + "'");
+    if (std::find(ranks.begin(), ranks.end(), rank) != ranks.end())
+      throw ConfigError(path + ": devices: '" + name + "' is listed twice");
+    ranks.push_back(rank);
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
 
 synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm) {
   if (const std::string why = unreadable_reason(path, kMaxPlanBytes); !why.empty())

@@ -3,6 +3,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "synth/cost_model.h"
 #include "synth/program.h"
@@ -23,5 +24,10 @@ void save_plan(const std::string& path, const synth::CostModel& cm,
 // or holds ratios that are not one positive share per device summing to 1. The returned
 // program is re-costed with its ratios.
 synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm);
+
+// The ranks of `cluster` a plan file's program runs on (its "devices", by name; empty when it
+// runs on all): load_plan then reads it with a cost model of cluster.subset() of them. Throws
+// ConfigError naming the file for a name the cluster lacks.
+std::vector<int> plan_devices(const std::string& path, const synth::Cluster& cluster);
 
 }  // namespace hap::train

@@ -115,6 +115,7 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   os << "plan: strategy " << p.strategy << " on " << c.name << " (" << c.size() << " devices, "
      << c.num_nodes() << " nodes); " << g.nodes.size() << " ops, " << g.parameter_count()
      << " parameters\n";
+  if (!p.devices.empty()) os << "devices: " << p.devices_note << "\n";
 
   // A segment's work comes in whole rows (granules): where the ratios round to other shares of
   // its largest split computation, say what each device really gets.

@@ -1,5 +1,6 @@
 // The engine on MPI ranks: trace the model, synthesize (or load) the program, check that every
 // rank runs the same one, and run it with the SPMD executor.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -36,11 +37,27 @@ class SpmdEngine : public Engine {
         comm_(std::move(comm)),
         cluster_(std::move(dist.cluster)),
         inputs_(model_->inputs(config.batch_size)),
-        graph_(trace_model(*model_, config.batch_size, config.precision)),
-        cost_(graph_, cluster_, dist.synthesis.optimizer_state_slots,
-              dist.synthesis.overlap_grad_comm) {
-    plan_ = dist.plan_file.empty() ? synth::synthesize(graph_, cluster_, dist.synthesis)
-                                   : load_plan(dist.plan_file, cost_);
+        graph_(trace_model(*model_, config.batch_size, config.precision)) {
+    // The program may leave devices out: its cost model (and a plan file's fingerprint) is that
+    // of the devices it runs on.
+    std::vector<int> devices;
+    if (dist.plan_file.empty()) {
+      plan_ = synth::synthesize(graph_, cluster_, dist.synthesis);
+      devices = plan_.devices;
+    } else {
+      devices = plan_devices(dist.plan_file, cluster_);
+    }
+    plan_cluster_ = devices.empty() ? cluster_ : cluster_.subset(devices);
+    cost_ = std::make_unique<synth::CostModel>(graph_, plan_cluster_,
+                                               dist.synthesis.optimizer_state_slots,
+                                               dist.synthesis.overlap_grad_comm);
+    if (!dist.plan_file.empty()) {
+      plan_ = load_plan(dist.plan_file, *cost_);
+      plan_.devices = devices;
+      if (!devices.empty())
+        plan_.devices_note =
+            "runs on the " + std::to_string(devices.size()) + " devices the plan file names";
+    }
     // Every rank planned from the same inputs; a difference (non-deterministic planning, another
     // file on another node) would deadlock or corrupt the collectives: stop every rank instead.
     const uint64_t hash = synth::program_hash(plan_);
@@ -53,6 +70,15 @@ class SpmdEngine : public Engine {
         comm_.allreduce(int64_t{rank0 != hash}) == 0,
         "the ranks run different programs (program hash of rank 0 differs from another rank's: "
         "non-deterministic planning, or different plan or cluster files on different nodes)");
+    if (!plan_.devices.empty()) {
+      // The ranks the program runs on form its communicator (in rank order); the others wait.
+      const auto it = std::find(plan_.devices.begin(), plan_.devices.end(), comm_.rank());
+      const int position =
+          it == plan_.devices.end() ? -1 : static_cast<int>(it - plan_.devices.begin());
+      world_ = comm_;
+      comm_ = world_.split(position < 0 ? -1 : 0, position);
+      if (position < 0) return;
+    }
     parallel::ExecutorOptions exec;
     exec.overlap_grad_comm = dist.synthesis.overlap_grad_comm;
     executor_ = std::make_unique<parallel::Executor>(graph_, plan_, comm_, exec);
@@ -60,10 +86,33 @@ class SpmdEngine : public Engine {
   }
 
   const std::vector<std::pair<std::string, Tensor>>& parameters() const override {
-    return executor_->parameters();
+    static const std::vector<std::pair<std::string, Tensor>> none;
+    return executor_ ? executor_->parameters() : none;
   }
   const std::vector<std::pair<std::string, Tensor>>& buffers() const override {
-    return executor_->states();
+    static const std::vector<std::pair<std::string, Tensor>> none;
+    return executor_ ? executor_->states() : none;
+  }
+
+  bool left_out() const override { return !comm_.valid(); }
+  // Every rank of the world meets once in a barrier: the left-out ones at the start, waiting
+  // without a timeout and without spinning (they have nothing else to do), the others when they
+  // are done.
+  void wait_for_the_others() override {
+    if (!left_out() || finished_) return;
+    finished_ = true;
+    const double timeout = parallel::collective_timeout();
+    const parallel::WaitPolicy policy = parallel::wait_policy();
+    parallel::set_collective_timeout(0);
+    parallel::set_wait_policy(parallel::WaitPolicy::Sleep);
+    world_.barrier();
+    parallel::set_wait_policy(policy);
+    parallel::set_collective_timeout(timeout);
+  }
+  void finish() override {
+    if (left_out() || finished_ || !world_.valid()) return;
+    finished_ = true;
+    world_.barrier();
   }
 
   double forward(uint64_t step, uint64_t random_seed) override {
@@ -99,9 +148,9 @@ class SpmdEngine : public Engine {
     return parallel::box_of(full, local_shape, executor_->slice_of(name));
   }
 
-  bool lead() const override { return comm_.rank() == 0; }
-  int rank() const override { return comm_.rank(); }
-  int world_size() const override { return comm_.size(); }
+  bool lead() const override { return !left_out() && comm_.rank() == 0; }
+  int rank() const override { return left_out() ? world_.rank() : comm_.rank(); }
+  int world_size() const override { return left_out() ? 0 : comm_.size(); }
   double max_over_ranks(double value) const override {
     return comm_.allreduce(value, parallel::ReduceOp::Max);
   }
@@ -114,7 +163,7 @@ class SpmdEngine : public Engine {
   }
   std::string track_name() const override {
     return "rank " + std::to_string(comm_.rank()) + ": " +
-           cluster_.devices[static_cast<size_t>(comm_.rank())].name;
+           plan_cluster_.devices[static_cast<size_t>(comm_.rank())].name;
   }
 
   void start_profile() override {
@@ -163,12 +212,16 @@ class SpmdEngine : public Engine {
   std::string placement() const override {
     const std::string on =
         config_.device.is_cpu() ? "cpu" : "cuda (rank 0 on " + config_.device.str() + ")";
+    std::string left;
+    if (world_.valid())
+      left = " (" + std::to_string(world_.size() - comm_.size()) + " of the " +
+             std::to_string(world_.size()) + " launched left out by the plan)";
     return std::to_string(comm_.size()) + " ranks on " + on + ", their collectives over " +
-           comm_.backend().name();
+           comm_.backend().name() + left;
   }
 
   const synth::DistributedProgram* program() const override { return &plan_; }
-  const synth::CostModel* cost_model() const override { return &cost_; }
+  const synth::CostModel* cost_model() const override { return cost_.get(); }
 
  private:
   // This rank's parameters: slices of the model's values where it has them, else drawn shard by
@@ -246,7 +299,10 @@ class SpmdEngine : public Engine {
   synth::Cluster cluster_;
   std::vector<nn::InputSpec> inputs_;
   synth::Graph graph_;
-  synth::CostModel cost_;
+  synth::Cluster plan_cluster_;  // the devices the program runs on
+  std::unique_ptr<synth::CostModel> cost_;
+  parallel::Communicator world_;  // every rank, where the program leaves some out
+  bool finished_ = false;
   synth::DistributedProgram plan_;
   std::unique_ptr<parallel::Executor> executor_;
   std::map<std::tuple<int64_t, int64_t>, nn::Batch> cache_;  // the rows read for the current batch

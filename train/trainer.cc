@@ -180,6 +180,7 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
 Trainer::~Trainer() = default;
 
 bool Trainer::is_lead() const { return engine_->lead(); }
+bool Trainer::left_out() const { return engine_->left_out(); }
 int Trainer::world_size() const { return engine_->world_size(); }
 const synth::DistributedProgram* Trainer::program() const { return engine_->program(); }
 const synth::CostModel* Trainer::cost_model() const { return engine_->cost_model(); }
@@ -391,6 +392,10 @@ void Trainer::write_trace(const std::string& path, const std::vector<timeline::S
 }
 
 TrainSummary Trainer::fit(const FitOptions& options) {
+  if (engine_->left_out()) {
+    engine_->wait_for_the_others();
+    return {};
+  }
   using Clock = std::chrono::steady_clock;
   const TrainConfig& t = config_;
   const bool lead = engine_->lead();
@@ -583,6 +588,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
         saved = "checkpoint " + options.checkpoint_path;
       }
       log.write({{"type", "stopped"}, {"step", step + 1}, {"signal", signo}});
+      engine_->finish();
       throw StopRequested("stopped by signal " + std::to_string(signo) + " (" + strsignal(signo) +
                               ") after step " + std::to_string(step + 1) + "; " + saved,
                           signo);
@@ -609,6 +615,7 @@ TrainSummary Trainer::fit(const FitOptions& options) {
              {"last_loss", summary.last_loss},
              {"last_val_loss", summary.last_val_loss},
              {"median_ms_per_step", summary.median_step_ms}});
+  engine_->finish();
   return summary;
 }
 

@@ -135,6 +135,8 @@ class Trainer {
 
   // Rank 0, or the one process: the one that prints, logs and writes checkpoints.
   bool is_lead() const;
+  // A rank the program leaves out (it trains nothing; fit() waits for the others).
+  bool left_out() const;
   int world_size() const;
   // On ranks: the program every rank runs, with the graph and cost model it was made for; null
   // on one process.

@@ -124,6 +124,7 @@ inline void compare_with_one_device(
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
   opt.segments = segments;
+  opt.select_devices = false;  // every rank takes part (tiny models would run best on one)
   synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
   expect_distributed(g, plan, strategy);
   if (check_plan) check_plan(plan);

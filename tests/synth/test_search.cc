@@ -422,7 +422,9 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesAndCarriesItsRatios) {
     Cluster c = make_cluster(4, seed + 77);
     SynthesisOptions o;
     DistributedProgram hap = synthesize(g, c, o);
-    CostModel cm(g, c);
+    // The program's cost model is that of the devices it runs on.
+    const Cluster on = hap.devices.empty() ? c : c.subset(hap.devices);
+    CostModel cm(g, on);
     std::vector<Instruction> copy = hap.instructions;
     EXPECT_NEAR(recost(cm, copy, hap.ratios), hap.predicted_step_s, 1e-9 * hap.predicted_step_s);
     for (Strategy s : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
@@ -764,6 +766,111 @@ TEST(Segments, AnOpOfNoModuleJoinsTheLatestBlockOfItsInputs) {
   EXPECT_EQ(seg, (std::vector<int>{1, 1, 2, 2, 2}));
   EXPECT_EQ(g.nodes[1].module, "");
   EXPECT_EQ(g.nodes[2].module, "layers.1.fc");
+}
+
+}  // namespace
+}  // namespace hap::synth
+
+namespace hap::synth {
+namespace {
+
+// Two nodes: 4 fast devices on a fast link, 4 devices 1/50 as fast on another node, and a slow
+// link between the nodes. Every program on all 8 devices all-reduces its gradients over the slow
+// link; the 4 fast devices alone are faster, and hap finds that.
+Cluster two_speed_cluster() {
+  Cluster c;
+  c.name = "two-speed";
+  std::vector<Device> fast, slow;
+  for (int i = 0; i < 4; ++i) {
+    fast.push_back({"fast" + std::to_string(i), "a", 5e6, int64_t{1} << 34, -1});
+    slow.push_back({"slow" + std::to_string(i), "b", 1e5, int64_t{1} << 34, -1});
+  }
+  // The slow node first: the devices left out are not simply the last ranks.
+  c.add_node("slow-node", {1e9, 1e-5}, slow);
+  c.add_node("fast-node", {1e10, 1e-6}, fast);
+  c.inter_node = {1e6, 1e-3};
+  c.validate();
+  return c;
+}
+
+TEST(Synthesizer, HapLeavesOutDevicesWhereThatIsPredictedFaster) {
+  const Graph g = random_graph(5, 4);
+  const Cluster c = two_speed_cluster();
+  const DistributedProgram p = synthesize(g, c, SynthesisOptions{});
+  EXPECT_EQ(p.devices, (std::vector<int>{4, 5, 6, 7})) << p.devices_note;
+  ASSERT_EQ(p.ratios[0].size(), 4u);
+  EXPECT_NE(p.devices_note.find("left out: slow0, slow1, slow2, slow3"), std::string::npos)
+      << p.devices_note;
+  // Faster than every baseline on all devices, and than hap made to use them all.
+  SynthesisOptions all;
+  all.select_devices = false;
+  const DistributedProgram on_all = synthesize(g, c, all);
+  EXPECT_TRUE(on_all.devices.empty());
+  EXPECT_LT(p.predicted_step_s, on_all.predicted_step_s);
+  for (Strategy s : {Strategy::DpEv, Strategy::DpCp, Strategy::Tp}) {
+    SynthesisOptions o;
+    o.strategy = s;
+    EXPECT_LT(p.predicted_step_s, synthesize(g, c, o).predicted_step_s) << strategy_name(s);
+  }
+  // No slower than hap on any subset of the fastest it considers.
+  for (int k : {1, 2}) {
+    std::vector<int> fastest;
+    for (int d = 4; d < 4 + k; ++d) fastest.push_back(d);
+    SynthesisOptions o;
+    o.devices = fastest;
+    EXPECT_LE(p.predicted_step_s, synthesize(g, c, o).predicted_step_s * (1 + 1e-9)) << k;
+  }
+  // The steps say what was tried, and their states add up.
+  int64_t states = 0;
+  bool judged = false;
+  for (const SynthesisStep& st : p.steps) {
+    states += st.states;
+    judged = judged || st.what == "devices: the 4 fastest, by dp-cp";
+  }
+  EXPECT_TRUE(judged);
+  EXPECT_EQ(states, p.states_expanded);
+  // The same program on every call (ranks plan independently).
+  EXPECT_EQ(program_hash(p), program_hash(synthesize(g, c, SynthesisOptions{})));
+}
+
+TEST(Synthesizer, APinnedSubsetOfDevicesIsPlannedOnThoseAlone) {
+  const Graph g = random_graph(5, 4);
+  const Cluster c = two_speed_cluster();
+  SynthesisOptions o;
+  o.devices = {6, 1};  // in any order
+  const DistributedProgram p = synthesize(g, c, o);
+  EXPECT_EQ(p.devices, (std::vector<int>{1, 6}));
+  ASSERT_EQ(p.ratios[0].size(), 2u);
+  EXPECT_NE(p.devices_note.find("pinned"), std::string::npos) << p.devices_note;
+  SynthesisOptions all;
+  all.select_devices = false;
+  const DistributedProgram direct = synthesize(g, c.subset({1, 6}), all);
+  EXPECT_DOUBLE_EQ(p.predicted_step_s, direct.predicted_step_s);
+  // Pinning every device is planning on all of them.
+  o.devices = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_TRUE(synthesize(g, c, o).devices.empty());
+  for (const std::vector<int>& bad : {std::vector<int>{8}, std::vector<int>{2, 2}}) {
+    o.devices = bad;
+    EXPECT_THROW(synthesize(g, c, o), Error);
+  }
+}
+
+TEST(Cluster, ASubsetKeepsItsDevicesNodesAndLinks) {
+  const Cluster c = two_speed_cluster();
+  const Cluster s = c.subset({7, 0, 5});
+  ASSERT_EQ(s.size(), 3);
+  EXPECT_EQ(s.devices[0].name, "slow0");
+  EXPECT_EQ(s.devices[1].name, "fast1");
+  EXPECT_EQ(s.devices[2].name, "fast3");
+  ASSERT_EQ(s.num_nodes(), 2);
+  EXPECT_EQ(s.nodes[0].name, "slow-node");
+  EXPECT_EQ(s.nodes[1].devices, (std::vector<int>{1, 2}));
+  EXPECT_EQ(s.link_between(1, 2).bandwidth_bytes_per_s, 1e10);
+  EXPECT_EQ(s.link_between(0, 1).bandwidth_bytes_per_s, 1e6);
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_THROW(c.subset({}), Error);
+  EXPECT_THROW(c.subset({3, 3}), Error);
+  EXPECT_THROW(c.subset({-1}), Error);
 }
 
 }  // namespace

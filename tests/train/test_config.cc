@@ -599,6 +599,41 @@ TEST(ParallelSection, OverlapOfGradientAllReducesIsOnByDefaultAndReachesTheSynth
   EXPECT_NE(m.find("parallel.overlap_grad_comm"), std::string::npos) << m;
 }
 
+// parallel.devices pins the devices by name (any order, spaces around names allowed); a name the
+// cluster lacks, a name given twice or a list with no name is a ConfigError naming the key.
+TEST(ParallelSection, PinnedDevicesAreNamesOfTheClustersDevices) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  synth::Cluster c;
+  c.name = "pair";
+  c.add_node("n", {1e9, 1e-6},
+             {{"a", "t", 1e9, int64_t{1} << 30, -1},
+              {"b", "t", 1e9, int64_t{1} << 30, -1},
+              {"c", "t", 1e9, int64_t{1} << 30, -1}});
+  const RunConfig none = load_run_config(path, {});
+  EXPECT_TRUE(pinned_devices(none.parallel, c).empty());
+  EXPECT_TRUE(none.parallel.select_devices);
+  EXPECT_TRUE(synthesis_options(none).select_devices);
+  const RunConfig two = load_run_config(path, {"parallel.devices=c, a"});
+  EXPECT_EQ(pinned_devices(two.parallel, c), (std::vector<int>{0, 2}));
+  EXPECT_EQ(to_json(two)["parallel"]["devices"], "c, a");
+  EXPECT_FALSE(
+      synthesis_options(load_run_config(path, {"parallel.select_devices=false"})).select_devices);
+  auto error = [&](const std::string& devices) {
+    ParallelConfig p;
+    p.devices = devices;
+    try {
+      pinned_devices(p, c);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << devices << " was accepted";
+    return std::string();
+  };
+  expect_contains(error("a,z"), {"parallel.devices", "no device 'z'", "its devices: a, b, c"});
+  expect_contains(error("b,b"), {"parallel.devices", "'b' is named twice"});
+  expect_contains(error(" , "), {"parallel.devices", "names no device"});
+}
+
 TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
   const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   RunConfig c = load_run_config(path, {});

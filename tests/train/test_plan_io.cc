@@ -45,6 +45,13 @@ Model small_model() {
   return s;
 }
 
+// hap on every device (these files are written with the whole cluster's cost model).
+synth::SynthesisOptions on_all_devices() {
+  synth::SynthesisOptions o;
+  o.select_devices = false;
+  return o;
+}
+
 fs::path plan_path() {
   return fs::temp_directory_path() / ("hap_plan_io_" + std::to_string(::getpid()) + ".json");
 }
@@ -61,6 +68,7 @@ TEST(PlanFile, EveryStrategysPlanLoadsAsTheSameProgram) {
        {synth::Strategy::Hap, synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp}) {
     synth::SynthesisOptions o;
     o.strategy = st;
+    o.select_devices = false;  // on all three (a subset's file: the next test)
     const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
     save_plan(plan_path().string(), cm, p);
     const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
@@ -70,10 +78,44 @@ TEST(PlanFile, EveryStrategysPlanLoadsAsTheSameProgram) {
   fs::remove(plan_path());
 }
 
+// A program on some of the devices is written with its devices' names and the fingerprint of
+// that subset; plan_devices finds them in the whole cluster and the file loads as the same
+// program under the subset's cost model. A name the cluster lacks is refused; a cost model of
+// another size cannot write the program.
+TEST(PlanFile, AProgramOnADeviceSubsetNamesItsDevices) {
+  const Model s = small_model();
+  synth::SynthesisOptions o;
+  o.devices = {0, 2};
+  synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
+  ASSERT_EQ(p.devices, (std::vector<int>{0, 2}));
+  const synth::Cluster sub = s.cluster.subset(p.devices);
+  const synth::CostModel sub_cm(s.graph, sub);
+  save_plan(plan_path().string(), sub_cm, p);
+  EXPECT_EQ(plan_devices(plan_path().string(), s.cluster), (std::vector<int>{0, 2}));
+  synth::DistributedProgram back = load_plan(plan_path().string(), sub_cm);
+  back.devices = plan_devices(plan_path().string(), s.cluster);
+  EXPECT_EQ(synth::program_hash(back), synth::program_hash(p));
+  json j = plan_to_json(sub_cm, p);
+  EXPECT_EQ(j["devices"], json::array({"a", "c"}));
+  j["devices"] = json::array({"a", "z"});
+  std::ofstream(plan_path()) << j.dump();
+  EXPECT_NE(test_util::error_of([&] {
+              plan_devices(plan_path().string(), s.cluster);
+            }).find("has no device 'z'"),
+            std::string::npos);
+  const synth::CostModel all_cm(s.graph, s.cluster);
+  EXPECT_THROW(plan_to_json(all_cm, p), Error);
+  // A plan on all devices names none.
+  o.devices.clear();
+  o.select_devices = false;
+  EXPECT_FALSE(plan_to_json(all_cm, synth::synthesize(s.graph, s.cluster, o)).contains("devices"));
+  fs::remove(plan_path());
+}
+
 TEST(PlanFile, OutOfRangeIntegersAndPropertiesNameTheField) {
   const Model s = small_model();
   const synth::CostModel cm(s.graph, s.cluster);
-  const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, {});
+  const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, on_all_devices());
   const json good = plan_to_json(cm, p);
   size_t compute = 0, collective = 0;
   for (size_t i = 0; i < good["instructions"].size(); ++i) {
@@ -147,7 +189,7 @@ TEST(PlanFile, ProgramsThatCannotRunAreRefusedNamingTheInstruction) {
   j["instructions"].erase(static_cast<size_t>(last_compute));
   EXPECT_HAS(load_error(cm, j), "the program never makes the loss");
   // A hap plan with a collective: the collective edited into a kind that cannot do it.
-  const json hap = plan_to_json(cm, synth::synthesize(s.graph, s.cluster, {}));
+  const json hap = plan_to_json(cm, synth::synthesize(s.graph, s.cluster, on_all_devices()));
   int edited = 0;
   for (size_t i = 0; i < hap["instructions"].size(); ++i) {
     const std::string kind = hap["instructions"][i]["kind"];
