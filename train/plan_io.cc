@@ -249,9 +249,8 @@ CollectiveMethod parse_method(const std::string& s, const std::string& where) {
   throw ConfigError(where + ": unknown collective method '" + s + "'");
 }
 
-}  // namespace
-
-std::vector<int> plan_devices(const std::string& path, const synth::Cluster& cluster) {
+// The JSON of a plan file (size-checked, parsed); ConfigError naming the file otherwise.
+nlohmann::json read_plan_json(const std::string& path) {
   if (const std::string why = unreadable_reason(path, kMaxPlanBytes); !why.empty())
     throw ConfigError(path + ": cannot read the plan file: it " + why);
   std::ifstream in(path);
@@ -262,6 +261,13 @@ std::vector<int> plan_devices(const std::string& path, const synth::Cluster& clu
   } catch (const std::exception& e) {
     throw ConfigError(path + ": not a JSON plan file (" + e.what() + ")");
   }
+  return j;
+}
+
+}  // namespace
+
+std::vector<int> plan_devices(const std::string& path, const synth::Cluster& cluster) {
+  const nlohmann::json j = read_plan_json(path);
   std::vector<int> ranks;
   if (!j.is_object() || !j.contains("devices")) return ranks;
   const nlohmann::json& names = j.at("devices");
@@ -285,16 +291,7 @@ std::vector<int> plan_devices(const std::string& path, const synth::Cluster& clu
 }
 
 synth::DistributedProgram load_plan(const std::string& path, const synth::CostModel& cm) {
-  if (const std::string why = unreadable_reason(path, kMaxPlanBytes); !why.empty())
-    throw ConfigError(path + ": cannot read the plan file: it " + why);
-  std::ifstream in(path);
-  if (!in) throw ConfigError(path + ": cannot read the plan file");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    throw ConfigError(path + ": not a JSON plan file (" + e.what() + ")");
-  }
+  nlohmann::json j = read_plan_json(path);
   try {
     if (j.value("format", "") != "hap-plan-v1")
       throw ConfigError(path +

@@ -173,6 +173,18 @@ nn::GPTConfig tiny_gpt(double dropout) {
   return c;
 }
 
+// The traced graph of GPT `cfg` on a [B, T] batch of ids and targets.
+synth::Graph gpt_graph(const nn::GPTConfig& cfg, int64_t B, int64_t T) {
+  std::shared_ptr<nn::GPT> shape_model;
+  {
+    MetaGuard meta;
+    shape_model = std::make_shared<nn::GPT>(cfg);
+  }
+  Tensor im = Tensor::meta({B, T}, DType::I64), tm = Tensor::meta({B, T}, DType::I64);
+  return synth::trace([&] { return shape_model->loss(im, tm); }, shape_model->named_parameters(),
+                      {{"idx", im}, {"targets", tm}});
+}
+
 void check_gpt(synth::Strategy strategy, double dropout, int steps,
                synth::SegmentMode segments = synth::SegmentMode::Single,
                const std::function<void(nn::GPTConfig&)>& configure = {},
@@ -190,14 +202,7 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
   }
   Tensor idx = Tensor::from_vector(ids, {B, T}), targets = Tensor::from_vector(tg, {B, T});
 
-  std::shared_ptr<nn::GPT> shape_model;
-  {
-    MetaGuard meta;
-    shape_model = std::make_shared<nn::GPT>(cfg);
-  }
-  Tensor im = Tensor::meta({B, T}, DType::I64), tm = Tensor::meta({B, T}, DType::I64);
-  synth::Graph g = synth::trace([&] { return shape_model->loss(im, tm); },
-                                shape_model->named_parameters(), {{"idx", im}, {"targets", tm}});
+  const synth::Graph g = gpt_graph(cfg, B, T);
   const double lr = 3e-3;
   compare_with_one_device(
       g, strategy, segments, ref, [&] { return ref.loss(idx, targets); },
@@ -305,14 +310,7 @@ TEST(Executor, OverlappedGradientAllReducesEqualTheBlockingOnesBitForBit) {
   }
   const std::map<std::string, Tensor> data = {{"idx", Tensor::from_vector(ids, {B, T})},
                                               {"targets", Tensor::from_vector(tg, {B, T})}};
-  std::shared_ptr<nn::GPT> shape_model;
-  {
-    MetaGuard meta;
-    shape_model = std::make_shared<nn::GPT>(cfg);
-  }
-  Tensor im = Tensor::meta({B, T}, DType::I64), tm = Tensor::meta({B, T}, DType::I64);
-  synth::Graph g = synth::trace([&] { return shape_model->loss(im, tm); },
-                                shape_model->named_parameters(), {{"idx", im}, {"targets", tm}});
+  const synth::Graph g = gpt_graph(cfg, B, T);
   const Device device = testing::test_device();
   const auto named = ref.named_parameters();
   for (auto strategy : {synth::Strategy::DpCp, synth::Strategy::Tp}) {
