@@ -104,31 +104,22 @@ Cluster Cluster::subset(std::vector<int> ranks) const {
     HAP_CHECK(i == 0 || ranks[i] != ranks[i - 1], "cluster '", name, "': rank ", ranks[i],
               " is listed twice");
   }
+  // Ranks ascending; nodes in the order their first kept device comes.
   Cluster out;
   out.name = name;
   out.inter_node = inter_node;
-  for (const Node& node : nodes) {
-    std::vector<Device> kept;
-    for (int r : node.devices)
-      if (std::binary_search(ranks.begin(), ranks.end(), r)) kept.push_back(devices[r]);
-    if (!kept.empty()) out.add_node(node.name, node.link, std::move(kept));
-  }
-  // add_node numbers ranks node by node: a cluster whose nodes' ranks interleave is renumbered
-  // in ascending order instead.
-  std::vector<Device> ordered;
-  for (int r : ranks) ordered.push_back(devices[r]);
-  bool same = true;
-  for (size_t i = 0; i < ordered.size(); ++i) same = same && out.devices[i].name == ordered[i].name;
-  if (!same) {
-    std::map<std::string, int> node_of_device;
-    for (const Device& d : out.devices) node_of_device[d.name] = d.node;
-    for (Node& n : out.nodes) n.devices.clear();
-    out.devices.clear();
-    for (Device& d : ordered) {
-      d.node = node_of_device.at(d.name);
-      out.nodes[static_cast<size_t>(d.node)].devices.push_back(out.size());
-      out.devices.push_back(std::move(d));
+  std::vector<int> node_index(nodes.size(), -1);
+  for (int r : ranks) {
+    Device d = devices[static_cast<size_t>(r)];
+    int& index = node_index[static_cast<size_t>(d.node)];
+    if (index < 0) {
+      index = out.num_nodes();
+      const Node& from = nodes[static_cast<size_t>(d.node)];
+      out.nodes.push_back(Node{.name = from.name, .link = from.link, .devices = {}});
     }
+    d.node = index;
+    out.nodes[static_cast<size_t>(index)].devices.push_back(out.size());
+    out.devices.push_back(std::move(d));
   }
   return out;
 }

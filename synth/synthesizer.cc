@@ -593,7 +593,11 @@ std::vector<std::vector<int>> fastest_subsets(const Cluster& cluster) {
   return out;
 }
 
-std::string device_list(const Cluster& cluster, const std::vector<int>& ranks) {
+// The names of the devices not in `kept` (ascending ranks), the first 8 of them.
+std::string left_out_list(const Cluster& cluster, const std::vector<int>& kept) {
+  std::vector<int> ranks;
+  for (int d = 0; d < cluster.size(); ++d)
+    if (!std::binary_search(kept.begin(), kept.end(), d)) ranks.push_back(d);
   std::string out;
   const size_t shown = std::min<size_t>(ranks.size(), 8);
   for (size_t i = 0; i < shown; ++i)
@@ -617,12 +621,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     const Cluster sub = cluster.subset(pinned);  // checks the ranks
     if (static_cast<int>(pinned.size()) == D) return synthesize_on(graph, cluster, o);
     DistributedProgram p = synthesize_on(graph, sub, o);
-    std::vector<int> out;
-    for (int d = 0; d < D; ++d)
-      if (!std::binary_search(pinned.begin(), pinned.end(), d)) out.push_back(d);
     p.devices = pinned;
     p.devices_note = "runs on the " + std::to_string(pinned.size()) +
-                     " devices pinned; left out: " + device_list(cluster, out);
+                     " devices pinned; left out: " + left_out_list(cluster, pinned);
     return p;
   }
   DistributedProgram best = synthesize_on(graph, cluster, options);
@@ -670,15 +671,12 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       step.cost_s = p.predicted_step_s;
       step.seconds = since(sub_t0);
       if (p.predicted_step_s < best.predicted_step_s * (1 - 1e-9)) {
-        std::vector<int> out;
-        for (int d = 0; d < D; ++d)
-          if (!std::binary_search(chosen.begin(), chosen.end(), d)) out.push_back(d);
         char why[160];
         std::snprintf(why, sizeof why, "predicted %.4g s per step on them, %.4g s on all %d",
                       p.predicted_step_s, best.predicted_step_s, D);
         p.devices = chosen;
         p.devices_note = "runs on the " + std::to_string(chosen.size()) + " fastest devices (" +
-                         why + "); left out: " + device_list(cluster, out);
+                         why + "); left out: " + left_out_list(cluster, chosen);
         // How the whole synthesis went: the steps on all devices and the subsets', then this
         // one (its own rounds summed in one line).
         p.steps = std::move(best.steps);

@@ -490,6 +490,12 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   return o;
 }
 
+int device_rank(const synth::Cluster& cluster, const std::string& name) {
+  for (int r = 0; r < cluster.size(); ++r)
+    if (cluster.devices[static_cast<size_t>(r)].name == name) return r;
+  return -1;
+}
+
 std::vector<int> pinned_devices(const ParallelConfig& p, const synth::Cluster& cluster) {
   std::vector<int> ranks;
   if (p.devices.empty()) return ranks;
@@ -503,9 +509,7 @@ std::vector<int> pinned_devices(const ParallelConfig& p, const synth::Cluster& c
     name.erase(name.find_last_not_of(" \t") + 1);
     at = comma + 1;
     if (name.empty()) continue;
-    int rank = -1;
-    for (int r = 0; r < cluster.size(); ++r)
-      if (cluster.devices[static_cast<size_t>(r)].name == name) rank = r;
+    const int rank = device_rank(cluster, name);
     if (rank < 0) {
       std::string known;
       for (int r = 0; r < cluster.size() && r < 8; ++r)

@@ -167,6 +167,8 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config);
 // ConfigError naming parallel.devices for a name the cluster lacks, one named twice, or a list
 // with no name in it.
 std::vector<int> pinned_devices(const ParallelConfig& p, const synth::Cluster& cluster);
+// The rank of the device named `name` in `cluster`, or -1.
+int device_rank(const synth::Cluster& cluster, const std::string& name);
 
 // The message of a synthesis error for the user: when the search ran out of states, it also names
 // the key and the options that raise the budget.

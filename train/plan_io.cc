@@ -276,9 +276,7 @@ std::vector<int> plan_devices(const std::string& path, const synth::Cluster& clu
   for (const nlohmann::json& n : names) {
     if (!n.is_string()) throw ConfigError(path + ": devices: expected device names (strings)");
     const std::string name = n.get<std::string>();
-    int rank = -1;
-    for (int r = 0; r < cluster.size(); ++r)
-      if (cluster.devices[static_cast<size_t>(r)].name == name) rank = r;
+    const int rank = device_rank(cluster, name);
     if (rank < 0)
       throw ConfigError(path + ": devices: the cluster '" + cluster.name + "' has no device '" +
                         name + "'");
