@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <queue>
 #include <set>
 #include <string>
 #include <tuple>
 
+#include "core/split.h"
 #include "synth/shard_layout.h"
 
 namespace hap::synth {
@@ -19,6 +21,8 @@ namespace hap::synth {
 namespace {
 // Share of each device's memory the ratio LP leaves free.
 constexpr double kMemoryHeadroom = 1e-3;
+// A device's memory when hap searches as if memory were unlimited.
+constexpr int64_t kNoMemoryLimit = int64_t{1} << 60;
 }  // namespace
 
 const char* strategy_name(Strategy s) {
@@ -276,6 +280,122 @@ std::string no_program_reason(const Error& e) {
   return "no program";
 }
 
+// The granules of each segment's coarsest split (0 where a segment splits nothing): where they
+// are few, whole-granule rounding decides a device's share more than its ratio does.
+std::vector<int64_t> coarsest_splits(const CostModel& cm, const std::vector<Instruction>& instrs,
+                                     const std::vector<std::vector<double>>& ratios) {
+  const ShardLayout layout(cm.graph(), instrs, ratios);
+  std::vector<int64_t> coarsest(ratios.size(), 0);
+  for (const Instruction& in : instrs) {
+    if (in.kind != InstrKind::Compute) continue;
+    const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
+    if (tensor < 0) continue;
+    const int64_t extent = cm.graph().tensors[static_cast<size_t>(tensor)].shape[dim];
+    int64_t g = layout.granule(tensor, dim);
+    if (g <= 0 || extent % g != 0) g = 1;
+    int64_t& n = coarsest[static_cast<size_t>(in.segment)];
+    if (extent > 0 && (n == 0 || extent / g < n)) n = extent / g;
+  }
+  return coarsest;
+}
+
+// Ratios under which largest-remainder rounding of a split of sum(count) granules gives each
+// device count[d]. A device with none keeps a sliver of its ratio (min(was, 1e-3) granules'
+// worth) for finer splits, too little to earn a granule of this one.
+std::vector<double> ratios_for_counts(const std::vector<int64_t>& count,
+                                      const std::vector<double>& was) {
+  std::vector<double> r(count.size());
+  double total = 0;
+  for (size_t d = 0; d < count.size(); ++d) {
+    r[d] = count[d] > 0 ? static_cast<double>(count[d]) : std::min(was[d], 1e-3);
+    total += r[d];
+  }
+  for (double& x : r) x /= total;
+  return r;
+}
+
+// Ratios whose shards on each segment's coarsest split are the min-max apportionment of
+// `ratios`: granules go one at a time to the device whose count over its ratio stays the
+// smallest (D'Hondt), which makes the largest n_d / r_d as small as whole granules allow, where
+// largest-remainder rounding can leave the slowest device a granule over its due (with 8 rows on
+// 4 devices, a step up to a third slower).
+std::vector<std::vector<double>> apportioned(const CostModel& cm,
+                                             const std::vector<Instruction>& instrs,
+                                             std::vector<std::vector<double>> ratios) {
+  const std::vector<int64_t> coarsest = coarsest_splits(cm, instrs, ratios);
+  for (size_t s = 0; s < ratios.size(); ++s) {
+    std::vector<double>& r = ratios[s];
+    const int64_t n = coarsest[s];
+    if (n <= 0 || n > (int64_t{1} << 20)) continue;
+    using Next = std::pair<double, size_t>;  // (n_d + 1) / r_d, device
+    std::priority_queue<Next, std::vector<Next>, std::greater<Next>> queue;
+    std::vector<int64_t> count(r.size(), 0);
+    for (size_t d = 0; d < r.size(); ++d)
+      if (r[d] > 0) queue.push({1.0 / r[d], d});
+    for (int64_t k = 0; k < n && !queue.empty(); ++k) {
+      const size_t d = queue.top().second;
+      queue.pop();
+      ++count[d];
+      queue.push({static_cast<double>(count[d] + 1) / r[d], d});
+    }
+    r = ratios_for_counts(count, r);
+  }
+  return ratios;
+}
+
+// Granule descent: moves one granule of a segment's coarsest split from one device to another
+// (a ratio of 1 / granules from one to the other, which moves exactly one granule under
+// largest-remainder rounding and leaves the other devices' shards as they were) while that
+// lowers `cost_of` (the predicted step time, infinite where a device runs out of memory), best
+// move first, at most `max_evals` evaluations. Whole-granule rounding makes the step time a
+// staircase of the ratios that the ratio LP, linear in them, cannot see: on few granules its
+// optimum can round to a point a few moves from a far better one. Segments with many granules
+// per device (rounding costs little there) and clusters of more than 16 devices (too many pairs)
+// are left as they are.
+template <class CostOf>
+double descend_granules(const CostModel& cm, const std::vector<Instruction>& instrs,
+                        std::vector<std::vector<double>>* ratios, double cost,
+                        const CostOf& cost_of, int max_evals) {
+  const int D = cm.num_devices();
+  if (D < 2 || D > 16 || !std::isfinite(cost)) return cost;
+  const std::vector<int64_t> coarsest = coarsest_splits(cm, instrs, *ratios);
+  int evals = 0;
+  for (size_t s = 0; s < ratios->size(); ++s) {
+    const int64_t n = coarsest[s];
+    if (n <= 0 || n > 64 * static_cast<int64_t>(D)) continue;
+    for (const double step : {1.0 / static_cast<double>(n), 0.25 / static_cast<double>(n),
+                              0.0625 / static_cast<double>(n)})
+      for (bool moved = true; moved && evals < max_evals;) {
+        moved = false;
+        const std::vector<int64_t> count = shard_lengths(n, (*ratios)[s]);
+        std::vector<std::vector<double>> best_trial;
+        double best_cost = cost * (1 - 1e-9);
+        for (int a = 0; a < D && evals < max_evals; ++a) {
+          if (count[a] == 0 && (*ratios)[s][a] <= 0) continue;
+          for (int b = 0; b < D && evals < max_evals; ++b) {
+            if (b == a) continue;
+            std::vector<std::vector<double>> trial = *ratios;
+            const double moving = std::min(step, trial[s][a]);
+            trial[s][a] -= moving;
+            trial[s][b] += moving;
+            ++evals;
+            const double t = cost_of(trial);
+            if (t < best_cost) {
+              best_cost = t;
+              best_trial = std::move(trial);
+            }
+          }
+        }
+        if (!best_trial.empty()) {
+          cost = best_cost;
+          *ratios = std::move(best_trial);
+          moved = true;
+        }
+      }
+  }
+  return cost;
+}
+
 SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
   SearchSpace sp;
   sp.max_states = max_states;
@@ -332,152 +452,284 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
 
   std::vector<double> even(D, 1.0 / D);
   std::vector<double> by_flops = cluster.flops_ratios();
-  std::vector<std::vector<std::vector<double>>> starts;
-  std::vector<std::string> start_name;
+  std::vector<std::vector<std::vector<double>>> first_starts;
+  std::vector<std::string> first_start_names;
   if (options.strategy == Strategy::Hap || options.strategy == Strategy::DpCp) {
-    starts.push_back(std::vector<std::vector<double>>(nseg, by_flops));
-    start_name.push_back("by FLOP/s");
+    first_starts.push_back(std::vector<std::vector<double>>(nseg, by_flops));
+    first_start_names.push_back("by FLOP/s");
   }
-  if (options.strategy != Strategy::DpCp && (starts.empty() || by_flops != even)) {
-    starts.push_back(std::vector<std::vector<double>>(nseg, even));
-    start_name.push_back("even");
+  if (options.strategy != Strategy::DpCp && (first_starts.empty() || by_flops != even)) {
+    first_starts.push_back(std::vector<std::vector<double>>(nseg, even));
+    first_start_names.push_back("even");
   }
   double min_share = 0.01 / D;
 
-  DistributedProgram best;
-  best.predicted_step_s = std::numeric_limits<double>::infinity();
   int64_t states = 0;
   int rounds = 0;
   std::string last_error;
   bool over_budget = false;
-  bool memory_may_matter = false;  // in some round's search
-  int64_t largest_round = 0;
   std::string budget_error;
   std::vector<SynthesisStep> steps;
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  for (size_t start_index = 0;; ++start_index) {
-    if (start_index == starts.size()) {
-      // Where memory binds (or no start fits), memory rather than speed may decide the split:
-      // start hap from shares proportional to each device's memory too (the LP then trades
-      // towards speed). Tried only when nothing fitted, a little more memory on one device
-      // could make the plan 300x slower
-      // (Synthesizer.ALittleMoreMemoryOnOneDeviceDoesNotFallOffACliff).
-      if (options.strategy != Strategy::Hap ||
-          (std::isfinite(best.predicted_step_s) && !memory_may_matter) || start_index > 2)
-        break;
-      std::vector<double> by_memory(D);
-      double total = 0;
-      for (const Device& d : cluster.devices) total += static_cast<double>(d.memory_bytes);
-      for (int d = 0; d < D; ++d)
-        by_memory[d] = static_cast<double>(cluster.devices[d].memory_bytes) / total;
-      if (std::find(starts.begin(), starts.end(),
-                    std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
-        break;
-      starts.push_back(std::vector<std::vector<double>>(nseg, by_memory));
-      start_name.push_back("by memory");
+  // Whether a program fits every device's memory under the cluster's real limits.
+  auto fits = [&](const std::vector<Instruction>& instrs, const std::vector<Prop>& storage,
+                  const std::vector<std::vector<double>>& ratios) {
+    const std::vector<double> mem = program_memory(cm, instrs, storage, ratios);
+    for (int d = 0; d < D; ++d)
+      if (mem[d] > static_cast<double>(cluster.devices[d].memory_bytes)) return false;
+    return true;
+  };
+  // The predicted step time of a program, infinite where it does not fit `limits`' memory.
+  auto priced = [&](const Cluster& limits, const std::vector<Instruction>& instrs,
+                    const std::vector<Prop>& storage,
+                    const std::vector<std::vector<double>>& ratios) {
+    std::vector<Instruction> costed = instrs;
+    const double cost = recost(cm, costed, ratios);
+    const std::vector<double> mem = program_memory(cm, costed, storage, ratios);
+    for (int d = 0; d < D; ++d)
+      if (mem[d] > static_cast<double>(limits.devices[d].memory_bytes))
+        return std::numeric_limits<double>::infinity();
+    return cost;
+  };
+  // Granule descent of a program's ratios under `limits` (a step in the report when it gains).
+  auto descend = [&](const Cluster& limits, DistributedProgram& p, const std::string& tag) {
+    if (!std::isfinite(p.predicted_step_s)) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::vector<double>> r = p.ratios;
+    const double cost = descend_granules(
+        cm, p.instructions, &r, p.predicted_step_s,
+        [&](const std::vector<std::vector<double>>& x) {
+          return priced(limits, p.instructions, p.storage, x);
+        },
+        256);
+    if (!(cost < p.predicted_step_s)) return;
+    steps.push_back({tag + "granule descent", 0, cost, since(t0), ""});
+    recost(cm, p.instructions, r);
+    p.ratios = std::move(r);
+    p.predicted_step_s = cost;
+  };
+  // The alternation of program search and ratio LP from every start, under the memory limits of
+  // `cmx`'s cluster (cm's, or none), then the memory-aware pass and the granule descent. Steps
+  // are named with `tag` in front.
+  auto search_rounds = [&](const CostModel& cmx, const std::string& tag,
+                           const std::vector<std::vector<double>>* from) {
+    const Cluster& limits = cmx.cluster();
+    std::vector<std::vector<std::vector<double>>> starts = first_starts;
+    std::vector<std::string> start_name = first_start_names;
+    if (from != nullptr) {
+      starts.insert(starts.begin(), *from);
+      start_name.insert(start_name.begin(), "of the program found without memory limits");
     }
-    std::vector<std::vector<double>> r = starts[start_index];
-    double prev = std::numeric_limits<double>::infinity();
-    for (int it = 0; it < options.max_iterations; ++it) {
-      SearchResult res;
-      const auto round_t0 = std::chrono::steady_clock::now();
-      SynthesisStep step;
-      step.what = "ratios " + start_name[start_index] + ", round " + std::to_string(it + 1);
-      try {
-        try {
-          res = search_program(cm, r, seg, space);
-        } catch (const SearchBudgetError&) {
-          throw;
-        } catch (const Error&) {
-          // tp: no program gathers no activation (or none fits): one that does.
-          if (space.allow_activation_all_gather) throw;
-          space.allow_activation_all_gather = true;
-          step.what += " (with activation all-gathers: no Megatron program)";
-          res = search_program(cm, r, seg, space);
-        }
-      } catch (const SearchBudgetError& e) {
-        last_error = budget_error = e.what();
-        over_budget = true;
-        step.seconds = since(round_t0);
-        step.outcome = "over budget";
-        steps.push_back(step);
-        break;
-      } catch (const Error& e) {
-        last_error = e.what();
-        step.seconds = since(round_t0);
-        step.outcome = no_program_reason(e);
-        steps.push_back(step);
-        break;
-      }
-      step.seconds = since(round_t0);
-      step.states = res.states_expanded;
-      ++rounds;
-      states += res.states_expanded;
-      largest_round = std::max(largest_round, res.states_expanded);
-      memory_may_matter = memory_may_matter || res.memory_may_matter;
-      auto consider = [&](std::vector<Instruction> instrs,
-                          const std::vector<std::vector<double>>& ratios) {
-        double cost = recost(cm, instrs, ratios);
-        // (The LP keeps memory within the limits by its linear model; checked here on the
-        // program as it will be estimated.)
-        const std::vector<double> mem = program_memory(cm, instrs, res.storage, ratios);
+    DistributedProgram best;
+    best.predicted_step_s = std::numeric_limits<double>::infinity();
+    bool memory_may_matter =
+        &cmx == &cm && options.strategy == Strategy::Hap;  // in some round's search
+    bool tried_by_memory = false;
+    std::vector<std::vector<std::vector<double>>> searched;  // each start's last ratios
+    int64_t largest_round = 0;
+    for (size_t start_index = 0;; ++start_index) {
+      if (start_index == starts.size()) {
+        // Where memory binds (or no start fits), memory rather than speed may decide the split:
+        // start hap from shares proportional to each device's memory too (the LP then trades
+        // towards speed). Tried only when nothing fitted, a little more memory on one device
+        // could make the plan 300x slower
+        // (Synthesizer.ALittleMoreMemoryOnOneDeviceDoesNotFallOffACliff).
+        if (options.strategy != Strategy::Hap || tried_by_memory ||
+            (std::isfinite(best.predicted_step_s) && !memory_may_matter))
+          break;
+        tried_by_memory = true;
+        std::vector<double> by_memory(D);
+        double total = 0;
+        for (const Device& d : limits.devices) total += static_cast<double>(d.memory_bytes);
         for (int d = 0; d < D; ++d)
-          if (mem[d] > static_cast<double>(cluster.devices[d].memory_bytes))
-            return std::numeric_limits<double>::infinity();
-        if (cost < best.predicted_step_s) {
+          by_memory[d] = static_cast<double>(limits.devices[d].memory_bytes) / total;
+        if (std::find(starts.begin(), starts.end(),
+                      std::vector<std::vector<double>>(nseg, by_memory)) != starts.end())
+          break;
+        starts.push_back(std::vector<std::vector<double>>(nseg, by_memory));
+        start_name.push_back("by memory");
+      }
+      std::vector<std::vector<double>> r = starts[start_index];
+      double prev = std::numeric_limits<double>::infinity();
+      for (int it = 0; it < options.max_iterations; ++it) {
+        SearchResult res;
+        const auto round_t0 = std::chrono::steady_clock::now();
+        SynthesisStep step;
+        step.what = tag + "ratios " + start_name[start_index] + ", round " + std::to_string(it + 1);
+        try {
+          try {
+            res = search_program(cmx, r, seg, space);
+          } catch (const SearchBudgetError&) {
+            throw;
+          } catch (const Error&) {
+            // tp: no program gathers no activation (or none fits): one that does.
+            if (space.allow_activation_all_gather) throw;
+            space.allow_activation_all_gather = true;
+            step.what += " (with activation all-gathers: no Megatron program)";
+            res = search_program(cmx, r, seg, space);
+          }
+        } catch (const SearchBudgetError& e) {
+          last_error = budget_error = e.what();
+          over_budget = true;
+          step.seconds = since(round_t0);
+          step.outcome = "over budget";
+          steps.push_back(step);
+          break;
+        } catch (const Error& e) {
+          last_error = e.what();
+          step.seconds = since(round_t0);
+          step.outcome = no_program_reason(e);
+          steps.push_back(step);
+          break;
+        }
+        step.seconds = since(round_t0);
+        step.states = res.states_expanded;
+        ++rounds;
+        states += res.states_expanded;
+        largest_round = std::max(largest_round, res.states_expanded);
+        memory_may_matter = memory_may_matter || res.memory_may_matter;
+        auto consider = [&](std::vector<Instruction> instrs,
+                            const std::vector<std::vector<double>>& ratios) {
+          double cost = recost(cm, instrs, ratios);
+          // (The LP keeps memory within the limits by its linear model; checked here on the
+          // program as it will be estimated.)
+          const std::vector<double> mem = program_memory(cm, instrs, res.storage, ratios);
+          for (int d = 0; d < D; ++d)
+            if (mem[d] > static_cast<double>(limits.devices[d].memory_bytes))
+              return std::numeric_limits<double>::infinity();
+          if (cost < best.predicted_step_s) {
+            best.instructions = std::move(instrs);
+            best.ratios = ratios;
+            best.storage = res.storage;
+            best.predicted_step_s = cost;
+          }
+          return cost;
+        };
+        // Ratios as given and (hap) apportioned to whole granules: the better one is kept.
+        auto consider_both = [&](std::vector<std::vector<double>>& ratios) {
+          double c = consider(res.instructions, ratios);
+          if (options.strategy != Strategy::Hap) return c;
+          std::vector<std::vector<double>> a = apportioned(cm, res.instructions, ratios);
+          if (a != ratios) {
+            const double ca = consider(res.instructions, a);
+            if (ca < c) {
+              c = ca;
+              ratios = std::move(a);
+            }
+          }
+          return c;
+        };
+        double cost = consider_both(r);
+        step.cost_s = std::isfinite(cost) ? cost : -1;
+        if (!std::isfinite(cost)) step.outcome = "out of memory once rounded";
+        steps.push_back(step);
+        if (options.strategy != Strategy::Hap || !(cost < prev * (1 - 1e-9))) break;
+        // A later start only refines its program if it beat the earlier starts' best.
+        if (start_index > 0 && cost > best.predicted_step_s) break;
+        prev = cost;
+        std::vector<std::vector<double>> next;
+        if (D == 1 || !optimize_ratios(cmx, res.instructions, res.storage, nseg, min_share, &next))
+          break;
+        double lp_cost = consider_both(next);
+        // The LP's model is linear in the ratios; the step time rounds shards to whole granules,
+        // hides gradient all-reduces behind the backward pass and may not fit once rounded.
+        // Where the LP's point prices no better, back off halfway towards the ratios searched,
+        // up to 6 times: a point between may still gain, and near them it fits.
+        for (int k = 0; k < 6 && !(lp_cost < cost * (1 - 1e-4)); ++k) {
+          for (int s = 0; s < nseg; ++s)
+            for (int d = 0; d < D; ++d) next[s][d] = 0.5 * (next[s][d] + r[s][d]);
+          lp_cost = consider_both(next);
+        }
+        // New ratios that barely change the cost would lead the search to the same program.
+        if (!(lp_cost < cost * (1 - 1e-4))) break;
+        r = next;
+      }
+      if (std::find(searched.begin(), searched.end(), r) == searched.end()) searched.push_back(r);
+    }
+    // Memory bound a round's search: the memory-aware pass looks for a cheaper program that a memo
+    // lost to a cheaper path that later ran out of memory, at the final ratios of every start
+    // (under real limits; the final program's only where the search ran without them). Bounded
+    // by half the largest round's states (and the budget): best effort where it cannot finish.
+    if (!(&cmx == &cm && options.strategy == Strategy::Hap)) searched.clear();
+    if (std::isfinite(best.predicted_step_s) &&
+        std::find(searched.begin(), searched.end(), best.ratios) == searched.end())
+      searched.push_back(best.ratios);
+    for (const std::vector<std::vector<double>>& ratios : searched) {
+      if (!std::isfinite(best.predicted_step_s) || !memory_may_matter) break;
+      SearchSpace lean = space;
+      lean.max_states = std::min(space.max_states, std::max<int64_t>(largest_round / 2, 20'000));
+      SearchResult res;
+      const auto pass_t0 = std::chrono::steady_clock::now();
+      SynthesisStep step;
+      step.what = tag + "memory-aware pass";
+      const bool leaner =
+          search_leaner_program(cmx, ratios, seg, lean, best.predicted_step_s, &res);
+      step.seconds = since(pass_t0);
+      step.states = res.states_expanded;
+      step.outcome = leaner ? "" : "none cheaper";
+      states += res.states_expanded;
+      if (leaner) {
+        std::vector<Instruction> instrs = res.instructions;
+        const double cost = recost(cm, instrs, ratios);
+        step.cost_s = cost;
+        if (cost < best.predicted_step_s * (1 - 1e-12)) {
           best.instructions = std::move(instrs);
           best.ratios = ratios;
           best.storage = res.storage;
           best.predicted_step_s = cost;
         }
-        return cost;
-      };
-      double cost = consider(res.instructions, r);
-      step.cost_s = std::isfinite(cost) ? cost : -1;
-      if (!std::isfinite(cost)) step.outcome = "out of memory once rounded";
+      }
       steps.push_back(step);
-      if (options.strategy != Strategy::Hap || !(cost < prev * (1 - 1e-9))) break;
-      // A later start only refines its program if it beat the earlier starts' best.
-      if (start_index > 0 && cost > best.predicted_step_s) break;
-      prev = cost;
-      std::vector<std::vector<double>> next;
-      if (D == 1 || !optimize_ratios(cm, res.instructions, res.storage, nseg, min_share, &next))
-        break;
-      double lp_cost = consider(res.instructions, next);
-      // New ratios that barely change the cost would lead the search to the same program.
-      if (!(lp_cost < cost * (1 - 1e-4))) break;
-      r = next;
     }
-  }
-  if (std::isfinite(best.predicted_step_s) && memory_may_matter) {
-    // Memory bound a round's search: at the final ratios, the memory-aware pass looks for a
-    // cheaper program that a memo lost to a cheaper path that later ran out of memory. Bounded
-    // by half the largest round's states (and the budget): best effort where it cannot finish.
-    SearchSpace lean = space;
-    lean.max_states = std::min(space.max_states, std::max<int64_t>(largest_round / 2, 20'000));
-    SearchResult res;
-    const auto pass_t0 = std::chrono::steady_clock::now();
-    SynthesisStep step;
-    step.what = "memory-aware pass";
-    const bool leaner =
-        search_leaner_program(cm, best.ratios, seg, lean, best.predicted_step_s, &res);
-    step.seconds = since(pass_t0);
-    step.states = res.states_expanded;
-    step.outcome = leaner ? "" : "none cheaper";
-    states += res.states_expanded;
-    if (leaner) {
-      std::vector<Instruction> instrs = res.instructions;
-      const double cost = recost(cm, instrs, best.ratios);
-      step.cost_s = cost;
-      if (cost < best.predicted_step_s * (1 - 1e-12)) {
-        best.instructions = std::move(instrs);
-        best.storage = res.storage;
-        best.predicted_step_s = cost;
+    if (options.strategy == Strategy::Hap) descend(limits, best, tag);
+    return best;
+  };
+  DistributedProgram best;
+  best.predicted_step_s = std::numeric_limits<double>::infinity();
+  if (options.strategy == Strategy::Hap) {
+    // hap searches without memory limits first and keeps what it finds where that fits: where
+    // memory does not bind, the search then takes one path whatever the limits are, so more
+    // memory never makes the plan slower (Synthesizer.MoreMemoryNeverYieldsASlowerPlan). Only
+    // where that program does not fit does it search under the limits.
+    Cluster roomy = cluster;
+    for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
+    const CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
+    DistributedProgram free = search_rounds(free_cm, "", nullptr);
+    if (std::isfinite(free.predicted_step_s) &&
+        fits(free.instructions, free.storage, free.ratios)) {
+      best = std::move(free);
+    } else {
+      if (std::isfinite(free.predicted_step_s))
+        steps.push_back({"the program found without memory limits does not fit: search under them",
+                         0, -1, 0, "out of memory"});
+      best = search_rounds(cm, "under memory limits: ",
+                           std::isfinite(free.predicted_step_s) ? &free.ratios : nullptr);
+      // The program found without limits, with ratios from the LP under them (where it has
+      // any that fit): more memory only widens what that LP may choose.
+      std::vector<std::vector<double>> r;
+      if (std::isfinite(free.predicted_step_s) && D > 1 &&
+          optimize_ratios(cm, free.instructions, free.storage, nseg, min_share, &r)) {
+        DistributedProgram fitted = free;
+        fitted.predicted_step_s = priced(cluster, fitted.instructions, fitted.storage, r);
+        std::vector<std::vector<double>> a = apportioned(cm, fitted.instructions, r);
+        const double apportioned_cost = priced(cluster, fitted.instructions, fitted.storage, a);
+        if (apportioned_cost < fitted.predicted_step_s) {
+          fitted.predicted_step_s = apportioned_cost;
+          r = std::move(a);
+        }
+        fitted.ratios = std::move(r);
+        recost(cm, fitted.instructions, fitted.ratios);
+        steps.push_back({"the program found without memory limits, ratios under them", 0,
+                         std::isfinite(fitted.predicted_step_s) ? fitted.predicted_step_s : -1, 0,
+                         std::isfinite(fitted.predicted_step_s) ? "" : "out of memory"});
+        descend(cluster, fitted, "the program found without memory limits: ");
+        if (fitted.predicted_step_s < best.predicted_step_s) best = std::move(fitted);
       }
     }
-    steps.push_back(step);
+  } else {
+    best = search_rounds(cm, "", nullptr);
   }
   const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
   if (options.strategy == Strategy::Hap) {

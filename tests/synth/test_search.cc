@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -871,6 +872,117 @@ TEST(Cluster, ASubsetKeepsItsDevicesNodesAndLinks) {
   EXPECT_THROW(c.subset({}), Error);
   EXPECT_THROW(c.subset({3, 3}), Error);
   EXPECT_THROW(c.subset({-1}), Error);
+}
+
+// Where a batch has few rows, whole-row rounding decides the step time more than the ratios do:
+// hap's plan is never slower than data parallelism under the best split of the rows that exists
+// (every split of B rows over the devices, enumerated), as the apportionment and the granule
+// descent find it (within 0.001%: a few costs follow the ratios themselves, not whole rows);
+// before them, hap's plan was up to 2.7% slower here, the LP's ratios rounded by largest
+// remainder.
+TEST(Synthesizer, HapIsNoSlowerThanTheBestWholeRowSplitOfASmallBatch) {
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 60 && checked < 12; ++seed) {
+    const Graph g = random_graph(seed + 2000, 3);
+    int64_t rows = 0;
+    for (const GraphTensor& t : g.tensors)
+      if (t.role == TensorRole::Input) rows = t.shape[0];
+    if (rows > 14) continue;
+    const int D = 3 + static_cast<int>(seed % 2);
+    const Cluster c = make_cluster(D, seed + 77);
+    SynthesisOptions o;
+    o.segments = SegmentMode::Single;
+    o.select_devices = false;
+    o.strategy = Strategy::DpCp;
+    const DistributedProgram dp = synthesize(g, c, o);
+    const CostModel cm(g, c);
+    double best_split = std::numeric_limits<double>::infinity();
+    std::vector<int64_t> count(static_cast<size_t>(D), 0);
+    // Every way to give `rows` rows to D devices.
+    std::function<void(int, int64_t)> split = [&](int d, int64_t left) {
+      if (d == D - 1) {
+        count[static_cast<size_t>(d)] = left;
+        std::vector<double> r;
+        for (int64_t n : count) r.push_back(static_cast<double>(n) / static_cast<double>(rows));
+        std::vector<Instruction> instrs = dp.instructions;
+        best_split = std::min(best_split, recost(cm, instrs, {r}));
+        return;
+      }
+      for (int64_t n = 0; n <= left; ++n) {
+        count[static_cast<size_t>(d)] = n;
+        split(d + 1, left - n);
+      }
+    };
+    split(0, rows);
+    o.strategy = Strategy::Hap;
+    const double hap = synthesize(g, c, o).predicted_step_s;
+    EXPECT_LE(hap, best_split * (1 + 1e-5)) << "seed " << seed << ": " << rows << " rows on " << D
+                                            << " devices; dp-cp " << dp.predicted_step_s;
+    ++checked;
+  }
+  EXPECT_GE(checked, 8);
+}
+
+// Monotone under memory (issue 13 item 7), on random small graphs and clusters, memory swept
+// from 0.3x to 1.6x the peak of the plan found with plenty, on every device and on device 0 alone:
+// - once the plan is the one found with plenty (memory no longer binds), more memory keeps it,
+//   exactly: hap keeps the program it finds without memory limits wherever that fits;
+// - where memory binds, hap searches under the limits, a local search: more memory may find a
+//   slightly slower plan. Over these 48 seeds, 6 of 473 such steps do, by 3.2% at most (before,
+//   a little more memory on one device could make a plan 1.6x or 300x slower). Over 200 seeds,
+//   3 of 2027 are more than 5% slower, one by 24%: the program search prices gradient
+//   all-reduces in full, and the program it finds under tighter limits happens to hide more of
+//   them behind the backward pass (issue 13: the search does not price overlap yet).
+TEST(Synthesizer, MoreMemoryNeverYieldsASlowerPlan) {
+  int compared = 0, binding = 0, slower = 0;
+  double worst = 0;
+  for (uint64_t seed = 1; seed <= 48; ++seed) {
+    const Graph g = seed % 2 ? random_graph(seed + 500, 4 + static_cast<int>(seed % 3))
+                             : random_dag(seed + 500, 4 + static_cast<int>(seed % 4));
+    const int D = 2 + static_cast<int>(seed % 3);
+    SynthesisOptions all;
+    all.select_devices = false;
+    const DistributedProgram roomy = synthesize(g, make_cluster(D, seed + 31), all);
+    const double peak =
+        *std::max_element(roomy.device_memory_bytes.begin(), roomy.device_memory_bytes.end());
+    const double plenty = synthesize(g, make_cluster(D, seed + 31), {}).predicted_step_s;
+    for (const bool one : {false, true}) {
+      double previous = std::numeric_limits<double>::infinity();
+      for (int tenths = 3; tenths <= 16; ++tenths) {
+        const double f = tenths / 10.0;
+        Cluster c = make_cluster(D, seed + 31, one ? 2 * peak : std::ceil(f * peak));
+        if (one) c.devices[0].memory_bytes = static_cast<int64_t>(std::ceil(f * peak));
+        double cost = std::numeric_limits<double>::infinity();
+        try {
+          cost = synthesize(g, c, {}).predicted_step_s;
+        } catch (const Error&) {
+        }
+        if (std::isfinite(previous)) {
+          ++compared;
+          const std::string what = "seed " + std::to_string(seed) +
+                                   (one ? ": device 0's" : ": every device's") + " memory x" +
+                                   std::to_string(f - 0.1) + " -> x" + std::to_string(f) + ": " +
+                                   std::to_string(previous) + " s -> " + std::to_string(cost) +
+                                   " s (with plenty: " + std::to_string(plenty) + " s)";
+          if (std::abs(previous - plenty) <= 1e-12 * plenty) {
+            EXPECT_NEAR(cost, plenty, 1e-12 * plenty) << what;
+          } else {
+            ++binding;
+            EXPECT_LE(cost, previous * 1.05) << what;
+            if (cost > previous * (1 + 1e-9)) ++slower;
+            worst = std::max(worst, cost / previous - 1);
+          }
+        }
+        previous = cost;
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_GT(binding, 200);
+  std::printf(
+      "memory sweep: %d steps up in memory, %d where memory binds; %d of those found a "
+      "slower plan, by %.2f%% at most\n",
+      compared, binding, slower, 100 * worst);
 }
 
 }  // namespace
