@@ -102,7 +102,7 @@ using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
 
 // A leaf's AccumulateGrad: adds the gradient into .grad (or into `capture`).
 void accumulate(const std::vector<Tensor>& grads, const std::shared_ptr<TensorImpl>& leaf_impl,
-                std::unordered_map<TensorImpl*, Tensor>* capture) {
+                std::unordered_map<TensorImpl*, Tensor>* capture, bool strict) {
   if (!leaf_impl || grads.empty() || !grads[0].defined()) return;
   Tensor g = grads[0];
   Tensor leaf(leaf_impl);
@@ -110,6 +110,9 @@ void accumulate(const std::vector<Tensor>& grads, const std::shared_ptr<TensorIm
              leaf.str());
   if (capture) {
     auto it = capture->find(leaf_impl.get());
+    HAP_CHECK(it != capture->end() || !strict, "a recomputed function (autograd::checkpoint) ",
+              "reads a tensor that requires grad but is not among its inputs: ", leaf.str(),
+              "; pass every parameter it uses as an input, or its gradient is lost");
     if (it != capture->end()) it->second = add_grads(it->second, g);
     return;
   }
@@ -121,7 +124,7 @@ void accumulate(const std::vector<Tensor>& grads, const std::shared_ptr<TensorIm
 // Runs the backward graph from the given roots. With `capture`, gradients reaching the leaves
 // in `capture` are returned instead of accumulated into .grad.
 void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_outputs,
-                  std::unordered_map<TensorImpl*, Tensor>* capture) {
+                  std::unordered_map<TensorImpl*, Tensor>* capture, bool strict = false) {
   HAP_CHECK(roots.size() == grad_outputs.size(), "backward: ", roots.size(), " roots but ",
             grad_outputs.size(), " gradients");
   NoGradGuard no_grad;
@@ -207,7 +210,7 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
 
     if (node->is_accumulate) {
       auto leaf_impl = node->leaf.lock();
-      accumulate(grads, leaf_impl, capture);
+      accumulate(grads, leaf_impl, capture, strict);
       if (observer) {
         if (leaf_impl && --leaf_pending[leaf_impl.get()] == 0)
           observer->leaf_done(Tensor(leaf_impl));
@@ -286,18 +289,23 @@ std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& i
   return outputs;
 }
 
-std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
-                         const Tensor& grad_output) {
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool strict) {
   std::unordered_map<TensorImpl*, Tensor> capture;
   for (const Tensor& t : inputs) {
     HAP_CHECK(t.defined() && t.requires_grad() && t.is_leaf(),
               "autograd::grad: inputs must be leaf tensors that require grad");
     capture[t.impl()] = Tensor();
   }
-  run_backward({output}, {grad_output}, &capture);
+  run_backward(outputs, grad_outputs, &capture, strict);
   std::vector<Tensor> out;
   for (const Tensor& t : inputs) out.push_back(capture[t.impl()]);
   return out;
+}
+
+std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
+                         const Tensor& grad_output) {
+  return grad(std::vector<Tensor>{output}, inputs, std::vector<Tensor>{grad_output}, false);
 }
 
 }  // namespace hap::autograd

@@ -41,6 +41,13 @@ class ObserveBackward {
 std::vector<Tensor> grad(const Tensor& output, const std::vector<Tensor>& inputs,
                          const Tensor& grad_output = Tensor());
 
+// Gradients of several outputs (each with its grad_output; undefined means ones for a scalar)
+// with respect to `inputs`, returned instead of accumulated. strict: a gradient reaching a leaf
+// that requires grad but is not among `inputs` is an error (naming the leaf's shape), instead
+// of being dropped.
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool strict);
+
 // Records a differentiable function computed outside the op registry (a collective, say):
 // when grad mode is on and an input requires grad, `outputs` get a node whose backward is
 // `backward`. Returns the outputs (with history attached).

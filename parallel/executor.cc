@@ -4,8 +4,10 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <set>
 #include <unordered_map>
 
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/timeline.h"
@@ -22,8 +24,14 @@ using synth::Instruction;
 namespace {
 
 // A small key per property, for the values of a tensor (R, P, S(0), S(1), ...).
+// Replicated 0, Partial 1, Sharded(d) 2 + d.
 int prop_key(const Prop& p) {
-  return p.kind == ops::PropKind::Sharded ? 2 + static_cast<int>(p.dim) : static_cast<int>(p.kind);
+  if (p.kind == ops::PropKind::Sharded) return 2 + static_cast<int>(p.dim);
+  return p.kind == ops::PropKind::Partial ? 1 : 0;
+}
+
+Prop prop_of_key(int key) {
+  return key >= 2 ? Prop::sharded(key - 2) : key == 1 ? Prop::partial() : Prop::replicated();
 }
 
 }  // namespace
@@ -96,6 +104,10 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
       if (t >= 0 && graph.tensors[t].role == synth::TensorRole::Parameter)
         param_segment_.try_emplace(t, in.segment);
   }
+  HAP_CHECK(program.recompute.empty() || program.recompute.size() == program.ratios.size(),
+            "executor: the program marks ", program.recompute.size(),
+            " segments for recomputation but has ", program.ratios.size());
+  plan_recomputation();
 }
 
 std::vector<int64_t> Executor::lengths(int tensor, const Prop& p, int segment) const {
@@ -201,7 +213,7 @@ Tensor Executor::full_value(int t) const {
   // Every rank runs the same program: the same properties are present on every rank.
   HAP_ASSERT(!v.empty(), "tensor %", t, " has no value in this forward");
   const auto& [key, local] = *v.begin();
-  const Prop p = Prop::sharded(key - 2);
+  const Prop p = prop_of_key(key);
   return all_gather(comm_, local.detach().contiguous(), p.dim,
                     lengths(t, p, value_segment_[t].at(key)), CollectiveMethod::Grouped);
 }
@@ -215,90 +227,217 @@ void Executor::apply_state_updates() {
   }
 }
 
+namespace {
+// Instructions that forward() skips: backward's (run by backward()) and the optimizer's.
+bool forward_instruction(const Instruction& in) {
+  return in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update;
+}
+}  // namespace
+
+std::vector<Executor::Key> Executor::reads(const Instruction& in) const {
+  std::vector<Key> keys;
+  if (in.kind == InstrKind::Compute) {
+    const synth::GraphNode& n = graph_.nodes[in.node];
+    for (size_t k = 0; k < n.inputs.size(); ++k)
+      if (n.inputs[k] >= 0)
+        keys.push_back(
+            {n.inputs[k], prop_key(in.signature < 0 ? Prop::replicated()
+                                                    : sigs_[n.id][in.signature].inputs[k])});
+  } else if (forward_instruction(in)) {
+    keys.push_back({in.tensor, prop_key(in.from)});
+  }
+  return keys;
+}
+
+std::vector<Executor::Key> Executor::writes(const Instruction& in) const {
+  std::vector<Key> keys;
+  if (in.kind == InstrKind::Compute) {
+    const synth::GraphNode& n = graph_.nodes[in.node];
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      keys.push_back(
+          {n.outputs[o],
+           prop_key(in.signature < 0 ? Prop::replicated() : sigs_[n.id][in.signature].outputs[o])});
+  } else if (forward_instruction(in)) {
+    keys.push_back({in.tensor, prop_key(in.to)});
+  }
+  return keys;
+}
+
+void Executor::plan_recomputation() {
+  const std::vector<Instruction>& instrs = program_.instructions;
+  const size_t n = instrs.size();
+  auto recomputed = [&](const Instruction& in) {
+    return forward_instruction(in) && in.segment < static_cast<int>(program_.recompute.size()) &&
+           program_.recompute[static_cast<size_t>(in.segment)];
+  };
+  // Tensors read after the forward's instructions: the loss and what the state updates take.
+  std::set<int> read_at_end = {graph_.loss};
+  for (const synth::StateUpdate& u : graph_.state_updates) read_at_end.insert(u.value);
+  for (size_t i = 0; i < n;) {
+    if (!recomputed(instrs[i])) {
+      ++i;
+      continue;
+    }
+    // A run of one recomputed segment's instructions (backward's and the optimizer's between
+    // them belong to no run).
+    Region r;
+    r.first = i;
+    const int segment = instrs[i].segment;
+    size_t end = i;
+    for (size_t j = i; j < n; ++j) {
+      if (!forward_instruction(instrs[j])) continue;
+      if (instrs[j].segment != segment) break;
+      end = j + 1;
+    }
+    r.end = end;
+    std::set<Key> made;
+    for (size_t j = r.first; j < r.end; ++j) {
+      for (const Key& k : reads(instrs[j]))
+        if (!made.count(k) && std::find(r.inputs.begin(), r.inputs.end(), k) == r.inputs.end()) {
+          r.inputs.push_back(k);
+          r.input_segment.push_back(instrs[j].segment);
+        }
+      for (const Key& k : writes(instrs[j])) made.insert(k);
+    }
+    std::set<Key> later;
+    for (size_t j = r.end; j < n; ++j)
+      for (const Key& k : reads(instrs[j])) later.insert(k);
+    for (const Key& k : made)
+      if (later.count(k) || read_at_end.count(k.first)) r.outputs.push_back(k);
+    regions_.push_back(std::move(r));
+    i = end;
+  }
+}
+
+void Executor::run_instruction(const Instruction& in, Values& values, Segments& segments,
+                               const TensorSource* inputs, const ForwardOptions& options) {
+  // A leaf read for the first time (a parameter, this rank's rows of an input, a constant).
+  auto value = [&](int t, const Prop& q, int segment) -> const Tensor& {
+    auto it = values[t].find(prop_key(q));
+    if (it == values[t].end()) {
+      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", q.str(), " value");
+      HAP_ASSERT(inputs != nullptr, "tensor %", t, " (", q.str(),
+                 ") is read inside a recomputed run but is not among its inputs");
+      it = values[t].emplace(prop_key(q), leaf_value(t, q, segment, inputs)).first;
+      segments[t][prop_key(q)] = segment;
+    }
+    return it->second;
+  };
+  if (in.kind == InstrKind::Compute) {
+    const synth::GraphNode& n = graph_.nodes[in.node];
+    NodeContext ctx(*this, n, in, options);
+    std::vector<Tensor> args;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+      const int t = n.inputs[k];
+      if (t < 0) {
+        args.emplace_back();
+        continue;
+      }
+      args.push_back(value(t, ctx.input_prop(k), in.segment));
+    }
+    ops::ScopeGuard scope(n.module, ops::ScopeGuard::kAbsolute);
+    const ops::OpDef& def = ops::op_def(n.kind);
+    std::vector<Tensor> outs =
+        def.local ? def.local(ctx, args, n.attrs) : ops::call(n.kind, args, n.attrs);
+    HAP_ASSERT(outs.size() == n.outputs.size(), "op ", def.name, "'s local run returned ",
+               outs.size(), " outputs, expected ", n.outputs.size());
+    for (size_t o = 0; o < outs.size(); ++o) {
+      values[n.outputs[o]][prop_key(ctx.output_prop(o))] = outs[o];
+      segments[n.outputs[o]][prop_key(ctx.output_prop(o))] = in.segment;
+    }
+    return;
+  }
+  if (!forward_instruction(in)) return;
+  const int t = in.tensor;
+  Tensor x = value(t, in.from, in.segment), y;
+  const CollectiveMethod m = in.method;
+  switch (in.kind) {
+    case InstrKind::AllGather:
+      y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.from_segment), m);
+      break;
+    case InstrKind::ReduceScatter:
+      y = functional::reduce_scatter(comm_, x, in.to.dim, lengths(t, in.to, in.segment), m);
+      break;
+    case InstrKind::AllReduce:
+      y = functional::all_reduce(comm_, x, m);
+      break;
+    case InstrKind::AllToAll:
+      y = functional::all_to_all(comm_, x, in.to.dim, in.from.dim, lengths(t, in.to, in.segment),
+                                 lengths(t, in.from, in.from_segment), m);
+      break;
+    case InstrKind::Slice:
+      y = functional::shard_slice(comm_, x, in.to.dim, lengths(t, in.to, in.segment));
+      break;
+    case InstrKind::ToPartial:
+      y = functional::to_partial(comm_, x);
+      break;
+    case InstrKind::Reshard: {
+      // From one segment's shard lengths to another's: gather, then take the new slice
+      // (differentiable both ways; a point-to-point exchange would move less). The program
+      // priced it with these lengths (synth::recost): it moves exactly when they differ.
+      const std::vector<int64_t> from = lengths(t, in.from, in.from_segment),
+                                 to = lengths(t, in.to, in.segment);
+      y = from == to
+              ? x
+              : functional::shard_slice(
+                    comm_, functional::all_gather(comm_, x, in.from.dim, from, m), in.to.dim, to);
+      break;
+    }
+    default:
+      HAP_ASSERT(false, "unexpected instruction ", synth::instr_name(in.kind));
+  }
+  values[t][prop_key(in.to)] = y;
+  segments[t][prop_key(in.to)] = in.segment;
+}
+
+void Executor::run_recomputed(const Region& r, const TensorSource& inputs,
+                              const ForwardOptions& options) {
+  // Its inputs first (leaves read for the first time included), so that they are the
+  // checkpoint's inputs and get their gradients through it.
+  std::vector<Tensor> args;
+  for (size_t k = 0; k < r.inputs.size(); ++k) {
+    const auto [t, key] = r.inputs[k];
+    auto it = values_[t].find(key);
+    if (it == values_[t].end()) {
+      const Prop q = prop_of_key(key);
+      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", q.str(), " value");
+      it = values_[t].emplace(key, leaf_value(t, q, r.input_segment[k], &inputs)).first;
+      value_segment_[t][key] = r.input_segment[k];
+    }
+    args.push_back(it->second);
+  }
+  // Runs the region on `in` alone; called again by the backward pass (the executor outlives it).
+  auto made = std::make_shared<Segments>();
+  auto run = [this, &r, options, made](const std::vector<Tensor>& in) {
+    Values values(graph_.tensors.size());
+    Segments segments(graph_.tensors.size());
+    for (size_t k = 0; k < in.size(); ++k) values[r.inputs[k].first][r.inputs[k].second] = in[k];
+    for (size_t j = r.first; j < r.end; ++j)
+      run_instruction(program_.instructions[j], values, segments, nullptr, options);
+    std::vector<Tensor> out;
+    for (const auto& [t, key] : r.outputs) out.push_back(values[t].at(key));
+    *made = std::move(segments);
+    return out;
+  };
+  const std::vector<Tensor> outs = autograd::checkpoint(run, args);
+  for (size_t k = 0; k < r.outputs.size(); ++k) {
+    const auto [t, key] = r.outputs[k];
+    values_[t][key] = outs[k];
+    value_segment_[t][key] = (*made)[t].at(key);
+  }
+}
+
 Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
   values_.assign(graph_.tensors.size(), {});
   value_segment_.assign(graph_.tensors.size(), {});
-  for (const Instruction& in : program_.instructions) {
-    if (in.kind == InstrKind::Compute) {
-      const synth::GraphNode& n = graph_.nodes[in.node];
-      NodeContext ctx(*this, n, in, options);
-      std::vector<Tensor> args;
-      for (size_t k = 0; k < n.inputs.size(); ++k) {
-        const int t = n.inputs[k];
-        if (t < 0) {
-          args.emplace_back();
-          continue;
-        }
-        const Prop q = ctx.input_prop(k);
-        auto it = values_[t].find(prop_key(q));
-        if (it == values_[t].end()) {
-          HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", q.str(), " value");
-          it = values_[t].emplace(prop_key(q), leaf_value(t, q, in.segment, &inputs)).first;
-          value_segment_[t][prop_key(q)] = in.segment;
-        }
-        args.push_back(it->second);
-      }
-      ops::ScopeGuard scope(n.module, ops::ScopeGuard::kAbsolute);
-      const ops::OpDef& def = ops::op_def(n.kind);
-      std::vector<Tensor> outs =
-          def.local ? def.local(ctx, args, n.attrs) : ops::call(n.kind, args, n.attrs);
-      HAP_ASSERT(outs.size() == n.outputs.size(), "op ", def.name, "'s local run returned ",
-                 outs.size(), " outputs, expected ", n.outputs.size());
-      for (size_t o = 0; o < outs.size(); ++o) {
-        values_[n.outputs[o]][prop_key(ctx.output_prop(o))] = outs[o];
-        value_segment_[n.outputs[o]][prop_key(ctx.output_prop(o))] = in.segment;
-      }
+  size_t next_region = 0;
+  for (size_t i = 0; i < program_.instructions.size();) {
+    if (next_region < regions_.size() && regions_[next_region].first == i) {
+      run_recomputed(regions_[next_region], inputs, options);
+      i = regions_[next_region++].end;
       continue;
     }
-    // Backward only (backward()), and the optimizer's (update()).
-    if (in.kind == InstrKind::GradAllReduce || in.kind == InstrKind::Update) continue;
-    const int t = in.tensor;
-    auto it = values_[t].find(prop_key(in.from));
-    if (it == values_[t].end()) {
-      HAP_ASSERT(graph_.tensors[t].producer < 0, "tensor %", t, " has no ", in.from.str(),
-                 " value");
-      it = values_[t].emplace(prop_key(in.from), leaf_value(t, in.from, in.segment, &inputs)).first;
-      value_segment_[t][prop_key(in.from)] = in.segment;
-    }
-    Tensor x = it->second, y;
-    const CollectiveMethod m = in.method;
-    switch (in.kind) {
-      case InstrKind::AllGather:
-        y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.from_segment), m);
-        break;
-      case InstrKind::ReduceScatter:
-        y = functional::reduce_scatter(comm_, x, in.to.dim, lengths(t, in.to, in.segment), m);
-        break;
-      case InstrKind::AllReduce:
-        y = functional::all_reduce(comm_, x, m);
-        break;
-      case InstrKind::AllToAll:
-        y = functional::all_to_all(comm_, x, in.to.dim, in.from.dim, lengths(t, in.to, in.segment),
-                                   lengths(t, in.from, in.from_segment), m);
-        break;
-      case InstrKind::Slice:
-        y = functional::shard_slice(comm_, x, in.to.dim, lengths(t, in.to, in.segment));
-        break;
-      case InstrKind::ToPartial:
-        y = functional::to_partial(comm_, x);
-        break;
-      case InstrKind::Reshard: {
-        // From one segment's shard lengths to another's: gather, then take the new slice
-        // (differentiable both ways; a point-to-point exchange would move less). The program
-        // priced it with these lengths (synth::recost): it moves exactly when they differ.
-        const std::vector<int64_t> from = lengths(t, in.from, in.from_segment),
-                                   to = lengths(t, in.to, in.segment);
-        y = from == to
-                ? x
-                : functional::shard_slice(
-                      comm_, functional::all_gather(comm_, x, in.from.dim, from, m), in.to.dim, to);
-        break;
-      }
-      default:
-        HAP_ASSERT(false, "unexpected instruction ", synth::instr_name(in.kind));
-    }
-    values_[t][prop_key(in.to)] = y;
-    value_segment_[t][prop_key(in.to)] = in.segment;
+    run_instruction(program_.instructions[i++], values_, value_segment_, &inputs, options);
   }
   if (options.training) apply_state_updates();
   const auto& lv = values_[graph_.loss];

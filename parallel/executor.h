@@ -107,11 +107,32 @@ class Executor {
   // Where this rank's part of parameter `name` sits in the logical tensor (empty: all of it).
   LogicalSlice slice_of(const std::string& name) const;
 
+  // Runs of recomputed segments' instructions (DistributedProgram::recompute), each run under
+  // autograd::checkpoint.
+  size_t recomputed_runs() const { return regions_.size(); }
   const Communicator& comm() const { return comm_; }
   const synth::ShardLayout& layout() const { return layout_; }
 
  private:
   class NodeContext;
+  // A value of the forward: (graph tensor, prop_key of its property).
+  using Key = std::pair<int, int>;
+  using Values = std::vector<std::map<int, Tensor>>;  // graph tensor -> prop_key -> local value
+  using Segments = std::vector<std::map<int, int>>;   // ... -> segment of its shard lengths
+  // A run of one recomputed segment's forward instructions [first, end) (backward's and the
+  // optimizer's between them skipped): run under autograd::checkpoint, its `inputs` (the values
+  // it reads that come from before it) in, its `outputs` (those read after it) out.
+  struct Region {
+    size_t first = 0, end = 0;
+    std::vector<Key> inputs, outputs;
+    std::vector<int> input_segment;  // the segment reading each input first
+  };
+  std::vector<Key> reads(const synth::Instruction& in) const;
+  std::vector<Key> writes(const synth::Instruction& in) const;
+  void plan_recomputation();
+  void run_instruction(const synth::Instruction& in, Values& values, Segments& segments,
+                       const TensorSource* inputs, const ForwardOptions& options);
+  void run_recomputed(const Region& r, const TensorSource& inputs, const ForwardOptions& options);
   std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
   Tensor gather(const Tensor& local, int tensor) const;
@@ -142,8 +163,9 @@ class Executor {
   std::map<int, Tensor> state_value_;  // graph tensor -> the full buffer
   // Values of the current forward: graph tensor -> property (prop_key) -> local tensor, and the
   // segment whose shard lengths a Sharded value has.
-  std::vector<std::map<int, Tensor>> values_;
-  std::vector<std::map<int, int>> value_segment_;
+  Values values_;
+  Segments value_segment_;
+  std::vector<Region> regions_;  // in program order
 };
 
 }  // namespace hap::parallel

@@ -1,5 +1,6 @@
 #include "synth/program.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace hap::synth {
@@ -53,6 +54,11 @@ uint64_t program_hash(const DistributedProgram& p) {
   for (int s : p.node_segment) h.add(s);
   h.add(p.storage.size());
   for (const Prop& s : p.storage) add_prop(h, s);
+  // Programs that recompute nothing hash as before recomputation was recorded.
+  if (std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end()) {
+    h.add(p.recompute.size());
+    for (bool r : p.recompute) h.add(r ? 1 : 0);
+  }
   // Programs on all devices hash as before devices were recorded.
   if (!p.devices.empty()) {
     h.add(p.devices.size());

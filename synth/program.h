@@ -67,6 +67,9 @@ struct DistributedProgram {
   std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
   std::vector<int> node_segment;            // graph node id -> segment
   std::vector<Prop> storage;                // graph tensor id -> how parameters/inputs are held
+  // Per segment: true where the executor keeps none of the segment's activations for backward
+  // and recomputes them there (autograd::checkpoint); empty: none.
+  std::vector<bool> recompute;
   // The step as the executor runs it (synth::step_time): compute_s + communication_s -
   // hidden_communication_s, the gradient all-reduce time hidden behind the backward pass.
   double predicted_step_s = 0;

@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 
+#include "core/allocator.h"
 #include "core/rng.h"
 #include "exactness.h"
 #include "models/clip.h"
@@ -292,6 +293,87 @@ TEST(Executor, GptParametersMatchAfterTenAdamWStepsWithDropout) {
   for (auto s :
        {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
     check_gpt(s, 0.1, 10);
+}
+
+// Segments recomputed in backward (their activations dropped after the forward, the segment run
+// again under autograd::checkpoint when the backward pass reaches it) give the loss and every
+// gradient bit for bit what the recorded program gives, with dropout on (the same masks drawn
+// again), under every strategy's program (collectives inside the recomputed runs), recomputing
+// every segment or every other one.
+TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.2);
+  nn::GPT ref(cfg);
+  std::vector<int64_t> ids, tg;
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.push_back((i * 5 + 1) % cfg.vocab_size);
+    tg.push_back((i * 3 + 2) % cfg.vocab_size);
+  }
+  const std::map<std::string, Tensor> data = {{"idx", Tensor::from_vector(ids, {B, T})},
+                                              {"targets", Tensor::from_vector(tg, {B, T})}};
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const Device device = testing::test_device();
+  const auto named = ref.named_parameters();
+  for (auto strategy : {synth::Strategy::Hap, synth::Strategy::DpCp, synth::Strategy::Tp}) {
+    SCOPED_TRACE(synth::strategy_name(strategy));
+    synth::SynthesisOptions opt;
+    opt.strategy = strategy;
+    opt.select_devices = false;
+    synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+    const size_t segments = plan.ratios.size();
+    ASSERT_GE(segments, 3u);  // the blocks and the rest
+    std::map<std::string, Tensor> grads[3];
+    double loss[3], held[3];
+    for (int mode = 0; mode < 3; ++mode) {
+      plan.recompute.assign(mode == 0 ? 0 : segments, false);
+      for (size_t s = 0; s < plan.recompute.size(); ++s) plan.recompute[s] = mode == 1 || s % 2;
+      Executor ex(g, plan, testing::device_world());
+      ex.materialize_parameters(
+          [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
+            for (const auto& [n, p] : named)
+              if (n == name) return box(p, local, s).to(device);
+            ADD_FAILURE() << "unknown parameter " << name;
+            return Tensor();
+          });
+      if (mode > 0) {
+        EXPECT_GT(ex.recomputed_runs(), 0u);
+      }
+      ForwardOptions fo;
+      fo.random_offset = 3;
+      const size_t before = cpu_allocator_stats().allocated_bytes;
+      Tensor local = ex.forward(
+          [&](const std::string& name, const Shape& local_shape, const LogicalSlice& s) {
+            return box(data.at(name), local_shape, s).to(device);
+          },
+          fo);
+      held[mode] =
+          static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
+      loss[mode] = ex.global_loss(local);
+      ex.backward(local);
+      for (const auto& [name, p] : named)
+        grads[mode][name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
+    }
+    // What the forward leaves alive for backward (host memory; on GPU ranks, the host's share).
+    if (device.is_cpu()) {
+      EXPECT_LT(held[1], 0.7 * held[0])
+          << "recomputing every segment kept " << held[1]
+          << " bytes after the forward, the recorded program " << held[0];
+      EXPECT_LT(held[2], held[0]);
+    }
+    for (int mode = 1; mode < 3; ++mode) {
+      EXPECT_EQ(loss[mode], loss[0]) << "recompute mode " << mode;
+      for (const auto& [name, p] : named) {
+        const Tensor& a = grads[0][name];
+        const Tensor& b = grads[mode][name];
+        ASSERT_TRUE(b.defined()) << name;
+        ASSERT_EQ(a.shape(), b.shape()) << name;
+        EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(),
+                              static_cast<size_t>(a.numel()) * dtype_size(a.dtype())),
+                  0)
+            << name << ": recomputation (mode " << mode << ") changed the gradient";
+      }
+    }
+  }
 }
 
 // The overlapped gradient all-reduces (started from inside the backward pass, one small bucket at
