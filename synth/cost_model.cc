@@ -250,9 +250,43 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
 
 double CostModel::device_compute_s(int node, int device) const {
   const Device& d = cluster_.devices[device];
-  double s = step_flops_[node] / d.flops_per_s;
-  if (d.memory_bandwidth_bytes_per_s > 0) s += step_bytes_[node] / d.memory_bandwidth_bytes_per_s;
+  const GraphNode& n = graph_.nodes[node];
+  const bool again = recomputed(node);
+  double s = (step_flops_[node] + (again ? n.flops : 0.0)) / d.flops_per_s;
+  if (d.memory_bandwidth_bytes_per_s > 0)
+    s += (step_bytes_[node] + (again ? n.bytes : 0.0)) / d.memory_bandwidth_bytes_per_s;
   return s;
+}
+
+void CostModel::set_recompute(const std::vector<int>& node_segment,
+                              const std::vector<bool>& segments) {
+  recomputed_.assign(graph_.nodes.size(), false);
+  dropped_.assign(graph_.tensors.size(), false);
+  dropped_segment_.assign(graph_.tensors.size(), -1);
+  bool any = false;
+  for (const GraphNode& n : graph_.nodes) {
+    const int s = node_segment[static_cast<size_t>(n.id)];
+    recomputed_[n.id] = s >= 0 && s < static_cast<int>(segments.size()) && segments[s];
+    any = any || recomputed_[n.id];
+  }
+  if (!any) {
+    recomputed_.clear();
+    dropped_.clear();
+    return;
+  }
+  for (const GraphTensor& t : graph_.tensors) {
+    if (t.id == graph_.loss || t.consumers.empty() || !requires_grad_[t.id]) continue;
+    int segment = t.producer >= 0 ? node_segment[t.producer] : -2;
+    if (t.producer >= 0 && !recomputed_[t.producer]) continue;
+    bool inside = true;
+    for (int c : t.consumers) {
+      if (!recomputed_[c] || (segment >= 0 && node_segment[c] != segment)) inside = false;
+      if (segment == -2) segment = node_segment[c];
+    }
+    if (!inside || segment < 0) continue;
+    dropped_[t.id] = true;
+    dropped_segment_[t.id] = segment;
+  }
 }
 
 LinearCost CostModel::update(int tensor, const Prop& stored) const {
@@ -324,8 +358,14 @@ double CostModel::compute_lower_bound_s() const {
 
 double CostModel::backward_fraction(int node) const {
   const GraphNode& n = graph_.nodes[node];
-  if (step_flops_[node] > 0) return 1.0 - n.flops / step_flops_[node];
-  if (step_bytes_[node] > 0) return 1.0 - n.bytes / step_bytes_[node];
+  // Recomputed: the forward again is part of the backward pass, (step + forward) in all.
+  const bool again = recomputed(node);
+  if (step_flops_[node] > 0)
+    return again ? step_flops_[node] / (step_flops_[node] + n.flops)
+                 : 1.0 - n.flops / step_flops_[node];
+  if (step_bytes_[node] > 0)
+    return again ? step_bytes_[node] / (step_bytes_[node] + n.bytes)
+                 : 1.0 - n.bytes / step_bytes_[node];
   return 0.0;
 }
 

@@ -57,12 +57,30 @@ class CostModel {
   bool splits_work(int node, int sig) const;
   // Whether tensor t needs a gradient (it depends on a parameter through differentiable ops).
   bool requires_grad(int tensor) const { return requires_grad_[tensor]; }
+
+  // Activation recomputation (DistributedProgram::recompute): the nodes of the segments marked
+  // run their forward again in backward (their compute costs 1 + the forward's share more, all
+  // of it in the backward pass), and what is read only inside one such segment is not kept for
+  // backward (held only while that segment is recomputed: program_memory() adds the largest).
+  // Collectives re-run inside a recomputed segment are not priced again (an approximation).
+  void set_recompute(const std::vector<int>& node_segment, const std::vector<bool>& segments);
+  bool recomputed(int node) const { return !recomputed_.empty() && recomputed_[node]; }
+  // Whether a copy of tensor t a program makes is kept from the forward to the backward pass: it
+  // needs a gradient and is not read only inside one recomputed segment.
+  bool kept_for_backward(int tensor) const {
+    return requires_grad_[tensor] && (dropped_.empty() || !dropped_[tensor]);
+  }
+  // The recomputed segment whose recomputation holds tensor t again (-1: none).
+  int recomputed_segment(int tensor) const {
+    return dropped_.empty() || !dropped_[tensor] ? -1 : dropped_segment_[tensor];
+  }
   // FLOPs of forward + backward of a node.
   double step_flops(int node) const { return step_flops_[node]; }
   // Bytes read and written by forward + backward of a node.
   double step_bytes(int node) const { return step_bytes_[node]; }
   // The part of a node's forward + backward time that is its backward (by FLOPs, or bytes for
-  // ops without FLOPs; 0 for a node no gradient flows through).
+  // ops without FLOPs; 0 for a node no gradient flows through; a recomputed node's forward run
+  // again in backward counts as backward).
   double backward_fraction(int node) const;
 
   // Compute time as a linear cost in the ratios (what the ratio LP reads).
@@ -121,6 +139,9 @@ class CostModel {
   Link link_;  // bottleneck link over all devices
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
+  std::vector<bool> recomputed_;      // per node (empty: none)
+  std::vector<bool> dropped_;         // per tensor (empty: none)
+  std::vector<int> dropped_segment_;  // per tensor
   std::vector<double> step_flops_;
   std::vector<double> step_bytes_;
   int num_params_ = 0;  // parameter tensors of the graph

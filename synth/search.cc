@@ -44,8 +44,12 @@ struct Live {
 struct State {
   int next = 0;
   double g = 0;
-  std::vector<Live> live;  // sorted by tensor
-  std::vector<double> mem;
+  std::vector<Live> live;   // sorted by tensor
+  std::vector<double> mem;  // per device class: held for backward, with the recomputation peak
+  // Activation recomputation: what the latest recomputed segment holds again while its backward
+  // runs, and the most any has so far (already in mem).
+  std::vector<double> again, again_peak;
+  int again_segment = -1;
   int parent = -1;
   int signature = -1;  // of the step into this state; the path is replayed to rebuild the program
   std::vector<Instruction> instrs;           // added by the step into this state (transient)
@@ -160,6 +164,9 @@ class Expander {
     child.g = parent.g;
     child.live = parent.live;
     child.mem = parent.mem;
+    child.again = parent.again;
+    child.again_peak = parent.again_peak;
+    child.again_segment = parent.again_segment;
     child.instrs.clear();
     child.stored.clear();
 
@@ -238,9 +245,12 @@ class Expander {
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       int t = n.outputs[o];
       Prop p = cm_.output_prop(n.id, sig, o);
-      if (cm_.requires_grad(t))
+      if (cm_.kept_for_backward(t)) {
         for (size_t c = 0; c < child.mem.size(); ++c)
           child.mem[c] += cm_.held_bytes(t, p, r[rep_[c]]);
+      } else {
+        hold_again(child, t, p, r);
+      }
       if (!g_.tensors[t].consumers.empty())
         insert(child.live, {t, bit(p), static_cast<int16_t>(seg)});
     }
@@ -482,7 +492,7 @@ class Expander {
             add[c] += factor * cm_.held_bytes(t, q, r[rep_[c]]);
         }
         for (size_t o = 0; o < n.outputs.size(); ++o)
-          if (cm_.requires_grad(n.outputs[o]))
+          if (cm_.kept_for_backward(n.outputs[o]))
             for (size_t c = 0; c < add.size(); ++c)
               add[c] += cm_.held_bytes(n.outputs[o], cm_.output_prop(n.id, sig, o), r[rep_[c]]);
         for (size_t c = 0; c < add.size(); ++c) least[c] = std::min(least[c], add[c]);
@@ -501,10 +511,10 @@ class Expander {
         const double b = static_cast<double>(g_.tensors[t].bytes());
         if (g_.tensors[t].producer < 0)
           add += (g_.tensors[t].role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0) * b;
-        if (cm_.requires_grad(t)) add += b;
+        if (cm_.kept_for_backward(t)) add += b;
       }
       for (int t : n.outputs)
-        if (cm_.requires_grad(t)) add += static_cast<double>(g_.tensors[t].bytes());
+        if (cm_.kept_for_backward(t)) add += static_cast<double>(g_.tensors[t].bytes());
       mem_suffix_[i] = mem_suffix_[i + 1] + add;
     }
   }
@@ -669,10 +679,37 @@ class Expander {
     }
     L.mask |= bit(q);
     const bool moves = best.kind != InstrKind::Reshard || best.cost_s > 0;  // else the same shard
-    if (moves && cm_.requires_grad(t))
+    if (moves && cm_.kept_for_backward(t)) {
       for (size_t c = 0; c < child.mem.size(); ++c)
         child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
+    } else if (moves) {
+      hold_again(child, t, q, r);
+    }
     return true;
+  }
+
+  // A copy of tensor t that a recomputed segment does not keep: it is held again while that
+  // segment's backward runs. mem carries the largest such segment so far (program_memory's
+  // rule; a segment whose instructions are interleaved with another's counts from where it
+  // resumes).
+  void hold_again(State& child, int t, const Prop& p, const std::vector<double>& r) const {
+    const int s = cm_.recomputed_segment(t);
+    if (s < 0) return;
+    if (child.again.empty()) {
+      child.again.assign(child.mem.size(), 0.0);
+      child.again_peak.assign(child.mem.size(), 0.0);
+    }
+    if (s != child.again_segment) {
+      child.again_segment = s;
+      std::fill(child.again.begin(), child.again.end(), 0.0);
+    }
+    for (size_t c = 0; c < child.mem.size(); ++c) {
+      child.again[c] += cm_.held_bytes(t, p, r[rep_[c]]);
+      if (child.again[c] > child.again_peak[c]) {
+        child.mem[c] += child.again[c] - child.again_peak[c];
+        child.again_peak[c] = child.again[c];
+      }
+    }
   }
 
   static const Live* find_const(const std::vector<Live>& v, int t) {
@@ -952,6 +989,16 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
   auto add = [&](int t, const Prop& p, int seg, double factor) {
     for (int d = 0; d < D; ++d) mem[d] += factor * cm.held_bytes(t, p, ratios[seg][d]);
   };
+  // What a recomputed segment holds again while its backward runs (the largest is added).
+  std::map<int, std::vector<double>> again;
+  auto held = [&](int t, const Prop& p, int seg) {
+    if (cm.kept_for_backward(t)) {
+      add(t, p, seg, 1.0);
+    } else if (const int s = cm.recomputed_segment(t); s >= 0) {
+      std::vector<double>& a = again.try_emplace(s, std::vector<double>(D, 0.0)).first->second;
+      for (int d = 0; d < D; ++d) a[d] += cm.held_bytes(t, p, ratios[seg][d]);
+    }
+  };
   std::vector<bool> seen(g.tensors.size(), false);
   for (const Instruction& in : instrs) {
     if (in.kind == InstrKind::Compute) {
@@ -963,14 +1010,16 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
             g.tensors[t].role == TensorRole::Parameter ? cm.param_state_factor() : 1.0);
       }
       for (size_t o = 0; o < n.outputs.size(); ++o)
-        if (cm.requires_grad(n.outputs[o]))
-          add(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment, 1.0);
+        held(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
-               !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves) &&
-               cm.requires_grad(in.tensor)) {
-      add(in.tensor, in.to, in.segment, 1.0);
+               !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves)) {
+      held(in.tensor, in.to, in.segment);
     }
   }
+  std::vector<double> largest(D, 0.0);
+  for (const auto& [s, a] : again)
+    for (int d = 0; d < D; ++d) largest[d] = std::max(largest[d], a[d]);
+  for (int d = 0; d < D; ++d) mem[d] += largest[d];
   return mem;
 }
 

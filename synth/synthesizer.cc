@@ -429,15 +429,24 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
 
 namespace {
 
-// synthesize() on every device of `cluster`.
-DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
-                                 const SynthesisOptions& options) {
+// synthesize() on every device of `cluster`, recomputing every segment or none
+// (options.recompute All or Off).
+DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
+                           const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
   CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
   int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
+  std::vector<bool> recompute;
+  if (options.recompute == Recompute::All) {
+    recompute = options.recompute_segments;
+    if (recompute.empty()) recompute.assign(static_cast<size_t>(nseg), true);
+    HAP_CHECK(static_cast<int>(recompute.size()) == nseg, "recompute_segments: ", recompute.size(),
+              " flags for ", nseg, " segments");
+  }
+  cm.set_recompute(seg, recompute);
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
   // The rounds that steer the ratios skip the memory-aware pass (unless nothing is found
   // without it); the final program gets it once, below.
@@ -672,8 +681,10 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
       states += res.states_expanded;
       if (leaner) {
         std::vector<Instruction> instrs = res.instructions;
-        const double cost = recost(cm, instrs, ratios);
-        step.cost_s = cost;
+        const double cost = priced(limits, instrs, res.storage, ratios);
+        step.cost_s = std::isfinite(cost) ? cost : -1;
+        if (!std::isfinite(cost)) step.outcome = "out of memory once rounded";
+        recost(cm, instrs, ratios);
         if (cost < best.predicted_step_s * (1 - 1e-12)) {
           best.instructions = std::move(instrs);
           best.ratios = ratios;
@@ -695,7 +706,8 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     // where that program does not fit does it search under the limits.
     Cluster roomy = cluster;
     for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
-    const CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
+    CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
+    free_cm.set_recompute(seg, recompute);
     DistributedProgram free = search_rounds(free_cm, "", nullptr);
     if (std::isfinite(free.predicted_step_s) &&
         fits(free.instructions, free.storage, free.ratios)) {
@@ -782,9 +794,12 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
   }
   if (!std::isfinite(best.predicted_step_s) && over_budget) throw SearchBudgetError(budget_error);
   HAP_CHECK(std::isfinite(best.predicted_step_s),
-            last_error.empty() ? "synthesis found no program" : last_error);
+            last_error.empty() ? "no program fits in memory: every program found runs out once its "
+                                 "shards are whole rows"
+                               : last_error);
 
   best.strategy = strategy_name(options.strategy);
+  best.recompute = recompute;
   best.node_segment = seg;
   best.search_iterations = rounds;
   best.states_expanded = states;
@@ -860,6 +875,98 @@ std::string left_out_list(const Cluster& cluster, const std::vector<int>& kept) 
 
 }  // namespace
 
+namespace {
+
+// The segments in the order recomputing them pays most: the activation bytes they stop keeping
+// (whole tensors) per FLOP their forward runs again.
+std::vector<int> recompute_order(const Graph& graph, const Cluster& cluster,
+                                 const SynthesisOptions& options) {
+  int nseg = 1;
+  const std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
+  CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
+  cm.set_recompute(seg, std::vector<bool>(static_cast<size_t>(nseg), true));
+  std::vector<double> bytes(static_cast<size_t>(nseg), 0.0), flops(static_cast<size_t>(nseg), 0.0);
+  for (const GraphTensor& t : graph.tensors)
+    if (const int s = cm.recomputed_segment(t.id); s >= 0 && cm.requires_grad(t.id))
+      bytes[static_cast<size_t>(s)] += static_cast<double>(t.bytes());
+  for (const GraphNode& n : graph.nodes) flops[static_cast<size_t>(seg[n.id])] += n.flops;
+  std::vector<int> order(static_cast<size_t>(nseg));
+  for (int s = 0; s < nseg; ++s) order[static_cast<size_t>(s)] = s;
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return bytes[a] / std::max(flops[a], 1.0) > bytes[b] / std::max(flops[b], 1.0);
+  });
+  return order;
+}
+
+// plan_on, deciding recomputation: Auto recomputes only where no program fits in memory without
+// it: the first k segments (in recompute_order), k bisected from all down to the fewest that
+// fit, the fastest of those plans (the report's first step says how many); Off where a program
+// would fit only with it is an OptionsError.
+DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
+                                 const SynthesisOptions& options) {
+  if (options.recompute == Recompute::All) return plan_on(graph, cluster, options);
+  SynthesisOptions without = options;
+  without.recompute = Recompute::Off;
+  try {
+    return plan_on(graph, cluster, without);
+  } catch (const SearchBudgetError&) {
+    throw;
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int> order = recompute_order(graph, cluster, options);
+    const int nseg = static_cast<int>(order.size());
+    auto first = [&](int k) {
+      SynthesisOptions o = options;
+      o.recompute = Recompute::All;
+      o.recompute_segments.assign(static_cast<size_t>(nseg), false);
+      for (int i = 0; i < k; ++i) o.recompute_segments[static_cast<size_t>(order[i])] = true;
+      return plan_on(graph, cluster, o);
+    };
+    DistributedProgram p;
+    try {
+      p = first(nseg);
+    } catch (const Error&) {
+      throw e;
+    }
+    if (options.recompute == Recompute::Off)
+      throw OptionsError(std::string(e.what()) +
+                         "; it fits with activation recomputation (predicted " +
+                         std::to_string(p.predicted_step_s) +
+                         " s per step), which parallel.recompute: off forbids (set it to auto)");
+    // Fewer segments recomputed run less again but leave less memory to balance the work with:
+    // bisect for the fewest that fit (lo does not, hi does) and keep the fastest plan that fit.
+    int lo = 0, hi = nseg, tries = 1, fitted = 1;
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      ++tries;
+      try {
+        DistributedProgram q = first(mid);
+        hi = mid;
+        ++fitted;
+        if (q.predicted_step_s < p.predicted_step_s) p = std::move(q);
+      } catch (const SearchBudgetError&) {
+        throw;
+      } catch (const Error& inner) {
+        if (no_program_reason(inner) != "out of memory") throw;
+        lo = mid;
+      }
+    }
+    SynthesisStep step;
+    step.what = "no program fits without recomputing activations: " +
+                std::to_string(std::count(p.recompute.begin(), p.recompute.end(), true)) + " of " +
+                std::to_string(nseg) + " segments recompute (the fastest of " +
+                std::to_string(fitted) + " plans that fit, " + std::to_string(tries) + " tried; " +
+                std::to_string(hi) + " the fewest that fit)";
+    step.cost_s = p.predicted_step_s;
+    step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.steps.insert(p.steps.begin(), step);
+    return p;
+  }
+}
+
+}  // namespace
+
 DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                               const SynthesisOptions& options) {
   const auto t0 = std::chrono::steady_clock::now();
@@ -887,9 +994,13 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   };
   // Each subset is judged by its dp-cp program (fast to find); the most promising one, if its
   // dp-cp already beats hap on all devices, is planned with hap too.
+  // Subsets recompute as the program on all devices does (fewer devices hold no less each).
+  const bool recomputes =
+      std::find(best.recompute.begin(), best.recompute.end(), true) != best.recompute.end();
   SynthesisOptions proxy = options;
   proxy.strategy = Strategy::DpCp;
   proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
+  proxy.recompute = recomputes ? Recompute::All : Recompute::Off;
   double best_proxy = std::numeric_limits<double>::infinity();
   std::vector<int> chosen;
   for (const std::vector<int>& subset : fastest_subsets(cluster)) {
@@ -917,6 +1028,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     step.what = "devices: the " + std::to_string(chosen.size()) + " fastest, by hap";
     SynthesisOptions o = options;
     o.select_devices = false;
+    o.recompute = proxy.recompute;
     try {
       DistributedProgram p = synthesize_on(graph, cluster.subset(chosen), o);
       step.states = p.states_expanded;

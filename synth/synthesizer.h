@@ -25,6 +25,19 @@ bool has_expert_weights(const Graph& graph);
 // numbered module ("blocks.3", "layers.7") plus segment 0 for everything else.
 enum class SegmentMode { PerBlock, Single };
 
+// Activation recomputation (DistributedProgram::recompute). Auto: only where no program fits in
+// memory without it, on as many segments as the fastest plan that fits needs (those that keep
+// the most bytes per FLOP they would run again first; counts bisected from all down to the
+// fewest that fit); Off: never (where only recomputation would fit, the error says so); All:
+// every segment (or those SynthesisOptions::recompute_segments marks).
+enum class Recompute { Auto, Off, All };
+
+// The options ask for what cannot be: recomputation off for a model that fits only with it.
+class OptionsError : public Error {
+ public:
+  using Error::Error;
+};
+
 struct SynthesisOptions {
   Strategy strategy = Strategy::Hap;
   SegmentMode segments = SegmentMode::PerBlock;
@@ -44,6 +57,8 @@ struct SynthesisOptions {
   // for k a power of two, and whole device classes), each judged first by its dp-cp program, and
   // leave the others out where that is predicted faster (DistributedProgram::devices).
   bool select_devices = true;
+  Recompute recompute = Recompute::Auto;
+  std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)
 };
 
 // Segment of every node and the number of segments.

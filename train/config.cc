@@ -39,9 +39,10 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 8> kParallelKeys = {
+constexpr std::array<std::string_view, 9> kParallelKeys = {
     "strategy", "segments",          "search_budget", "collective_timeout_s",
-    "backend",  "overlap_grad_comm", "devices",       "select_devices"};
+    "backend",  "overlap_grad_comm", "devices",       "select_devices",
+    "recompute"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -78,6 +79,10 @@ constexpr std::array<Choice<synth::Strategy>, 5> kStrategies = {{{"hap", synth::
                                                                  {"dp-ep", synth::Strategy::DpEp}}};
 constexpr std::array<Choice<synth::SegmentMode>, 2> kSegmentModes = {
     {{"per-block", synth::SegmentMode::PerBlock}, {"single", synth::SegmentMode::Single}}};
+constexpr std::array<Choice<synth::Recompute>, 3> kRecomputeModes = {
+    {{"auto", synth::Recompute::Auto},
+     {"off", synth::Recompute::Off},
+     {"all", synth::Recompute::All}}};
 constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {
     {{"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
@@ -334,6 +339,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.overlap_grad_comm = s.boolean("overlap_grad_comm", p.overlap_grad_comm);
   p.devices = s.string("devices", p.devices, /*allow_empty=*/true);
   p.select_devices = s.boolean("select_devices", p.select_devices);
+  p.recompute = s.choice("recompute", kRecomputeModes, p.recompute);
   s.finish();
   return p;
 }
@@ -474,7 +480,8 @@ nlohmann::json to_json(const RunConfig& config) {
         {"backend", std::string(to_string(config.parallel.backend))},
         {"overlap_grad_comm", config.parallel.overlap_grad_comm},
         {"devices", config.parallel.devices},
-        {"select_devices", config.parallel.select_devices}}},
+        {"select_devices", config.parallel.select_devices},
+        {"recompute", std::string(name_of(kRecomputeModes, config.parallel.recompute))}}},
   };
 }
 
@@ -487,6 +494,7 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.max_states = p.search_budget;
   o.overlap_grad_comm = p.overlap_grad_comm;
   o.select_devices = p.select_devices;
+  o.recompute = p.recompute;
   return o;
 }
 
@@ -551,6 +559,9 @@ int report_current_exception(const char* prog) {
   try {
     throw;
   } catch (const ConfigError& e) {
+    std::fprintf(stderr, "%s: config error: %s\n", prog, cut_message(e.what(), kLimit).c_str());
+    return 2;
+  } catch (const synth::OptionsError& e) {
     std::fprintf(stderr, "%s: config error: %s\n", prog, cut_message(e.what(), kLimit).c_str());
     return 2;
   } catch (const hap::Error& e) {

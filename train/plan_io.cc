@@ -105,6 +105,11 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
               {"device_compute_s", p.device_compute_s},
               {"device_memory_bytes", p.device_memory_bytes},
               {"synthesis_s", p.synthesis_s}};
+  if (std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end()) {
+    json r = json::array();
+    for (bool b : p.recompute) r.push_back(b);
+    out["recompute"] = r;
+  }
   if (!p.devices.empty()) {
     // The cost model is the subset's: its devices, in rank order, are the program's.
     json names = json::array();
@@ -366,14 +371,29 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
       }
       p.instructions.push_back(in);
     }
+    if (j.contains("recompute")) {
+      const auto& r = j.at("recompute");
+      if (!r.is_array() || r.size() != p.ratios.size())
+        throw ConfigError(path + ": recompute: expected " + std::to_string(p.ratios.size()) +
+                          " booleans, one per segment");
+      for (size_t s = 0; s < r.size(); ++s) {
+        if (!r[s].is_boolean())
+          throw ConfigError(path + ": recompute[" + std::to_string(s) +
+                            "]: expected true or false");
+        p.recompute.push_back(r[s].get<bool>());
+      }
+    }
     check_program(cm, p, path);
-    p.predicted_step_s = synth::recost(cm, p.instructions, p.ratios);
-    p.device_memory_bytes = synth::program_memory(cm, p.instructions, p.storage, p.ratios);
+    // Priced as it runs: with the segments it recomputes.
+    synth::CostModel priced = cm;
+    priced.set_recompute(p.node_segment, p.recompute);
+    p.predicted_step_s = synth::recost(priced, p.instructions, p.ratios);
+    p.device_memory_bytes = synth::program_memory(priced, p.instructions, p.storage, p.ratios);
     p.device_compute_s.assign(cm.num_devices(), 0.0);
     for (const synth::Instruction& x : p.instructions)
       (x.kind == InstrKind::Compute || x.kind == InstrKind::Update ? p.compute_s
                                                                    : p.communication_s) += x.cost_s;
-    p.hidden_communication_s = synth::step_time(cm, p.instructions).hidden_s;
+    p.hidden_communication_s = synth::step_time(priced, p.instructions).hidden_s;
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(path + ": malformed plan (" + e.what() + ")");

@@ -116,6 +116,9 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
      << c.num_nodes() << " nodes); " << g.nodes.size() << " ops, " << g.parameter_count()
      << " parameters\n";
   if (!p.devices.empty()) os << "devices: " << p.devices_note << "\n";
+  if (const auto n = std::count(p.recompute.begin(), p.recompute.end(), true); n > 0)
+    os << "recomputation: " << n << " of " << p.recompute.size()
+       << " segments keep no activations for backward and run their forward again there\n";
 
   // A segment's work comes in whole rows (granules): where the ratios round to other shares of
   // its largest split computation, say what each device really gets.

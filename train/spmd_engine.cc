@@ -58,6 +58,7 @@ class SpmdEngine : public Engine {
         plan_.devices_note =
             "runs on the " + std::to_string(devices.size()) + " devices the plan file names";
     }
+    cost_->set_recompute(plan_.node_segment, plan_.recompute);
     // Every rank planned from the same inputs; a difference (non-deterministic planning, another
     // file on another node) would deadlock or corrupt the collectives: stop every rank instead.
     const uint64_t hash = synth::program_hash(plan_);

@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 
+#include "models/gpt.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "synth/synthesizer.h"
@@ -872,6 +873,61 @@ TEST(Cluster, ASubsetKeepsItsDevicesNodesAndLinks) {
   EXPECT_THROW(c.subset({}), Error);
   EXPECT_THROW(c.subset({3, 3}), Error);
   EXPECT_THROW(c.subset({-1}), Error);
+}
+
+// Activation recomputation: on one device whose memory holds the parameters but not every
+// activation, only a recomputing program fits: recompute auto finds one (the fewest segments
+// that fit: no slower than recomputing all of them, slower than recomputing none by the forward
+// run again, within the device's memory), off is an OptionsError naming parallel.recompute, and
+// with plenty of memory auto recomputes nothing.
+TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
+  // Activations dominate: a narrow GPT of four blocks (a segment each) on long sequences.
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 50;
+  cfg.block_size = 128;
+  cfg.n_layer = 4;
+  cfg.n_head = 2;
+  cfg.n_embd = 16;
+  std::shared_ptr<nn::GPT> gpt;
+  {
+    MetaGuard meta;
+    gpt = std::make_shared<nn::GPT>(cfg);
+  }
+  Tensor idx = Tensor::meta({8, 128}, DType::I64), targets = Tensor::meta({8, 128}, DType::I64);
+  const Graph g = trace([&] { return gpt->loss(idx, targets); }, gpt->named_parameters(),
+                        {{"idx", idx}, {"targets", targets}});
+  Cluster c = make_cluster(1, 3);
+  SynthesisOptions off;
+  off.recompute = Recompute::Off;
+  const DistributedProgram plain = synthesize(g, c, off);
+  EXPECT_TRUE(plain.recompute.empty() ||
+              std::count(plain.recompute.begin(), plain.recompute.end(), true) == 0);
+  const DistributedProgram roomy_auto = synthesize(g, c, {});
+  EXPECT_EQ(std::count(roomy_auto.recompute.begin(), roomy_auto.recompute.end(), true), 0);
+  SynthesisOptions all;
+  all.recompute = Recompute::All;
+  const DistributedProgram again = synthesize(g, c, all);
+  ASSERT_FALSE(again.recompute.empty());
+  EXPECT_GT(again.predicted_step_s, plain.predicted_step_s);
+  ASSERT_LT(again.device_memory_bytes[0], plain.device_memory_bytes[0]);
+  // Between the two: only the recomputing program fits.
+  c.devices[0].memory_bytes =
+      static_cast<int64_t>(0.5 * (again.device_memory_bytes[0] + plain.device_memory_bytes[0]));
+  const DistributedProgram fitted = synthesize(g, c, {});
+  const auto recomputed = std::count(fitted.recompute.begin(), fitted.recompute.end(), true);
+  EXPECT_GE(recomputed, 1);
+  EXPECT_LE(recomputed, static_cast<long>(again.recompute.size()));
+  EXPECT_LE(fitted.predicted_step_s, again.predicted_step_s * (1 + 1e-9));
+  EXPECT_GT(fitted.predicted_step_s, plain.predicted_step_s);
+  EXPECT_LE(fitted.device_memory_bytes[0], static_cast<double>(c.devices[0].memory_bytes));
+  ASSERT_FALSE(fitted.steps.empty());
+  EXPECT_NE(fitted.steps[0].what.find("recomput"), std::string::npos) << fitted.steps[0].what;
+  try {
+    synthesize(g, c, off);
+    FAIL() << "recompute off with a model that fits only with it";
+  } catch (const OptionsError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.recompute"), std::string::npos) << e.what();
+  }
 }
 
 // Where a batch has few rows, whole-row rounding decides the step time more than the ratios do:

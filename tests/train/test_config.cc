@@ -599,6 +599,20 @@ TEST(ParallelSection, OverlapOfGradientAllReducesIsOnByDefaultAndReachesTheSynth
   EXPECT_NE(m.find("parallel.overlap_grad_comm"), std::string::npos) << m;
 }
 
+// parallel.recompute: auto by default, off and all reach the synthesizer, anything else is a
+// ConfigError naming the key.
+TEST(ParallelSection, RecomputationIsAutoByDefaultAndReachesTheSynthesizer) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  EXPECT_EQ(load_run_config(path, {}).parallel.recompute, synth::Recompute::Auto);
+  EXPECT_EQ(synthesis_options(load_run_config(path, {"parallel.recompute=all"})).recompute,
+            synth::Recompute::All);
+  const RunConfig off = load_run_config(path, {"parallel.recompute=off"});
+  EXPECT_EQ(synthesis_options(off).recompute, synth::Recompute::Off);
+  EXPECT_EQ(to_json(off)["parallel"]["recompute"], "off");
+  const std::string m = load_error(path, {"parallel.recompute=sometimes"});
+  EXPECT_NE(m.find("parallel.recompute"), std::string::npos) << m;
+}
+
 // parallel.devices pins the devices by name (any order, spaces around names allowed); a name the
 // cluster lacks, a name given twice or a list with no name is a ConfigError naming the key.
 TEST(ParallelSection, PinnedDevicesAreNamesOfTheClustersDevices) {

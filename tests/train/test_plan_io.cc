@@ -78,6 +78,39 @@ TEST(PlanFile, EveryStrategysPlanLoadsAsTheSameProgram) {
   fs::remove(plan_path());
 }
 
+// A program that recomputes its segments says so in its file and loads as the same program,
+// priced and sized as it runs (more time, less memory); a recompute list of the wrong length is
+// refused.
+TEST(PlanFile, RecomputationIsWrittenAndReadBack) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  synth::SynthesisOptions o = on_all_devices();
+  const synth::DistributedProgram plain = synth::synthesize(s.graph, s.cluster, o);
+  o.recompute = synth::Recompute::All;
+  const synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
+  ASSERT_FALSE(p.recompute.empty());
+  EXPECT_NE(synth::program_hash(p), synth::program_hash(plain));
+  save_plan(plan_path().string(), cm, p);
+  const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
+  EXPECT_EQ(back.recompute, p.recompute);
+  EXPECT_EQ(synth::program_hash(back), synth::program_hash(p));
+  EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+  for (size_t d = 0; d < p.device_memory_bytes.size(); ++d)
+    EXPECT_NEAR(back.device_memory_bytes[d], p.device_memory_bytes[d], 1.0);
+  json j = plan_to_json(cm, p);
+  j["recompute"] = json::array({true});
+  j["ratios"] = plan_to_json(cm, p)["ratios"];
+  if (p.recompute.size() != 1) {
+    const std::string m = load_error(cm, j);
+    EXPECT_NE(m.find("recompute"), std::string::npos) << m;
+  }
+  j["recompute"] = json::array();
+  for (size_t i = 0; i < p.recompute.size(); ++i) j["recompute"].push_back(1);
+  const std::string m = load_error(cm, j);
+  EXPECT_NE(m.find("recompute[0]"), std::string::npos) << m;
+  fs::remove(plan_path());
+}
+
 // A program on some of the devices is written with its devices' names and the fingerprint of
 // that subset; plan_devices finds them in the whole cluster and the file loads as the same
 // program under the subset's cost model. A name the cluster lacks is refused; a cost model of
