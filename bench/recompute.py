@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """Activation recomputation, measured: memory and step time with parallel.recompute off and all.
 
-Trains the main job's model (configs/gpt.yaml) with hap on 2 CPU ranks (mpirun, one core each),
-recomputing no segment and every segment, in interleaved rounds so that a slow spell of the
-machine falls on both alike. Reports per setting the median step time (after warm-up steps) and
+Trains the main job's model (configs/gpt.yaml) with hap on 2 CPU ranks planned as
+configs/clusters/two-devices.yaml (mpirun, one core each), recomputing no segment and every one,
+in interleaved rounds so that a slow spell of the machine falls on both alike. Reports per setting the median step time (after warm-up steps) and
 each rank's peak resident memory (getrusage, through /usr/bin/time), with the final losses (they
 must be equal: recomputation changes no number), and hap-plan's predicted memory and step time
-for the same plans.
+for the same plans (on that cluster's figures, not this machine's).
 
 Writes bench/results/recompute.json.
 
@@ -27,21 +27,23 @@ SETTINGS = ["off", "all"]
 def train(build, recompute, steps, batch):
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "--bind-to", "core",
            "/usr/bin/time", "-f", "maxrss_kb %M", os.path.join(build, "hap-train"), "--config",
-           "configs/gpt.yaml", "--set", f"parallel.recompute={recompute}", "--set",
-           f"train.steps={steps}", "--set", "train.log_every=1", "--set", "train.eval_every=0",
+           "configs/gpt.yaml", "--cluster", "configs/clusters/two-devices.yaml", "--set",
+           f"parallel.recompute={recompute}", "--set", "parallel.select_devices=false", "--set",
+           f"train.steps={steps}", "--set", "train.log_every=1", "--set", "train.eval_every=1000",
            "--set", f"train.batch_size={batch}", "--set", "train.log_file="]
     r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         sys.exit(f"hap-train (recompute {recompute}) failed:\n{r.stdout[-3000:]}")
     ms = [float(m) for m in re.findall(r"\|\s+([0-9.]+) ms/step", r.stdout)]
     rss = [int(m) for m in re.findall(r"maxrss_kb (\d+)", r.stdout)]
-    loss = re.findall(r"done: \d+ steps, loss [0-9.]+ -> ([0-9.]+)", r.stdout)
+    loss = re.findall(r"done(?: on \d+ ranks)?: \d+ steps, loss [0-9.]+ -> ([0-9.]+)", r.stdout)
     return ms, rss, loss
 
 
 def predicted(build, recompute, batch):
     cmd = [os.path.join(build, "hap-plan"), "--config", "configs/gpt.yaml", "--set",
-           f"parallel.recompute={recompute}", "--set", f"train.batch_size={batch}", "--cluster",
+           f"parallel.recompute={recompute}", "--set", "parallel.select_devices=false", "--set",
+           f"train.batch_size={batch}", "--cluster",
            "configs/clusters/two-devices.yaml"]
     r = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     step = re.search(r"predicted step time: ([0-9.]+) (m?s|us)", r.stdout)
