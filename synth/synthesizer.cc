@@ -429,8 +429,8 @@ SearchSpace space_for(Strategy s, int64_t max_states, bool dominance_pruning) {
 
 namespace {
 
-// synthesize() on every device of `cluster`, recomputing every segment or none
-// (options.recompute All or Off).
+// synthesize() on every device of `cluster`, recomputing none of the segments (options.recompute
+// Off) or those options.recompute_segments marks (All; empty: every one).
 DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
                            const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();

@@ -295,6 +295,38 @@ TEST(Executor, GptParametersMatchAfterTenAdamWStepsWithDropout) {
     check_gpt(s, 0.1, 10);
 }
 
+// A [B, T] batch of ids and targets for a tiny GPT (the one the comparisons below run).
+std::map<std::string, Tensor> tiny_batch(const nn::GPTConfig& cfg, int64_t B, int64_t T) {
+  std::vector<int64_t> ids, tg;
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.push_back((i * 5 + 1) % cfg.vocab_size);
+    tg.push_back((i * 3 + 2) % cfg.vocab_size);
+  }
+  return {{"idx", Tensor::from_vector(ids, {B, T})}, {"targets", Tensor::from_vector(tg, {B, T})}};
+}
+
+// The executor's parameters: this rank's shards of the reference model's, on `device`.
+void load_reference(Executor& ex, const std::vector<std::pair<std::string, Tensor>>& named,
+                    const Device& device) {
+  ex.materialize_parameters(
+      [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
+        for (const auto& [n, p] : named)
+          if (n == name) return box(p, local, s).to(device);
+        ADD_FAILURE() << "unknown parameter " << name;
+        return Tensor();
+      });
+}
+
+// The local loss of a forward on this rank's rows of `data`.
+Tensor forward_on(Executor& ex, const std::map<std::string, Tensor>& data, const Device& device,
+                  const ForwardOptions& options = {}) {
+  return ex.forward(
+      [&](const std::string& name, const Shape& local_shape, const LogicalSlice& s) {
+        return box(data.at(name), local_shape, s).to(device);
+      },
+      options);
+}
+
 // Segments recomputed in backward (their activations dropped after the forward, the segment run
 // again under autograd::checkpoint when the backward pass reaches it) give the loss and every
 // gradient bit for bit what the recorded program gives, with dropout on (the same masks drawn
@@ -304,13 +336,7 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
   const int64_t B = 7, T = 6;
   const nn::GPTConfig cfg = tiny_gpt(0.2);
   nn::GPT ref(cfg);
-  std::vector<int64_t> ids, tg;
-  for (int64_t i = 0; i < B * T; ++i) {
-    ids.push_back((i * 5 + 1) % cfg.vocab_size);
-    tg.push_back((i * 3 + 2) % cfg.vocab_size);
-  }
-  const std::map<std::string, Tensor> data = {{"idx", Tensor::from_vector(ids, {B, T})},
-                                              {"targets", Tensor::from_vector(tg, {B, T})}};
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
   const synth::Graph g = gpt_graph(cfg, B, T);
   const Device device = testing::test_device();
   const auto named = ref.named_parameters();
@@ -328,24 +354,14 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
       plan.recompute.assign(mode == 0 ? 0 : segments, false);
       for (size_t s = 0; s < plan.recompute.size(); ++s) plan.recompute[s] = mode == 1 || s % 2;
       Executor ex(g, plan, testing::device_world());
-      ex.materialize_parameters(
-          [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
-            for (const auto& [n, p] : named)
-              if (n == name) return box(p, local, s).to(device);
-            ADD_FAILURE() << "unknown parameter " << name;
-            return Tensor();
-          });
+      load_reference(ex, named, device);
       if (mode > 0) {
         EXPECT_GT(ex.recomputed_runs(), 0u);
       }
       ForwardOptions fo;
       fo.random_offset = 3;
       const size_t before = cpu_allocator_stats().allocated_bytes;
-      Tensor local = ex.forward(
-          [&](const std::string& name, const Shape& local_shape, const LogicalSlice& s) {
-            return box(data.at(name), local_shape, s).to(device);
-          },
-          fo);
+      Tensor local = forward_on(ex, data, device, fo);
       held[mode] =
           static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
       loss[mode] = ex.global_loss(local);
@@ -385,13 +401,7 @@ TEST(Executor, OverlappedGradientAllReducesEqualTheBlockingOnesBitForBit) {
   const int64_t B = 7, T = 6;
   const nn::GPTConfig cfg = tiny_gpt(0.0);
   nn::GPT ref(cfg);
-  std::vector<int64_t> ids, tg;
-  for (int64_t i = 0; i < B * T; ++i) {
-    ids.push_back((i * 5 + 1) % cfg.vocab_size);
-    tg.push_back((i * 3 + 2) % cfg.vocab_size);
-  }
-  const std::map<std::string, Tensor> data = {{"idx", Tensor::from_vector(ids, {B, T})},
-                                              {"targets", Tensor::from_vector(tg, {B, T})}};
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
   const synth::Graph g = gpt_graph(cfg, B, T);
   const Device device = testing::test_device();
   const auto named = ref.named_parameters();
@@ -409,17 +419,8 @@ TEST(Executor, OverlappedGradientAllReducesEqualTheBlockingOnesBitForBit) {
       eo.overlap_grad_comm = overlap == 1;
       eo.bucket_bytes = 256;  // a bucket or two per parameter: many all-reduces in flight in turn
       Executor ex(g, plan, testing::device_world(), eo);
-      ex.materialize_parameters(
-          [&](const std::string& name, const Shape& local, const LogicalSlice& s) {
-            for (const auto& [n, p] : named)
-              if (n == name) return box(p, local, s).to(device);
-            ADD_FAILURE() << "unknown parameter " << name;
-            return Tensor();
-          });
-      Tensor local =
-          ex.forward([&](const std::string& name, const Shape& local_shape, const LogicalSlice& s) {
-            return box(data.at(name), local_shape, s).to(device);
-          });
+      load_reference(ex, named, device);
+      Tensor local = forward_on(ex, data, device);
       ex.backward(local);
       for (const auto& [name, p] : named)
         grads[overlap][name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
