@@ -304,5 +304,64 @@ TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
   }
 }
 
+// Recomputation, worked by hand on x -> matmul(w1) -> h -> matmul(w2) -> y -> mean, the two
+// products in segments 0 and 1: recomputing segment 1 runs its product's forward once more,
+// in the backward pass (FLOPs 2 + 4 of a step of 6 -> backward 6 of 8), keeps for backward
+// neither y (read only by mean, in segment 1) nor anything else of segment 1, but still h (made
+// in segment 0, which is not recomputed), and holds y again while segment 1's backward runs.
+TEST(CostModel, RecomputationPricesTheForwardAgainAndKeepsOnlyWhatLeavesTheSegment) {
+  Tensor x = Tensor::meta({4, 8}, DType::F32);
+  Tensor w1 = Tensor::meta({8, 16}, DType::F32), w2 = Tensor::meta({16, 8}, DType::F32);
+  const Graph g =
+      trace([&] { return mean(matmul(matmul(x, w1), w2)); }, {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  const Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  int mm[2] = {-1, -1}, mean_node = -1;
+  for (const GraphNode& n : g.nodes) {
+    if (n.kind == ops::OpKind::MatMul) (mm[0] < 0 ? mm[0] : mm[1]) = n.id;
+    if (n.kind == ops::OpKind::Mean) mean_node = n.id;
+  }
+  ASSERT_GE(mm[1], 0);
+  ASSERT_GE(mean_node, 0);
+  std::vector<int> segment(g.nodes.size(), 0);
+  segment[mm[1]] = segment[mean_node] = 1;
+  const int h = g.nodes[mm[0]].outputs[0], y = g.nodes[mm[1]].outputs[0];
+  CostModel cm(g, c);
+  const double plain = cm.device_compute_s(mm[1], 0), fraction = cm.backward_fraction(mm[1]);
+  ASSERT_NEAR(fraction, 2.0 / 3, 1e-12);  // h and w2 both need gradients
+  ASSERT_TRUE(cm.kept_for_backward(h) && cm.kept_for_backward(y));
+  cm.set_recompute(segment, {false, true});
+  EXPECT_TRUE(cm.recomputed(mm[1]));
+  EXPECT_FALSE(cm.recomputed(mm[0]));
+  EXPECT_NEAR(cm.device_compute_s(mm[1], 0), plain * 4.0 / 3, 1e-15);
+  EXPECT_NEAR(cm.backward_fraction(mm[1]), 3.0 / 4, 1e-12);
+  EXPECT_NEAR(cm.backward_fraction(mm[0]), 1.0 / 2, 1e-12);  // as before
+  EXPECT_TRUE(cm.kept_for_backward(h));
+  EXPECT_FALSE(cm.kept_for_backward(y));
+  EXPECT_EQ(cm.recomputed_segment(y), 1);
+  EXPECT_EQ(cm.recomputed_segment(h), -1);
+  // Memory of the all-Replicated program: y is held once either way (kept, or held again).
+  std::vector<Instruction> instrs;
+  for (int node : {mm[0], mm[1], mean_node}) {
+    Instruction in;
+    in.kind = InstrKind::Compute;
+    in.node = node;
+    in.segment = segment[node];
+    instrs.push_back(in);
+  }
+  const std::vector<Prop> storage(g.tensors.size(), Prop::replicated());
+  const std::vector<std::vector<double>> ratios(2, std::vector<double>(3, 1.0 / 3));
+  const CostModel plain_cm(g, c);
+  EXPECT_NEAR(program_memory(cm, instrs, storage, ratios)[0],
+              program_memory(plain_cm, instrs, storage, ratios)[0], 1e-9);
+  // Recomputing both segments: h, made in segment 0 and read in segment 1, leaves its segment
+  // and is still kept; an empty list recomputes nothing.
+  cm.set_recompute(segment, {true, true});
+  EXPECT_TRUE(cm.kept_for_backward(h));
+  EXPECT_FALSE(cm.kept_for_backward(y));
+  cm.set_recompute(segment, {});
+  EXPECT_FALSE(cm.recomputed(mm[1]));
+  EXPECT_TRUE(cm.kept_for_backward(y));
+}
+
 }  // namespace
 }  // namespace hap::synth
