@@ -511,10 +511,12 @@ class Expander {
         const double b = static_cast<double>(g_.tensors[t].bytes());
         if (g_.tensors[t].producer < 0)
           add += (g_.tensors[t].role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0) * b;
-        if (cm_.kept_for_backward(t)) add += b;
+        // (An upper bound: a copy a recomputed segment does not keep may still raise the
+        // largest segment held again by as much.)
+        if (cm_.requires_grad(t)) add += b;
       }
       for (int t : n.outputs)
-        if (cm_.kept_for_backward(t)) add += static_cast<double>(g_.tensors[t].bytes());
+        if (cm_.requires_grad(t)) add += static_cast<double>(g_.tensors[t].bytes());
       mem_suffix_[i] = mem_suffix_[i + 1] + add;
     }
   }
