@@ -248,23 +248,37 @@ TEST(Synthesizer, TensorParallelBaselineShardsEveryLinearWeight) {
 namespace hap::synth {
 namespace {
 
+// x [rows, a] -> matmul(w1 [a, b]) -> matmul(w2 [b, a]) -> mean, with its two product nodes (in
+// order) and its mean node.
+struct TwoProducts {
+  Graph graph;
+  int mm[2] = {-1, -1};
+  int mean_node = -1;
+};
+TwoProducts two_products(int64_t rows, int64_t a, int64_t b) {
+  Tensor x = Tensor::meta({rows, a}, DType::F32);
+  Tensor w1 = Tensor::meta({a, b}, DType::F32), w2 = Tensor::meta({b, a}, DType::F32);
+  TwoProducts m;
+  m.graph =
+      trace([&] { return mean(matmul(matmul(x, w1), w2)); }, {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  for (const GraphNode& n : m.graph.nodes) {
+    if (n.kind == ops::OpKind::MatMul) (m.mm[0] < 0 ? m.mm[0] : m.mm[1]) = n.id;
+    if (n.kind == ops::OpKind::Mean) m.mean_node = n.id;
+  }
+  HAP_CHECK(m.mm[1] >= 0 && m.mean_node >= 0, "two_products: traced graph lacks its ops");
+  return m;
+}
+
 // step_time: the gradient all-reduces run on a channel of their own, one bucket at a time, each
 // from the moment the backward pass has completed its gradient; worked by hand on two products
 // whose weights (4.5 MB each) fill a bucket each. x -> matmul(w1) -> matmul(w2) -> mean.
 TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
-  Tensor x = Tensor::meta({4, 1100}, DType::F32);
-  Tensor w1 = Tensor::meta({1100, 1024}, DType::F32), w2 = Tensor::meta({1024, 1100}, DType::F32);
-  Graph g =
-      trace([&] { return mean(matmul(matmul(x, w1), w2)); }, {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  const TwoProducts m = two_products(4, 1100, 1024);
+  const Graph& g = m.graph;
+  const int(&mm)[2] = m.mm;
+  const int mean_node = m.mean_node;
   ASSERT_GT(g.tensors[tensor_named(g, "w1")].bytes(), kGradBucketBytes);
   Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
-  int mm[2] = {-1, -1}, mean_node = -1;
-  for (const GraphNode& n : g.nodes) {
-    if (n.kind == ops::OpKind::MatMul) (mm[0] < 0 ? mm[0] : mm[1]) = n.id;
-    if (n.kind == ops::OpKind::Mean) mean_node = n.id;
-  }
-  ASSERT_GE(mm[1], 0);
-  ASSERT_GE(mean_node, 0);
   auto compute = [](int node, double cost) {
     Instruction in;
     in.kind = InstrKind::Compute;
@@ -310,18 +324,11 @@ TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
 // neither y (read only by mean, in segment 1) nor anything else of segment 1, but still h (made
 // in segment 0, which is not recomputed), and holds y again while segment 1's backward runs.
 TEST(CostModel, RecomputationPricesTheForwardAgainAndKeepsOnlyWhatLeavesTheSegment) {
-  Tensor x = Tensor::meta({4, 8}, DType::F32);
-  Tensor w1 = Tensor::meta({8, 16}, DType::F32), w2 = Tensor::meta({16, 8}, DType::F32);
-  const Graph g =
-      trace([&] { return mean(matmul(matmul(x, w1), w2)); }, {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  const TwoProducts m = two_products(4, 8, 16);
+  const Graph& g = m.graph;
+  const int(&mm)[2] = m.mm;
+  const int mean_node = m.mean_node;
   const Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
-  int mm[2] = {-1, -1}, mean_node = -1;
-  for (const GraphNode& n : g.nodes) {
-    if (n.kind == ops::OpKind::MatMul) (mm[0] < 0 ? mm[0] : mm[1]) = n.id;
-    if (n.kind == ops::OpKind::Mean) mean_node = n.id;
-  }
-  ASSERT_GE(mm[1], 0);
-  ASSERT_GE(mean_node, 0);
   std::vector<int> segment(g.nodes.size(), 0);
   segment[mm[1]] = segment[mean_node] = 1;
   const int h = g.nodes[mm[0]].outputs[0], y = g.nodes[mm[1]].outputs[0];
