@@ -121,9 +121,10 @@ struct ParallelConfig {
   // devices left out wait for the others.
   std::string devices;
   bool select_devices = true;
-  // Activation recomputation (synth::Recompute): auto recomputes every segment's activations in
-  // backward only where no program fits in memory without it; off never (where only that would
-  // fit, the plan is an error saying so); all always.
+  // Activation recomputation (synth::Recompute): auto recomputes activations in backward only
+  // where no program fits in memory without it, in as many segments as the fastest plan that
+  // fits needs; off never (where only that would fit, the plan is an error saying so); all in
+  // every segment.
   synth::Recompute recompute = synth::Recompute::Auto;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
