@@ -146,6 +146,7 @@ int main(int argc, char** argv) {
     const hap::synth::Cluster plan_cluster =
         plan.devices.empty() ? cluster : cluster.subset(plan.devices);
     hap::synth::CostModel cm(graph, plan_cluster, opt.optimizer_state_slots, opt.overlap_grad_comm);
+    cm.set_hierarchical(opt.hierarchical_collectives);
     cm.set_recompute(plan.node_segment, plan.recompute);
     std::printf("%s", hap::train::plan_report(cm, plan, baselines).c_str());
     if (!json_path.empty()) {

@@ -16,7 +16,9 @@ that a slow spell of the machine falls on all of them alike: each strategy repor
 all its steps, each round's median and the spread of those (max / min - 1); strategies whose
 plans are the same program (hap often finds dp-cp's) report how far apart they measured. hap
 also runs without overlap (parallel.overlap_grad_comm=false: gradient all-reduces after the
-backward pass), measured and predicted beside the overlapped default.
+backward pass), measured and predicted beside the overlapped default; on a cluster of several
+nodes hap and dp-cp also run with every all-reduce flat (parallel.hierarchical_collectives=false)
+beside their default, which may run them hierarchically.
 Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
 (measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
 
@@ -30,6 +32,8 @@ import statistics
 import subprocess
 import sys
 import time
+
+import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGIES = ["hap", "dp-ev", "dp-cp", "tp"]
@@ -48,7 +52,6 @@ def run(cmd, log):
 
 def read_config(path):
     """The model and batch sizes the DDP peer needs (hap-train validates the same file)."""
-    import yaml
     with open(os.path.join(ROOT, path)) as f:
         cfg = yaml.safe_load(f)
     name = cfg["model"].get("name", "gpt")
@@ -132,6 +135,12 @@ def main(argv):
         runs = [(s, profiled, s, []) for s in STRATEGIES] + [
             ("hap-declared", declared, "hap", []),
             ("hap-no-overlap", profiled, "hap", ["--set", "parallel.overlap_grad_comm=false"])]
+        # On several nodes: hap and dp-cp with every all-reduce flat (no hierarchical form).
+        with open(os.path.join(ROOT, declared)) as f:
+            several_nodes = len(yaml.safe_load(f).get("nodes", [])) > 1
+        flat = ["--set", "parallel.hierarchical_collectives=false"]
+        if several_nodes:
+            runs += [("hap-flat", profiled, "hap", flat), ("dp-cp-flat", profiled, "dp-cp", flat)]
         step_ms = {label: [] for label, _, _, _ in runs}
         round_medians = {label: [] for label, _, _, _ in runs}
         programs, predicted = {}, {}
@@ -188,6 +197,8 @@ def main(argv):
                 entry["hap_planned_on_declared_file"] = result
             elif label == "hap-no-overlap":
                 entry["hap_without_overlap"] = result
+            elif label.endswith("-flat"):
+                entry.setdefault("flat_all_reduces", {})[strategy] = result
             else:
                 entry["strategies"][strategy] = result
             print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
@@ -223,6 +234,11 @@ def main(argv):
         entry["hap_profiled_vs_declared_plan"] = (
             entry["hap_planned_on_declared_file"]["median_ms"] / s["hap"]["median_ms"])
         entry["overlap_speedup"] = entry["hap_without_overlap"]["median_ms"] / s["hap"]["median_ms"]
+        if "flat_all_reduces" in entry:  # measured and predicted speed-up of the hierarchical form
+            entry["hierarchical_speedup"] = {
+                k: {"measured": v["median_ms"] / s[k]["median_ms"],
+                    "predicted": v["predicted_ms"] / s[k]["predicted_ms"]}
+                for k, v in entry["flat_all_reduces"].items()}
         results["clusters"][name] = entry
 
     os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
@@ -240,6 +256,9 @@ def main(argv):
                  f"the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x the profiled plan's time"
                  f"; without overlap hap takes {e['overlap_speedup']:.2f}x its time (predicted "
                  f"{e['hap_without_overlap']['predicted_ms'] / e['strategies']['hap']['predicted_ms']:.2f}x)")
+        for k, v in e.get("hierarchical_speedup", {}).items():
+            line += (f"; {k} with hierarchical all-reduces {v['measured']:.2f}x as fast as flat "
+                     f"(predicted {v['predicted']:.2f}x)")
         print(line)
     return 0
 

@@ -56,6 +56,8 @@ const char* method_name(CollectiveMethod m) {
       return "padded";
     case CollectiveMethod::Grouped:
       return "grouped";
+    case CollectiveMethod::Hierarchical:
+      return "hierarchical";
   }
   return "?";
 }

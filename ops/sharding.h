@@ -26,9 +26,12 @@ struct Prop {
 
 // How an uneven collective moves its shards (DESIGN.md glossary): padded to the largest shard
 // and carried by the regular collective, or grouped (each shard with its exact size inside one
-// group call). None marks an instruction that moves nothing.
-enum class CollectiveMethod : uint8_t { None, Padded, Grouped };
-const char* method_name(CollectiveMethod m);  // "-", "padded", "grouped"
+// group call). None marks an instruction that moves nothing. Hierarchical is a form of all-reduce
+// only (parallel/hierarchical.h): a reduce-scatter inside each node, an all-reduce across nodes,
+// an all-gather inside each node.
+enum class CollectiveMethod : uint8_t { None, Padded, Grouped, Hierarchical };
+// "-", "padded", "grouped", "hierarchical"
+const char* method_name(CollectiveMethod m);
 
 struct ShardSignature {
   std::vector<Prop> inputs;

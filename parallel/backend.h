@@ -94,6 +94,25 @@ class Backend {
   virtual bool nonblocking_all_reduce() const { return false; }
   virtual std::unique_ptr<PendingCollective> start_all_reduce(const Tensor& in, const Tensor& out) {
     all_reduce(in, out);
+    return completed();
+  }
+  // reduce_scatter and all_gather started the same way, under the same rules, for collectives
+  // made of several phases (the hierarchical all-reduce, parallel/hierarchical.h). The defaults
+  // run them to completion here.
+  virtual std::unique_ptr<PendingCollective> start_reduce_scatter(const Tensor& in,
+                                                                  const BlockLayout& layout,
+                                                                  const Tensor& out) {
+    reduce_scatter(in, layout, out);
+    return completed();
+  }
+  virtual std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, const Tensor& out,
+                                                              const BlockLayout& layout) {
+    all_gather(in, out, layout);
+    return completed();
+  }
+
+  // A collective that has already completed.
+  static std::unique_ptr<PendingCollective> completed() {
     struct Done final : PendingCollective {
       bool test() override { return true; }
       void wait() override {}

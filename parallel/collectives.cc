@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/strided_copy.h"
 #include "core/timeline.h"
+#include "parallel/hierarchical.h"
 #include "parallel/shard.h"
 
 namespace hap::parallel {
@@ -41,6 +42,8 @@ void check_method(CollectiveMethod method, const char* op) {
   HAP_CHECK(method != CollectiveMethod::None, op,
             ": collective method None moves nothing; use "
             "Padded or Grouped");
+  HAP_CHECK(method != CollectiveMethod::Hierarchical, op,
+            ": only all_reduce has a hierarchical form; use Padded or Grouped");
 }
 
 int64_t check_dim(const Tensor& x, int64_t dim, const char* op) {
@@ -229,8 +232,11 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
 }
 
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
-  (void)method;  // the backend's all-reduce moves even blocks: both methods move the same bytes
+  // The backend's all-reduce moves even blocks: padded and grouped move the same bytes.
+  // Hierarchical runs over the communicator's node groups (parallel/hierarchical.h).
   const char* op = "all_reduce";
+  HAP_CHECK(method != CollectiveMethod::Hierarchical || comm.node_groups() != nullptr, op,
+            ": the hierarchical form needs the ranks' nodes (Communicator::with_node_groups)");
   check_tensor(comm, x_partial, op);
   const Timed timed(CollectiveStat::AllReduce, tensor_bytes(x_partial));
   check_reducible(x_partial.dtype(), op);
@@ -238,7 +244,10 @@ Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveM
   Tensor out =
       Tensor::empty(x_partial.shape(),
                     TensorOptions{}.with_dtype(x_partial.dtype()).with_device(x_partial.device()));
-  comm.backend().all_reduce(in, out);
+  if (method == CollectiveMethod::Hierarchical)
+    hierarchical_all_reduce(*comm.node_groups(), in, out);
+  else
+    comm.backend().all_reduce(in, out);
   return out;
 }
 

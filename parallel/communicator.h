@@ -16,6 +16,8 @@ namespace hap::parallel {
 
 enum class ReduceOp { Sum, Max, Min };
 
+struct NodeGroups;  // parallel/hierarchical.h
+
 class Communicator {
  public:
   Communicator() = default;  // invalid (e.g. split with a negative colour)
@@ -36,6 +38,16 @@ class Communicator {
   // The ranks sharing a node (shared memory), ordered by their rank here.
   Communicator split_by_node() const;
 
+  // The grouping of this communicator's ranks by node that its hierarchical all-reduces run
+  // over (parallel/hierarchical.h: group_by_node), or null. with_node_groups() returns a copy
+  // (same backend) carrying `groups`; split() does not pass them on.
+  const std::shared_ptr<const NodeGroups>& node_groups() const { return node_groups_; }
+  Communicator with_node_groups(std::shared_ptr<const NodeGroups> groups) const {
+    Communicator c = *this;
+    c.node_groups_ = std::move(groups);
+    return c;
+  }
+
   // Root's bytes on every rank (non-roots' buffers are resized to match).
   void broadcast_bytes(std::vector<uint8_t>& bytes, int root = 0) const;
   std::string broadcast_string(const std::string& s, int root = 0) const;
@@ -53,6 +65,7 @@ class Communicator {
 
  private:
   std::shared_ptr<Backend> backend_;
+  std::shared_ptr<const NodeGroups> node_groups_;
 };
 
 // The MPI communicator under `comm`, for code that calls MPI itself (the NCCL bootstrap); throws

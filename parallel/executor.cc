@@ -14,6 +14,7 @@
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "parallel/autograd_collectives.h"
+#include "parallel/hierarchical.h"
 #include "parallel/shard.h"
 
 namespace hap::parallel {
@@ -108,6 +109,15 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
             "executor: the program marks ", program.recompute.size(),
             " segments for recomputation but has ", program.ratios.size());
   plan_recomputation();
+  bool hierarchical = false;
+  for (const Instruction& in : program.instructions)
+    hierarchical = hierarchical || in.method == CollectiveMethod::Hierarchical;
+  if (hierarchical) {
+    HAP_CHECK(static_cast<int>(program.nodes.size()) == comm_.size(),
+              "executor: the program has hierarchical all-reduces but names the nodes of ",
+              program.nodes.size(), " of its ", comm_.size(), " ranks");
+    comm_ = comm_.with_node_groups(group_by_node(comm_, program.nodes));
+  }
 }
 
 std::vector<int64_t> Executor::lengths(int tensor, const Prop& p, int segment) const {
@@ -451,6 +461,7 @@ void Executor::plan_buckets() {
   // Reverse program order: the backward pass completes the last layers' gradients first. A
   // bucket holds one method and one dtype (a gradient has its parameter's dtype).
   buckets_.clear();
+  bucket_methods_.clear();
   CollectiveMethod method = CollectiveMethod::Grouped;
   DType dtype = DType::F32;
   int64_t bytes = 0;
@@ -465,6 +476,7 @@ void Executor::plan_buckets() {
     if (buckets_.empty() || param.dtype() != dtype || in.method != method ||
         bytes + b > options_.bucket_bytes) {
       buckets_.emplace_back();
+      bucket_methods_.push_back(in.method);
       bytes = 0;
     }
     method = in.method;
@@ -555,7 +567,9 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
                          TensorOptions{}.with_dtype(in_.dtype()).with_device(in_.device()));
     bytes_ += static_cast<double>(in_bytes());
     const auto t0 = std::chrono::steady_clock::now();
-    inflight_ = comm_.backend().start_all_reduce(in_, out_);
+    inflight_ = ex_.bucket_methods_[next_ - 1] == CollectiveMethod::Hierarchical
+                    ? start_hierarchical_all_reduce(comm_.node_groups(), in_, out_)
+                    : comm_.backend().start_all_reduce(in_, out_);
     waited_ += since(t0);
     ++stats.buckets;
     if (during_backward) ++stats.started_during_backward;
@@ -597,8 +611,11 @@ void Executor::backward(const Tensor& local_loss) {
   // once runs them at the same points of the backward pass on every rank, between its other
   // collectives, on the same communicator.
   const bool own_comm = options_.overlap_grad_comm && comm_.backend().nonblocking_all_reduce();
-  if (own_comm && !grad_comm_.valid() && !buckets_.empty())
+  if (own_comm && !grad_comm_.valid() && !buckets_.empty()) {
     grad_comm_ = comm_.split(0, comm_.rank());
+    if (comm_.node_groups())
+      grad_comm_ = grad_comm_.with_node_groups(group_by_node(grad_comm_, program_.nodes));
+  }
   GradBuckets buckets(*this, own_comm ? grad_comm_ : comm_);
   if (options_.overlap_grad_comm) {
     autograd::ObserveBackward observe(&buckets);

@@ -150,6 +150,7 @@ class Executor {
   Communicator grad_comm_;  // the overlapped all-reduces' own (made at the first backward)
   // Gradient buckets, in launch order: each a list of parameter tensors (graph ids).
   std::vector<std::vector<int>> buckets_;
+  std::vector<ops::CollectiveMethod> bucket_methods_;  // per bucket: its all-reduce's form
   bool buckets_planned_ = false;
   BackwardStats backward_stats_;
   synth::ShardLayout layout_;

@@ -1,6 +1,7 @@
 #include "parallel/mpi.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -495,7 +497,96 @@ class MpiPendingAllReduce final : public PendingCollective {
   Phase phase_ = Phase::AllToAll;
 };
 
+// One nonblocking MPI call and, once it has completed, a local step (`then`). Keeps the tensors
+// and the count arrays the call reads alive until then (MPI may read them until it completes).
+class MpiPendingCall final : public PendingCollective {
+ public:
+  MpiPendingCall(const char* call, std::vector<Tensor> keep, std::function<void()> then = {})
+      : call_(call), keep_(std::move(keep)), then_(std::move(then)) {}
+  ~MpiPendingCall() override {
+    if (!done_) new std::vector<Tensor>(std::move(keep_));  // NOLINT: see MpiPendingAllReduce
+  }
+
+  MPI_Request* request() { return &request_; }
+  std::vector<int>& ints(size_t i) { return ints_[i]; }
+
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    HAP_MPI_CHECK(MPI_Test(&request_, &flag, MPI_STATUS_IGNORE));
+    if (!flag) return false;
+    finish();
+    return true;
+  }
+
+  void wait() override {
+    if (done_) return;
+    complete(request_, call_);
+    finish();
+  }
+
+ private:
+  void finish() {
+    done_ = true;
+    if (then_) then_();
+  }
+
+  const char* call_;
+  std::vector<Tensor> keep_;
+  std::function<void()> then_;
+  std::array<std::vector<int>, 4> ints_;
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+};
+
 }  // namespace
+
+std::unique_ptr<PendingCollective> MpiBackend::start_reduce_scatter(const Tensor& in,
+                                                                    const BlockLayout& layout,
+                                                                    const Tensor& out) {
+  const char* op = "reduce_scatter";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  check_reducible(in.dtype(), op);
+  check_layout(layout, size_, in, op);
+  const int64_t mine = layout.counts[rank_];
+  HAP_CHECK(out.numel() == mine, op, ": rank ", rank_, "'s output has ", out.numel(),
+            " elements, its block ", mine);
+  // As reduce_scatter(): every addend of my block comes to me, then I add them up in rank order.
+  const BlockLayout recv = BlockLayout::slots(static_cast<size_t>(size_), mine);
+  Tensor addends = Tensor::empty({recv.total()}, TensorOptions{}.with_dtype(in.dtype()));
+  auto call = std::make_unique<MpiPendingCall>(
+      "MPI_Ialltoallv(reduce_scatter)", std::vector<Tensor>{in, out, addends},
+      [addends, displs = recv.displs, out] { sum_in_rank_order(addends, displs, out); });
+  call->ints(0) = mpi_counts(layout.counts, op);
+  call->ints(1) = mpi_counts(layout.displs, op);
+  call->ints(2) = mpi_counts(recv.counts, op);
+  call->ints(3) = mpi_counts(recv.displs, op);
+  const MPI_Datatype type = mpi_datatype(in.dtype());
+  HAP_MPI_CHECK(MPI_Ialltoallv(in.raw_data(), call->ints(0).data(), call->ints(1).data(), type,
+                               addends.raw_data(), call->ints(2).data(), call->ints(3).data(), type,
+                               comm_, call->request()));
+  return call;
+}
+
+std::unique_ptr<PendingCollective> MpiBackend::start_all_gather(const Tensor& in, const Tensor& out,
+                                                                const BlockLayout& layout) {
+  const char* op = "all_gather";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  check_layout(layout, size_, out, op);
+  HAP_CHECK(in.numel() >= layout.counts[rank_], op, ": rank ", rank_, " sends ",
+            layout.counts[rank_], " elements from a tensor of ", in.numel());
+  auto call =
+      std::make_unique<MpiPendingCall>("MPI_Iallgatherv(all_gather)", std::vector<Tensor>{in, out});
+  call->ints(0) = mpi_counts(layout.counts, op);
+  call->ints(1) = mpi_counts(layout.displs, op);
+  const MPI_Datatype type = mpi_datatype(in.dtype());
+  HAP_MPI_CHECK(MPI_Iallgatherv(in.raw_data(), call->ints(0)[static_cast<size_t>(rank_)], type,
+                                out.raw_data(), call->ints(0).data(), call->ints(1).data(), type,
+                                comm_, call->request()));
+  return call;
+}
 
 std::unique_ptr<PendingCollective> MpiBackend::start_all_reduce(const Tensor& in,
                                                                 const Tensor& out) {

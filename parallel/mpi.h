@@ -141,6 +141,13 @@ class MpiBackend : public Backend {
   // all-gather) as nonblocking MPI calls, advanced by test() and wait().
   bool nonblocking_all_reduce() const override { return true; }
   std::unique_ptr<PendingCollective> start_all_reduce(const Tensor& in, const Tensor& out) override;
+  // MPI_Ialltoallv of the addends (the sums in rank order once they have arrived);
+  // MPI_Iallgather(v).
+  std::unique_ptr<PendingCollective> start_reduce_scatter(const Tensor& in,
+                                                          const BlockLayout& layout,
+                                                          const Tensor& out) override;
+  std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, const Tensor& out,
+                                                      const BlockLayout& layout) override;
 
  private:
   MPI_Comm comm_;

@@ -222,7 +222,10 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
       if (grad) add(1, Collective::AllGather);
       break;
     case InstrKind::AllReduce:  // backward: all-reduce of the Partial gradient
-      add(grad ? 2 : 1, Collective::AllReduce);
+      if (method == CollectiveMethod::Hierarchical)
+        c.constant_s = (grad ? 2 : 1) * all_reduce_time(B, method).total_s();
+      else
+        add(grad ? 2 : 1, Collective::AllReduce);
       break;
     case InstrKind::AllToAll:  // backward: the reverse all-to-all
       add(grad ? 2 : 1, Collective::AllToAll);
@@ -231,10 +234,8 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
       // A Replicated parameter's Partial gradient, once per step. The executor sums all of them
       // in one bucketed all-reduce (Executor::backward): each pays its bytes and an equal share
       // of the bucket's latency.
-      const Link link = link_.for_collective(Collective::AllReduce);
-      const CollectiveTerms t = collective_terms(kind, method, P, B, 1.0);
-      c.constant_s = t.byte_terms / link.bandwidth_bytes_per_s +
-                     t.latency_terms * link.latency_s / std::max(1, num_params_);
+      const AllReduceTime t = all_reduce_time(B, method);
+      c.constant_s = t.bytes_s + t.latency_s / std::max(1, num_params_);
       break;
     }
     case InstrKind::Slice:      // local; backward embeds the shard's gradient as a Partial
@@ -301,8 +302,80 @@ LinearCost CostModel::update(int tensor, const Prop& stored) const {
   return c;
 }
 
+bool CostModel::hierarchical_possible() const {
+  if (cluster_.num_nodes() < 2) return false;
+  for (const Node& node : cluster_.nodes)
+    if (node.devices.size() >= 2) return true;
+  return false;  // one device per node: the hierarchical form is the flat one
+}
+
+CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMethod method) const {
+  AllReduceTime t;
+  const int P = num_devices();
+  if (P <= 1) return t;
+  if (method != CollectiveMethod::Hierarchical) {
+    const Link link = link_.for_collective(Collective::AllReduce);
+    const CollectiveTerms c =
+        collective_terms(InstrKind::AllReduce, CollectiveMethod::Grouped, P, bytes, 1.0);
+    t.latency_s = c.latency_terms * link.latency_s;
+    t.bytes_s = c.byte_terms / link.bandwidth_bytes_per_s;
+    return t;
+  }
+  HAP_CHECK(hierarchical_possible(),
+            "cost model: a hierarchical all-reduce needs several nodes, "
+            "one of them with several devices; cluster '",
+            cluster_.name, "' has ", cluster_.num_nodes(), " node(s)");
+  int lanes = P;
+  for (const Node& node : cluster_.nodes)
+    lanes = std::min(lanes, static_cast<int>(node.devices.size()));
+  // Inside each node (the slowest node sets the pace): a reduce-scatter and an all-gather of
+  // `lanes` even blocks, priced as the uneven collectives with the largest share 1 / lanes.
+  for (Collective phase : {Collective::ReduceScatter, Collective::AllGather}) {
+    AllReduceTime slowest;
+    for (const Node& node : cluster_.nodes) {
+      const Link link = node.link.for_collective(phase);
+      const CollectiveTerms c = collective_terms(
+          phase == Collective::ReduceScatter ? InstrKind::ReduceScatter : InstrKind::AllGather,
+          CollectiveMethod::Padded, static_cast<int>(node.devices.size()), bytes, 1.0 / lanes);
+      const AllReduceTime here{c.latency_terms * link.latency_s,
+                               c.byte_terms / link.bandwidth_bytes_per_s};
+      if (here.total_s() > slowest.total_s()) slowest = here;
+    }
+    t.latency_s += slowest.latency_s;
+    t.bytes_s += slowest.bytes_s;
+  }
+  // Across nodes: each lane all-reduces its block over one device per node; the lanes share the
+  // link out of a node, so together they move what one all-reduce of the whole tensor would.
+  const Link across = cluster_.inter_node.for_collective(Collective::AllReduce);
+  const CollectiveTerms c = collective_terms(InstrKind::AllReduce, CollectiveMethod::Grouped,
+                                             cluster_.num_nodes(), bytes, 1.0);
+  t.latency_s += c.latency_terms * across.latency_s;
+  t.bytes_s += c.byte_terms / across.bandwidth_bytes_per_s;
+  return t;
+}
+
+CollectiveMethod CostModel::grad_all_reduce_method() const {
+  if (!hierarchical_available()) return CollectiveMethod::Grouped;
+  const double bucket = static_cast<double>(kGradBucketBytes);
+  return all_reduce_time(bucket, CollectiveMethod::Hierarchical).total_s() <
+                 all_reduce_time(bucket, CollectiveMethod::Grouped).total_s()
+             ? CollectiveMethod::Hierarchical
+             : CollectiveMethod::Grouped;
+}
+
 CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::vector<double>& r,
                                         double* cost_s) const {
+  if (kind == InstrKind::AllReduce && hierarchical_available()) {
+    const double flat = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);
+    const double hier = communication(kind, tensor, CollectiveMethod::Hierarchical).eval(r);
+    *cost_s = std::min(flat, hier);
+    return hier < flat ? CollectiveMethod::Hierarchical : CollectiveMethod::Grouped;
+  }
+  if (kind == InstrKind::GradAllReduce) {
+    const CollectiveMethod m = grad_all_reduce_method();
+    *cost_s = communication(kind, tensor, m).eval(r);
+    return m;
+  }
   bool uneven =
       kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter || kind == InstrKind::Slice;
   if (!uneven) {

@@ -1,6 +1,7 @@
 // The cost model: per-device compute time of a node under a sharding signature, collective times
-// priced with latency + bytes / bottleneck-link bandwidth for the padded and grouped methods, and
-// per-device memory. Every cost is "forward + backward" of one training step.
+// priced with latency + bytes / bottleneck-link bandwidth for the padded and grouped methods (and
+// per node for hierarchical all-reduces), and per-device memory. Every cost is "forward + backward"
+// of one training step.
 #pragma once
 #include <utility>
 #include <vector>
@@ -107,9 +108,33 @@ class CostModel {
   // Cost of converting tensor t (full logical size) from `from` to `to` with `method`; the
   // instruction kind follows from the two properties. Backward adjoints are included.
   LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method) const;
-  // The better method for a collective under ratios r (padded vs grouped), and its cost.
+  // The better method for a collective under ratios r (padded vs grouped; for an all-reduce,
+  // flat vs hierarchical), and its cost.
   CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,
                                double* cost_s) const;
+
+  // Hierarchical all-reduces (parallel/hierarchical.h): allowed by default; where allowed, an
+  // all-reduce on a cluster of several nodes, one of them with several devices, is priced both
+  // flat (a ring over every device at the bottleneck link) and hierarchical (a reduce-scatter
+  // inside each node at its link, an all-reduce across nodes, an all-gather inside each node),
+  // and the cheaper is chosen. The link between nodes is read as what one node sends to the
+  // others at a time: the lanes of the middle phase share it.
+  void set_hierarchical(bool allowed) { hierarchical_allowed_ = allowed; }
+  // Whether the cluster has a hierarchical form distinct from the flat one (several nodes, one
+  // of them with several devices), and whether, besides, it is allowed.
+  bool hierarchical_possible() const;
+  bool hierarchical_available() const { return hierarchical_allowed_ && hierarchical_possible(); }
+  // One all-reduce of `bytes` over every device in the given form (Hierarchical or a flat one),
+  // split into its latency and its bandwidth parts.
+  struct AllReduceTime {
+    double latency_s = 0;
+    double bytes_s = 0;
+    double total_s() const { return latency_s + bytes_s; }
+  };
+  AllReduceTime all_reduce_time(double bytes, CollectiveMethod method) const;
+  // The form of every gradient all-reduce (one per program, so that buckets are not split):
+  // Hierarchical where available and cheaper for a full bucket (kGradBucketBytes), else Grouped.
+  CollectiveMethod grad_all_reduce_method() const;
   // Whether a reshard of tensor t (Sharded along dim) between two segments' ratio vectors moves
   // anything: false when both give the same whole-row shard lengths (the executor then hands
   // the same shard on, so it costs neither time nor memory).
@@ -147,6 +172,7 @@ class CostModel {
   int num_params_ = 0;  // parameter tensors of the graph
   double param_state_factor_ = 4.0;
   bool overlap_grad_comm_ = true;
+  bool hierarchical_allowed_ = true;
 };
 
 // The predicted time of one training step of a costed program (instruction costs set, as by

@@ -64,6 +64,11 @@ uint64_t program_hash(const DistributedProgram& p) {
     h.add(p.devices.size());
     for (int d : p.devices) h.add(d);
   }
+  // Programs without hierarchical all-reduces hash as before nodes were recorded.
+  if (!p.nodes.empty()) {
+    h.add(p.nodes.size());
+    for (int n : p.nodes) h.add(n + 1);
+  }
   return h.value();
 }
 

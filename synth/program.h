@@ -63,6 +63,10 @@ struct DistributedProgram {
   // no work and takes no part in the program's collectives. `devices_note` says why.
   std::vector<int> devices;
   std::string devices_note;
+  // Per rank of the program (in the order of `devices`, or of the cluster when empty): the index
+  // of its node in the cluster. Hierarchical all-reduces (CollectiveMethod::Hierarchical) group
+  // the ranks by it; empty when the program has none.
+  std::vector<int> nodes;
   std::vector<Instruction> instructions;    // in execution order
   std::vector<std::vector<double>> ratios;  // [segment][device], each row sums to 1
   std::vector<int> node_segment;            // graph node id -> segment

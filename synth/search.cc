@@ -201,7 +201,7 @@ class Expander {
           in.from = Prop::partial();
           in.to = Prop::replicated();
           in.segment = seg;
-          in.method = CollectiveMethod::Grouped;  // the executor's bucketed all-reduce
+          in.method = cm_.grad_all_reduce_method();  // the executor's bucketed all-reduce
           in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, in.method).eval(r);
           child.g += in.cost_s;
           child.instrs.push_back(in);
@@ -379,7 +379,7 @@ class Expander {
         if (partial) q = Prop::replicated();
         if (!leaf_allows(gt, q)) return kInf;
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t))
-          c += cm_.communication(InstrKind::GradAllReduce, t, CollectiveMethod::Grouped).eval(r);
+          c += cm_.communication(InstrKind::GradAllReduce, t, cm_.grad_all_reduce_method()).eval(r);
         if (gt.role == TensorRole::Parameter) c += cm_.update(t, q).eval(r);
         if (partial) {
           double p = 0;

@@ -436,6 +436,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
   CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
+  cm.set_hierarchical(options.hierarchical_collectives);
   int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
@@ -828,6 +829,12 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   }
   best.hidden_communication_s = step_time(cm, best.instructions).hidden_s;
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
+  for (const Instruction& in : best.instructions)
+    if (in.method == CollectiveMethod::Hierarchical) {
+      best.nodes.clear();
+      for (const Device& d : cluster.devices) best.nodes.push_back(d.node);
+      break;
+    }
   best.steps = std::move(steps);
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return best;
@@ -884,6 +891,7 @@ std::vector<int> recompute_order(const Graph& graph, const Cluster& cluster,
   int nseg = 1;
   const std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
   CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
+  cm.set_hierarchical(options.hierarchical_collectives);
   cm.set_recompute(seg, std::vector<bool>(static_cast<size_t>(nseg), true));
   std::vector<double> bytes(static_cast<size_t>(nseg), 0.0), flops(static_cast<size_t>(nseg), 0.0);
   for (const GraphTensor& t : graph.tensors)

@@ -50,6 +50,9 @@ struct SynthesisOptions {
   // Whether the executor overlaps gradient all-reduces with the backward pass (the cost model's
   // step_time prices it; parallel::ExecutorOptions).
   bool overlap_grad_comm = true;
+  // Whether all-reduces may take the hierarchical form on clusters of several nodes
+  // (CostModel::set_hierarchical: chosen where it is priced cheaper than the flat one).
+  bool hierarchical_collectives = true;
   // The devices (cluster ranks) to plan on; empty: hap chooses (see select_devices), the
   // baselines take all.
   std::vector<int> devices;

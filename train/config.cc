@@ -39,10 +39,12 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 9> kParallelKeys = {
-    "strategy", "segments",          "search_budget", "collective_timeout_s",
-    "backend",  "overlap_grad_comm", "devices",       "select_devices",
-    "recompute"};
+constexpr std::array<std::string_view, 10> kParallelKeys = {
+    "strategy",      "segments",
+    "search_budget", "collective_timeout_s",
+    "backend",       "overlap_grad_comm",
+    "devices",       "select_devices",
+    "recompute",     "hierarchical_collectives"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -340,6 +342,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.devices = s.string("devices", p.devices, /*allow_empty=*/true);
   p.select_devices = s.boolean("select_devices", p.select_devices);
   p.recompute = s.choice("recompute", kRecomputeModes, p.recompute);
+  p.hierarchical_collectives = s.boolean("hierarchical_collectives", p.hierarchical_collectives);
   s.finish();
   return p;
 }
@@ -481,7 +484,8 @@ nlohmann::json to_json(const RunConfig& config) {
         {"overlap_grad_comm", config.parallel.overlap_grad_comm},
         {"devices", config.parallel.devices},
         {"select_devices", config.parallel.select_devices},
-        {"recompute", std::string(name_of(kRecomputeModes, config.parallel.recompute))}}},
+        {"recompute", std::string(name_of(kRecomputeModes, config.parallel.recompute))},
+        {"hierarchical_collectives", config.parallel.hierarchical_collectives}}},
   };
 }
 
@@ -495,6 +499,7 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.overlap_grad_comm = p.overlap_grad_comm;
   o.select_devices = p.select_devices;
   o.recompute = p.recompute;
+  o.hierarchical_collectives = p.hierarchical_collectives;
   return o;
 }
 

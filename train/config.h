@@ -121,6 +121,11 @@ struct ParallelConfig {
   // devices left out wait for the others.
   std::string devices;
   bool select_devices = true;
+  // Whether all-reduces may run hierarchically on clusters of several nodes (a reduce-scatter
+  // inside each node, an all-reduce across nodes, an all-gather inside each node), chosen per
+  // all-reduce where the planner prices it cheaper than the flat one. Same numbers up to float
+  // reassociation.
+  bool hierarchical_collectives = true;
   // Activation recomputation (synth::Recompute): auto recomputes activations in backward only
   // where no program fits in memory without it, in as many segments as the fastest plan that
   // fits needs; off never (where only that would fit, the plan is an error saying so); all in

@@ -249,7 +249,8 @@ InstrKind parse_kind(const std::string& s, const std::string& where) {
 }
 
 CollectiveMethod parse_method(const std::string& s, const std::string& where) {
-  for (auto m : {CollectiveMethod::None, CollectiveMethod::Padded, CollectiveMethod::Grouped})
+  for (auto m : {CollectiveMethod::None, CollectiveMethod::Padded, CollectiveMethod::Grouped,
+                 CollectiveMethod::Hierarchical})
     if (s == synth::method_name(m)) return m;
   throw ConfigError(where + ": unknown collective method '" + s + "'");
 }
@@ -359,6 +360,19 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
         in.from = parse_prop(e.at("from"), where + ".from", rank);
         in.to = parse_prop(e.at("to"), where + ".to", rank);
         in.method = parse_method(e.at("method"), where + ".method");
+        if (in.method == CollectiveMethod::Hierarchical) {
+          if (in.kind != InstrKind::AllReduce && in.kind != InstrKind::GradAllReduce)
+            throw ConfigError(where +
+                              ".method: only an all_reduce or grad_all_reduce can be "
+                              "hierarchical, this is a " +
+                              std::string(synth::instr_name(in.kind)));
+          if (!cm.hierarchical_possible())
+            throw ConfigError(where +
+                              ".method: hierarchical needs several nodes, one of them "
+                              "with several devices; the plan's devices of cluster '" +
+                              cm.cluster().name + "' are on " +
+                              std::to_string(cm.cluster().num_nodes()) + " node(s)");
+        }
         // Plans written before every moving collective carried its method: the grouped one ran.
         if (in.method == CollectiveMethod::None &&
             (in.kind == InstrKind::AllReduce || in.kind == InstrKind::AllToAll ||
@@ -383,6 +397,11 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
         p.recompute.push_back(r[s].get<bool>());
       }
     }
+    for (const synth::Instruction& x : p.instructions)
+      if (x.method == CollectiveMethod::Hierarchical) {
+        for (const synth::Device& d : cm.cluster().devices) p.nodes.push_back(d.node);
+        break;
+      }
     check_program(cm, p, path);
     // Priced as it runs: with the segments it recomputes.
     synth::CostModel priced = cm;

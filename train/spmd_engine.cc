@@ -51,6 +51,7 @@ class SpmdEngine : public Engine {
     cost_ = std::make_unique<synth::CostModel>(graph_, plan_cluster_,
                                                dist.synthesis.optimizer_state_slots,
                                                dist.synthesis.overlap_grad_comm);
+    cost_->set_hierarchical(dist.synthesis.hierarchical_collectives);
     if (!dist.plan_file.empty()) {
       plan_ = load_plan(dist.plan_file, *cost_);
       plan_.devices = devices;

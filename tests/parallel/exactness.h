@@ -7,6 +7,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "autograd/grad_mode.h"
@@ -33,6 +34,20 @@ inline synth::Cluster cluster_for(int n) {
   for (int i = 0; i < n; ++i)
     devs.push_back({"d" + std::to_string(i), "cpu", flops[i] * 1e6, int64_t{1} << 32, -1});
   c.add_node("n0", {1e9, 1e-5}, devs);
+  return c;
+}
+
+// cluster_for(n) as two nodes, the first ceil(n / 2) ranks and the rest, joined by a link much
+// slower than the one inside them (the hierarchical all-reduce is priced cheaper there).
+inline synth::Cluster two_node_cluster_for(int n) {
+  const synth::Cluster one = cluster_for(n);
+  synth::Cluster c;
+  c.name = "test-two-nodes";
+  c.inter_node = {1e6, 1e-3};
+  std::vector<synth::Device> first, second;
+  for (int i = 0; i < n; ++i) (i < (n + 1) / 2 ? first : second).push_back(one.devices[i]);
+  c.add_node("n0", {1e9, 1e-5}, first);
+  if (!second.empty()) c.add_node("n1", {1e9, 1e-5}, second);
   return c;
 }
 
@@ -120,12 +135,14 @@ inline void compare_with_one_device(
     const std::function<Tensor()>& ref_loss, const std::map<std::string, Tensor>& data, int steps,
     double lr, double clip,
     const std::function<void(const std::string&, const Tensor&, const Tensor&)>& final_check,
-    const std::function<void(const synth::DistributedProgram&)>& check_plan = {}) {
+    const std::function<void(const synth::DistributedProgram&)>& check_plan = {},
+    const std::optional<synth::Cluster>& cluster = std::nullopt) {
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
   opt.segments = segments;
   opt.select_devices = false;  // every rank takes part (tiny models would run best on one)
-  synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+  synth::DistributedProgram plan =
+      synth::synthesize(g, cluster ? *cluster : cluster_for(world().size()), opt);
   expect_distributed(g, plan, strategy);
   if (check_plan) check_plan(plan);
 

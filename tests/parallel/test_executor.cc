@@ -190,7 +190,8 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
                synth::SegmentMode segments = synth::SegmentMode::Single,
                const std::function<void(nn::GPTConfig&)>& configure = {},
                const std::function<void(const synth::Graph&, const synth::DistributedProgram&)>&
-                   check_plan = {}) {
+                   check_plan = {},
+               const std::optional<synth::Cluster>& cluster = std::nullopt) {
   SCOPED_TRACE(synth::strategy_name(strategy));
   const int64_t B = 7, T = 6;
   nn::GPTConfig cfg = tiny_gpt(dropout);
@@ -211,7 +212,8 @@ void check_gpt(synth::Strategy strategy, double dropout, int steps,
       testing::close_parameters_with_attention(lr, steps),
       [&](const synth::DistributedProgram& plan) {
         if (check_plan) check_plan(g, plan);
-      });
+      },
+      cluster);
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
@@ -293,6 +295,31 @@ TEST(Executor, GptParametersMatchAfterTenAdamWStepsWithDropout) {
   for (auto s :
        {synth::Strategy::DpEv, synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
     check_gpt(s, 0.1, 10);
+}
+
+// Ranks on two nodes joined by a slow link: the gradient all-reduces (dp-cp, hap) and tp's
+// activation all-reduces run hierarchically, and the loss, the gradients and the parameters
+// after AdamW steps with dropout are still those of one device.
+TEST(Executor, HierarchicalAllReducesMatchOneDevice) {
+  const int n = world().size();
+  if (n < 3) GTEST_SKIP() << "two nodes with one of several ranks need 3 ranks or more";
+  for (auto strategy : {synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap})
+    check_gpt(
+        strategy, 0.1, 3, synth::SegmentMode::Single, {},
+        [strategy](const synth::Graph&, const synth::DistributedProgram& plan) {
+          int hierarchical = 0, activations = 0;
+          for (const synth::Instruction& in : plan.instructions) {
+            if (in.method != CollectiveMethod::Hierarchical) continue;
+            ++hierarchical;
+            activations += in.kind == synth::InstrKind::AllReduce;
+          }
+          EXPECT_GT(hierarchical, 0) << "no all-reduce runs hierarchically";
+          if (strategy == synth::Strategy::Tp) EXPECT_GT(activations, 0);
+          ASSERT_EQ(plan.nodes.size(), static_cast<size_t>(world().size()));
+          for (int r = 0; r < world().size(); ++r)
+            EXPECT_EQ(plan.nodes[r], r < (world().size() + 1) / 2 ? 0 : 1);
+        },
+        testing::two_node_cluster_for(n));
 }
 
 // A [B, T] batch of ids and targets for a tiny GPT (the one the comparisons below run).
@@ -405,11 +432,21 @@ TEST(Executor, OverlappedGradientAllReducesEqualTheBlockingOnesBitForBit) {
   const synth::Graph g = gpt_graph(cfg, B, T);
   const Device device = testing::test_device();
   const auto named = ref.named_parameters();
-  for (auto strategy : {synth::Strategy::DpCp, synth::Strategy::Tp}) {
-    SCOPED_TRACE(synth::strategy_name(strategy));
+  for (auto [strategy, two_nodes] :
+       {std::pair{synth::Strategy::DpCp, false}, std::pair{synth::Strategy::Tp, false},
+        std::pair{synth::Strategy::DpCp, true}}) {
+    // On two nodes the buckets run hierarchically (three phases on communicators of their own).
+    if (two_nodes && world().size() < 3) continue;
+    SCOPED_TRACE(std::string(synth::strategy_name(strategy)) + (two_nodes ? " on two nodes" : ""));
     synth::SynthesisOptions opt;
     opt.strategy = strategy;
-    const synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+    const synth::DistributedProgram plan = synth::synthesize(
+        g, two_nodes ? testing::two_node_cluster_for(world().size()) : cluster_for(world().size()),
+        opt);
+    if (two_nodes)
+      for (const synth::Instruction& in : plan.instructions)
+        if (in.kind == synth::InstrKind::GradAllReduce)
+          EXPECT_EQ(in.method, CollectiveMethod::Hierarchical);
     int grad_all_reduces = 0;
     for (const synth::Instruction& in : plan.instructions)
       grad_all_reduces += in.kind == synth::InstrKind::GradAllReduce;

@@ -236,5 +236,47 @@ TEST(PlanFile, ProgramsThatCannotRunAreRefusedNamingTheInstruction) {
   fs::remove(plan_path());
 }
 
+// A program with hierarchical all-reduces (the small model's three devices as two nodes joined by
+// a slow link) loads as the same program, its ranks' nodes taken from the cluster; the form on
+// a collective that has none, or on a cluster of one node, is refused naming the instruction.
+TEST(PlanFile, HierarchicalAllReducesAreWrittenAndReadBack) {
+  Model s = small_model();
+  synth::Cluster two;
+  two.name = "two-nodes";
+  two.inter_node = {1e6, 1e-3};
+  two.add_node("n0", {1e9, 1e-5}, {s.cluster.devices[0], s.cluster.devices[1]});
+  two.add_node("n1", {1e9, 1e-5}, {s.cluster.devices[2]});
+  two.validate();
+  const synth::CostModel cm(s.graph, two);
+  synth::SynthesisOptions o = on_all_devices();
+  o.strategy = synth::Strategy::DpCp;
+  const synth::DistributedProgram p = synth::synthesize(s.graph, two, o);
+  ASSERT_EQ(p.nodes, (std::vector<int>{0, 0, 1}));
+  save_plan(plan_path().string(), cm, p);
+  const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
+  EXPECT_EQ(back.nodes, p.nodes);
+  EXPECT_EQ(synth::program_hash(back), synth::program_hash(p));
+  EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+  const json good = plan_to_json(cm, p);
+  int hierarchical = -1;
+  for (size_t i = 0; i < good["instructions"].size(); ++i)
+    if (good["instructions"][i].value("method", "") == "hierarchical") {
+      hierarchical = static_cast<int>(i);
+      break;
+    }
+  ASSERT_GE(hierarchical, 0) << good.dump(1);
+  json j = good;
+  j["instructions"][hierarchical]["kind"] = "all_to_all";
+  EXPECT_HAS(load_error(cm, j), "instructions[" + std::to_string(hierarchical) +
+                                    "].method: only an all_reduce or grad_all_reduce");
+  // On the one-node cluster (another fingerprint: the plan is rewritten for it).
+  const synth::CostModel one(s.graph, s.cluster);
+  j = plan_to_json(one, synth::synthesize(s.graph, s.cluster, o));
+  for (auto& in : j["instructions"])
+    if (in["kind"] == "grad_all_reduce") in["method"] = "hierarchical";
+  EXPECT_HAS(load_error(one, j), "hierarchical needs several nodes");
+  fs::remove(plan_path());
+}
+
 }  // namespace
 }  // namespace hap::train

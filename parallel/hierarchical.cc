@@ -1,0 +1,131 @@
+#include "parallel/hierarchical.h"
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "core/error.h"
+
+namespace hap::parallel {
+
+std::shared_ptr<const NodeGroups> group_by_node(const Communicator& comm,
+                                                const std::vector<int>& node_of_rank) {
+  HAP_CHECK(static_cast<int>(node_of_rank.size()) == comm.size(),
+            "group_by_node: ", node_of_rank.size(), " node labels for a communicator of ",
+            comm.size(), " ranks; expected one per rank");
+  std::map<int, int> node_size;  // label -> ranks; ordered by label
+  for (int label : node_of_rank) ++node_size[label];
+  auto groups = std::make_shared<NodeGroups>();
+  groups->size = comm.size();
+  groups->nodes = static_cast<int>(node_size.size());
+  groups->lanes = comm.size();
+  for (const auto& [label, n] : node_size) groups->lanes = std::min(groups->lanes, n);
+  const int mine = node_of_rank[static_cast<size_t>(comm.rank())];
+  for (int r = 0; r < comm.rank(); ++r)
+    if (node_of_rank[static_cast<size_t>(r)] == mine) ++groups->local_rank;
+  const int node_index = static_cast<int>(std::distance(node_size.begin(), node_size.find(mine)));
+  groups->node = comm.split(node_index, comm.rank());
+  groups->lane =
+      comm.split(groups->local_rank < groups->lanes ? groups->local_rank : -1, node_index);
+  return groups;
+}
+
+namespace {
+
+// Block j of `numel` elements cut into `lanes` even blocks goes to local rank j; the node's other
+// ranks get empty blocks.
+BlockLayout lane_layout(int64_t numel, int lanes, int node_size) {
+  std::vector<int64_t> counts(static_cast<size_t>(node_size), 0);
+  for (int j = 0; j < lanes; ++j)
+    counts[static_cast<size_t>(j)] = numel / lanes + (j < numel % lanes ? 1 : 0);
+  return BlockLayout::packed(counts);
+}
+
+void check_arguments(const NodeGroups& g, const Tensor& in, const Tensor& out) {
+  const char* op = "hierarchical_all_reduce";
+  HAP_CHECK(g.node.valid() && g.lanes >= 1, op, ": the node groups are not set up");
+  HAP_CHECK(in.defined() && out.defined() && in.numel() == out.numel() && in.dtype() == out.dtype(),
+            op, ": out ", out.str(), " does not match in ", in.str());
+  HAP_CHECK(in.dtype() != DType::U8, op, ": cannot sum u8 tensors (masks); cast them first");
+}
+
+// The three phases, each started when the one before has completed.
+class PendingHierarchical final : public PendingCollective {
+ public:
+  PendingHierarchical(std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out)
+      : g_(std::move(groups)), in_(in), out_(out) {
+    layout_ = lane_layout(in.numel(), g_->lanes, g_->node.size());
+    const int64_t mine = layout_.counts[static_cast<size_t>(g_->local_rank)];
+    const TensorOptions options = TensorOptions{}.with_dtype(in.dtype()).with_device(in.device());
+    block_ = Tensor::empty({mine}, options);
+    sum_ = Tensor::empty({mine}, options);
+    current_ = g_->node.backend().start_reduce_scatter(in_, layout_, block_);
+  }
+
+  bool test() override {
+    while (phase_ != Phase::Done) {
+      if (!current_->test()) return false;
+      advance();
+    }
+    return true;
+  }
+
+  void wait() override {
+    while (phase_ != Phase::Done) {
+      current_->wait();
+      advance();
+    }
+  }
+
+ private:
+  enum class Phase { ReduceScatter, AcrossNodes, AllGather, Done };
+
+  void advance() {
+    switch (phase_) {
+      case Phase::ReduceScatter:
+        phase_ = Phase::AcrossNodes;
+        current_ = g_->lane.valid() ? g_->lane.backend().start_all_reduce(block_, sum_)
+                                    : Backend::completed();
+        return;
+      case Phase::AcrossNodes:
+        phase_ = Phase::AllGather;
+        current_ = g_->node.backend().start_all_gather(sum_, out_, layout_);
+        return;
+      case Phase::AllGather:
+        phase_ = Phase::Done;
+        current_.reset();
+        return;
+      case Phase::Done:
+        return;
+    }
+  }
+
+  std::shared_ptr<const NodeGroups> g_;
+  Tensor in_, out_, block_, sum_;
+  BlockLayout layout_;
+  std::unique_ptr<PendingCollective> current_;
+  Phase phase_ = Phase::ReduceScatter;
+};
+
+}  // namespace
+
+void hierarchical_all_reduce(const NodeGroups& groups, const Tensor& in, const Tensor& out) {
+  check_arguments(groups, in, out);
+  const BlockLayout layout = lane_layout(in.numel(), groups.lanes, groups.node.size());
+  const int64_t mine = layout.counts[static_cast<size_t>(groups.local_rank)];
+  const TensorOptions options = TensorOptions{}.with_dtype(in.dtype()).with_device(in.device());
+  Tensor block = Tensor::empty({mine}, options), sum = Tensor::empty({mine}, options);
+  groups.node.backend().reduce_scatter(in, layout, block);
+  if (groups.lane.valid()) groups.lane.backend().all_reduce(block, sum);
+  groups.node.backend().all_gather(sum, out, layout);
+}
+
+std::unique_ptr<PendingCollective> start_hierarchical_all_reduce(
+    std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out) {
+  HAP_CHECK(groups != nullptr, "start_hierarchical_all_reduce: no node groups");
+  check_arguments(*groups, in, out);
+  return std::make_unique<PendingHierarchical>(std::move(groups), in, out);
+}
+
+}  // namespace hap::parallel
