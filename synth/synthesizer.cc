@@ -708,6 +708,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     Cluster roomy = cluster;
     for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
     CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
+    free_cm.set_hierarchical(options.hierarchical_collectives);
     free_cm.set_recompute(seg, recompute);
     DistributedProgram free = search_rounds(free_cm, "", nullptr);
     if (std::isfinite(free.predicted_step_s) &&
