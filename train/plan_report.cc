@@ -119,6 +119,25 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   if (const auto n = std::count(p.recompute.begin(), p.recompute.end(), true); n > 0)
     os << "recomputation: " << n << " of " << p.recompute.size()
        << " segments keep no activations for backward and run their forward again there\n";
+  // Hierarchical all-reduces: how many, over which nodes, and what they save against the flat
+  // form (each priced on its own, overlap left out).
+  int hierarchical = 0;
+  double flat_s = 0, hier_s = 0;
+  for (const synth::Instruction& in : p.instructions) {
+    if (in.method != synth::CollectiveMethod::Hierarchical) continue;
+    ++hierarchical;
+    hier_s += in.cost_s;
+    flat_s += cm.communication(in.kind, in.tensor, synth::CollectiveMethod::Grouped)
+                  .eval(p.ratios[static_cast<size_t>(in.segment)]);
+  }
+  if (hierarchical > 0) {
+    size_t lanes = c.devices.size();
+    for (const synth::Node& node : c.nodes) lanes = std::min(lanes, node.devices.size());
+    os << "hierarchical all-reduces: " << hierarchical << " (inside each of the " << c.num_nodes()
+       << " nodes, then across them in " << lanes << " lane" << (lanes == 1 ? "" : "s")
+       << "): " << fmt_s(hier_s) << " per step where flat ones would take " << fmt_s(flat_s)
+       << "\n";
+  }
 
   // A segment's work comes in whole rows (granules): where the ratios round to other shares of
   // its largest split computation, say what each device really gets.

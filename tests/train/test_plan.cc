@@ -289,6 +289,31 @@ class PlanReport : public ::testing::Test {
   hap::synth::Graph graph_;
 };
 
+// A program whose all-reduces run hierarchically says how many, over which nodes, and what they
+// take against the flat form; one without says nothing of it.
+TEST_F(PlanReport, HierarchicalAllReducesAreCountedWithWhatTheySave) {
+  hap::synth::Cluster c;
+  c.name = "two-nodes";
+  c.inter_node = {1e6, 1e-3};
+  const std::vector<hap::synth::Device> devs = cluster_of(numbered(4)).devices;
+  c.add_node("a", {1e10, 1e-6}, {devs[0], devs[1]});
+  c.add_node("b", {1e10, 1e-6}, {devs[2], devs[3]});
+  c.validate();
+  hap::synth::SynthesisOptions o;
+  o.strategy = hap::synth::Strategy::DpCp;
+  const hap::synth::DistributedProgram hier = hap::synth::synthesize(graph_, c, o);
+  const std::vector<std::string> lines =
+      lines_starting(report(c, hier), "hierarchical all-reduces: ");
+  ASSERT_EQ(lines.size(), 1u) << report(c, hier);
+  EXPECT_NE(lines[0].find("inside each of the 2 nodes, then across them in 2 lanes"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[0].find("where flat ones would take"), std::string::npos) << lines[0];
+  o.hierarchical_collectives = false;
+  const hap::synth::DistributedProgram flat = hap::synth::synthesize(graph_, c, o);
+  EXPECT_TRUE(lines_starting(report(c, flat), "hierarchical all-reduces").empty());
+}
+
 TEST_F(PlanReport, TimesKeepTheirUnitAtAnySize) {
   const hap::synth::Cluster c = cluster_of(numbered(2));
   std::string out = report(c, program(c, 2e30));
