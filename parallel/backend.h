@@ -17,6 +17,7 @@
 // Errors throw (MpiError for a failed MPI call, hap::Error for bad arguments).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,35 @@ class PendingCollective {
   virtual ~PendingCollective() = default;
   virtual bool test() = 0;
   virtual void wait() = 0;
+};
+
+// A collective made of phases run one after another: each phase is started (returning its own
+// pending collective) once the one before has completed; test() and wait() advance them.
+class PhasedCollective final : public PendingCollective {
+ public:
+  using Phase = std::function<std::unique_ptr<PendingCollective>()>;
+  explicit PhasedCollective(std::vector<Phase> phases) : phases_(std::move(phases)) { advance(); }
+
+  bool test() override {
+    while (current_) {
+      if (!current_->test()) return false;
+      advance();
+    }
+    return true;
+  }
+  void wait() override {
+    while (current_) {
+      current_->wait();
+      advance();
+    }
+  }
+
+ private:
+  void advance() { current_ = next_ < phases_.size() ? phases_[next_++]() : nullptr; }
+
+  std::vector<Phase> phases_;
+  size_t next_ = 0;
+  std::unique_ptr<PendingCollective> current_;
 };
 
 class Backend {

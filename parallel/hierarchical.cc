@@ -50,64 +50,6 @@ void check_arguments(const NodeGroups& g, const Tensor& in, const Tensor& out) {
   HAP_CHECK(in.dtype() != DType::U8, op, ": cannot sum u8 tensors (masks); cast them first");
 }
 
-// The three phases, each started when the one before has completed.
-class PendingHierarchical final : public PendingCollective {
- public:
-  PendingHierarchical(std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out)
-      : g_(std::move(groups)), in_(in), out_(out) {
-    layout_ = lane_layout(in.numel(), g_->lanes, g_->node.size());
-    const int64_t mine = layout_.counts[static_cast<size_t>(g_->local_rank)];
-    const TensorOptions options = TensorOptions{}.with_dtype(in.dtype()).with_device(in.device());
-    block_ = Tensor::empty({mine}, options);
-    sum_ = Tensor::empty({mine}, options);
-    current_ = g_->node.backend().start_reduce_scatter(in_, layout_, block_);
-  }
-
-  bool test() override {
-    while (phase_ != Phase::Done) {
-      if (!current_->test()) return false;
-      advance();
-    }
-    return true;
-  }
-
-  void wait() override {
-    while (phase_ != Phase::Done) {
-      current_->wait();
-      advance();
-    }
-  }
-
- private:
-  enum class Phase { ReduceScatter, AcrossNodes, AllGather, Done };
-
-  void advance() {
-    switch (phase_) {
-      case Phase::ReduceScatter:
-        phase_ = Phase::AcrossNodes;
-        current_ = g_->lane.valid() ? g_->lane.backend().start_all_reduce(block_, sum_)
-                                    : Backend::completed();
-        return;
-      case Phase::AcrossNodes:
-        phase_ = Phase::AllGather;
-        current_ = g_->node.backend().start_all_gather(sum_, out_, layout_);
-        return;
-      case Phase::AllGather:
-        phase_ = Phase::Done;
-        current_.reset();
-        return;
-      case Phase::Done:
-        return;
-    }
-  }
-
-  std::shared_ptr<const NodeGroups> g_;
-  Tensor in_, out_, block_, sum_;
-  BlockLayout layout_;
-  std::unique_ptr<PendingCollective> current_;
-  Phase phase_ = Phase::ReduceScatter;
-};
-
 }  // namespace
 
 void hierarchical_all_reduce(const NodeGroups& groups, const Tensor& in, const Tensor& out) {
@@ -125,7 +67,19 @@ std::unique_ptr<PendingCollective> start_hierarchical_all_reduce(
     std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out) {
   HAP_CHECK(groups != nullptr, "start_hierarchical_all_reduce: no node groups");
   check_arguments(*groups, in, out);
-  return std::make_unique<PendingHierarchical>(std::move(groups), in, out);
+  // The phases of hierarchical_all_reduce, each started when the one before has completed.
+  const BlockLayout layout = lane_layout(in.numel(), groups->lanes, groups->node.size());
+  const int64_t mine = layout.counts[static_cast<size_t>(groups->local_rank)];
+  const TensorOptions options = TensorOptions{}.with_dtype(in.dtype()).with_device(in.device());
+  Tensor block = Tensor::empty({mine}, options), sum = Tensor::empty({mine}, options);
+  const std::shared_ptr<const NodeGroups>& g = groups;
+  return std::make_unique<PhasedCollective>(std::vector<PhasedCollective::Phase>{
+      [g, in, layout, block] { return g->node.backend().start_reduce_scatter(in, layout, block); },
+      [g, block, sum] {
+        return g->lane.valid() ? g->lane.backend().start_all_reduce(block, sum)
+                               : Backend::completed();
+      },
+      [g, sum, out, layout] { return g->node.backend().start_all_gather(sum, out, layout); }});
 }
 
 }  // namespace hap::parallel

@@ -201,6 +201,16 @@ void check_reducible(DType dtype, const char* op) {
   HAP_CHECK(dtype != DType::U8, op, ": cannot sum u8 tensors (masks); cast them first");
 }
 
+void check_all_gather(const Tensor& in, const Tensor& out, const BlockLayout& layout, int rank,
+                      int size) {
+  const char* op = "all_gather";
+  check_buffer(in, op);
+  check_buffer(out, op);
+  check_layout(layout, size, out, op);
+  HAP_CHECK(in.numel() >= layout.counts[rank], op, ": rank ", rank, " sends ", layout.counts[rank],
+            " elements from a tensor of ", in.numel());
+}
+
 // out = block_0 + block_1 + ... in rank order, block r being `n` elements at displs[r] of `recv`.
 void sum_in_rank_order(const Tensor& recv, const std::vector<int64_t>& displs, const Tensor& out) {
   const int64_t n = out.numel();
@@ -343,11 +353,7 @@ void MpiBackend::reduce(const Tensor& in, const Tensor& out, int root) {
 
 void MpiBackend::all_gather(const Tensor& in, const Tensor& out, const BlockLayout& layout) {
   const char* op = "all_gather";
-  check_buffer(in, op);
-  check_buffer(out, op);
-  check_layout(layout, size_, out, op);
-  HAP_CHECK(in.numel() >= layout.counts[rank_], op, ": rank ", rank_, " sends ",
-            layout.counts[rank_], " elements from a tensor of ", in.numel());
+  check_all_gather(in, out, layout, rank_, size_);
   const MPI_Datatype type = mpi_datatype(in.dtype());
   if (layout.regular()) {
     const int count = mpi_count(layout.counts[0], op);
@@ -382,36 +388,12 @@ void MpiBackend::all_to_all(const Tensor& in, const BlockLayout& send, const Ten
 }
 
 void MpiBackend::reduce_scatter(const Tensor& in, const BlockLayout& layout, const Tensor& out) {
-  const char* op = "reduce_scatter";
-  check_buffer(in, op);
-  check_buffer(out, op);
-  check_reducible(in.dtype(), op);
-  check_layout(layout, size_, in, op);
-  const int64_t mine = layout.counts[rank_];
-  HAP_CHECK(out.numel() == mine, op, ": rank ", rank_, "'s output has ", out.numel(),
-            " elements, its block ", mine);
   // Every addend of my block comes to me, then I add them up in rank order.
-  const BlockLayout recv = BlockLayout::slots(static_cast<size_t>(size_), mine);
-  Tensor addends = Tensor::empty({recv.total()}, TensorOptions{}.with_dtype(in.dtype()));
-  all_to_all(in, layout, addends, recv);
-  sum_in_rank_order(addends, recv.displs, out);
+  start_reduce_scatter(in, layout, out)->wait();
 }
 
 void MpiBackend::all_reduce(const Tensor& in, const Tensor& out) {
-  const char* op = "all_reduce";
-  check_buffer(in, op);
-  check_buffer(out, op);
-  HAP_CHECK(out.numel() == in.numel() && out.dtype() == in.dtype(), op, ": out ", out.str(),
-            " does not match in ", in.str());
-  // A reduce-scatter over even blocks, then an all-gather of the sums.
-  const int64_t n = in.numel();
-  std::vector<int64_t> counts(static_cast<size_t>(size_), n / size_);
-  for (int64_t r = 0; r < n % size_; ++r) counts[static_cast<size_t>(r)] += 1;
-  const BlockLayout layout = BlockLayout::packed(counts);
-  Tensor mine =
-      Tensor::empty({counts[static_cast<size_t>(rank_)]}, TensorOptions{}.with_dtype(in.dtype()));
-  reduce_scatter(in, layout, mine);
-  all_gather(mine, out, layout);
+  start_all_reduce(in, out)->wait();
 }
 
 }  // namespace hap::parallel
@@ -420,83 +402,6 @@ namespace hap::parallel {
 
 namespace {
 
-// MpiBackend::all_reduce as nonblocking phases: an all-to-all moves every addend of rank r's
-// even block to rank r, test() or wait() adds them up in rank order once it has arrived and
-// starts the all-gather of the sums. The same blocks, the same sums, the same bits.
-class MpiPendingAllReduce final : public PendingCollective {
- public:
-  MpiPendingAllReduce(MPI_Comm comm, int rank, int size, const Tensor& in, const Tensor& out)
-      : comm_(comm), rank_(rank), in_(in), out_(out) {
-    const int64_t n = in.numel();
-    std::vector<int64_t> counts(static_cast<size_t>(size), n / size);
-    for (int64_t r = 0; r < n % size; ++r) counts[static_cast<size_t>(r)] += 1;
-    layout_ = BlockLayout::packed(counts);
-    const int64_t mine_n = counts[static_cast<size_t>(rank)];
-    recv_ = BlockLayout::slots(static_cast<size_t>(size), mine_n);
-    addends_ = Tensor::empty({recv_.total()}, TensorOptions{}.with_dtype(in.dtype()));
-    mine_ = Tensor::empty({mine_n}, TensorOptions{}.with_dtype(in.dtype()));
-    const char* op = "all_reduce";
-    send_counts_ = mpi_counts(layout_.counts, op);
-    send_displs_ = mpi_counts(layout_.displs, op);
-    recv_counts_ = mpi_counts(recv_.counts, op);
-    recv_displs_ = mpi_counts(recv_.displs, op);
-    const MPI_Datatype type = mpi_datatype(in.dtype());
-    HAP_MPI_CHECK(MPI_Ialltoallv(in_.raw_data(), send_counts_.data(), send_displs_.data(), type,
-                                 addends_.raw_data(), recv_counts_.data(), recv_displs_.data(),
-                                 type, comm_, &request_));
-  }
-
-  ~MpiPendingAllReduce() override {
-    // MPI cannot cancel a started collective: its buffers must outlive it (this happens only on
-    // an error path, where the job is ending).
-    if (phase_ != Phase::Done)
-      new Tensor[4]{in_, out_, addends_, mine_};  // NOLINT: deliberately kept alive
-  }
-
-  bool test() override {
-    while (phase_ != Phase::Done) {
-      int done = 0;
-      HAP_MPI_CHECK(MPI_Test(&request_, &done, MPI_STATUS_IGNORE));
-      if (!done) return false;
-      advance();
-    }
-    return true;
-  }
-
-  void wait() override {
-    while (phase_ != Phase::Done) {
-      complete(request_, phase_ == Phase::AllToAll ? "MPI_Ialltoallv(all_reduce)"
-                                                   : "MPI_Iallgatherv(all_reduce)");
-      advance();
-    }
-  }
-
- private:
-  enum class Phase { AllToAll, AllGather, Done };
-
-  // The current phase's request has completed: start the next.
-  void advance() {
-    if (phase_ == Phase::AllGather) {
-      phase_ = Phase::Done;
-      return;
-    }
-    sum_in_rank_order(addends_, recv_.displs, mine_);
-    const MPI_Datatype type = mpi_datatype(in_.dtype());
-    HAP_MPI_CHECK(MPI_Iallgatherv(mine_.raw_data(), send_counts_[static_cast<size_t>(rank_)], type,
-                                  out_.raw_data(), send_counts_.data(), send_displs_.data(), type,
-                                  comm_, &request_));
-    phase_ = Phase::AllGather;
-  }
-
-  MPI_Comm comm_;
-  int rank_;
-  Tensor in_, out_, addends_, mine_;
-  BlockLayout layout_, recv_;
-  std::vector<int> send_counts_, send_displs_, recv_counts_, recv_displs_;
-  MPI_Request request_ = MPI_REQUEST_NULL;
-  Phase phase_ = Phase::AllToAll;
-};
-
 // One nonblocking MPI call and, once it has completed, a local step (`then`). Keeps the tensors
 // and the count arrays the call reads alive until then (MPI may read them until it completes).
 class MpiPendingCall final : public PendingCollective {
@@ -504,7 +409,9 @@ class MpiPendingCall final : public PendingCollective {
   MpiPendingCall(const char* call, std::vector<Tensor> keep, std::function<void()> then = {})
       : call_(call), keep_(std::move(keep)), then_(std::move(then)) {}
   ~MpiPendingCall() override {
-    if (!done_) new std::vector<Tensor>(std::move(keep_));  // NOLINT: see MpiPendingAllReduce
+    // MPI cannot cancel a started collective: its buffers must outlive it (this happens only on
+    // an error path, where the job is ending).
+    if (!done_) new std::vector<Tensor>(std::move(keep_));  // NOLINT: deliberately kept alive
   }
 
   MPI_Request* request() { return &request_; }
@@ -552,7 +459,7 @@ std::unique_ptr<PendingCollective> MpiBackend::start_reduce_scatter(const Tensor
   const int64_t mine = layout.counts[rank_];
   HAP_CHECK(out.numel() == mine, op, ": rank ", rank_, "'s output has ", out.numel(),
             " elements, its block ", mine);
-  // As reduce_scatter(): every addend of my block comes to me, then I add them up in rank order.
+  // Every addend of my block comes to me, then I add them up in rank order.
   const BlockLayout recv = BlockLayout::slots(static_cast<size_t>(size_), mine);
   Tensor addends = Tensor::empty({recv.total()}, TensorOptions{}.with_dtype(in.dtype()));
   auto call = std::make_unique<MpiPendingCall>(
@@ -572,11 +479,7 @@ std::unique_ptr<PendingCollective> MpiBackend::start_reduce_scatter(const Tensor
 std::unique_ptr<PendingCollective> MpiBackend::start_all_gather(const Tensor& in, const Tensor& out,
                                                                 const BlockLayout& layout) {
   const char* op = "all_gather";
-  check_buffer(in, op);
-  check_buffer(out, op);
-  check_layout(layout, size_, out, op);
-  HAP_CHECK(in.numel() >= layout.counts[rank_], op, ": rank ", rank_, " sends ",
-            layout.counts[rank_], " elements from a tensor of ", in.numel());
+  check_all_gather(in, out, layout, rank_, size_);
   auto call =
       std::make_unique<MpiPendingCall>("MPI_Iallgatherv(all_gather)", std::vector<Tensor>{in, out});
   call->ints(0) = mpi_counts(layout.counts, op);
@@ -596,7 +499,17 @@ std::unique_ptr<PendingCollective> MpiBackend::start_all_reduce(const Tensor& in
   check_reducible(in.dtype(), op);
   HAP_CHECK(out.numel() == in.numel() && out.dtype() == in.dtype(), op, ": out ", out.str(),
             " does not match in ", in.str());
-  return std::make_unique<MpiPendingAllReduce>(comm_, rank_, size_, in, out);
+  // A reduce-scatter over even blocks (every addend of rank r's block to rank r, summed there in
+  // rank order), then an all-gather of the sums.
+  const int64_t n = in.numel();
+  std::vector<int64_t> counts(static_cast<size_t>(size_), n / size_);
+  for (int64_t r = 0; r < n % size_; ++r) counts[static_cast<size_t>(r)] += 1;
+  const BlockLayout layout = BlockLayout::packed(counts);
+  Tensor mine =
+      Tensor::empty({counts[static_cast<size_t>(rank_)]}, TensorOptions{}.with_dtype(in.dtype()));
+  return std::make_unique<PhasedCollective>(std::vector<PhasedCollective::Phase>{
+      [this, in, layout, mine] { return start_reduce_scatter(in, layout, mine); },
+      [this, mine, out, layout] { return start_all_gather(mine, out, layout); }});
 }
 
 }  // namespace hap::parallel
