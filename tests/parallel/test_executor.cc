@@ -314,7 +314,9 @@ TEST(Executor, HierarchicalAllReducesMatchOneDevice) {
             activations += in.kind == synth::InstrKind::AllReduce;
           }
           EXPECT_GT(hierarchical, 0) << "no all-reduce runs hierarchically";
-          if (strategy == synth::Strategy::Tp) EXPECT_GT(activations, 0);
+          if (strategy == synth::Strategy::Tp) {
+            EXPECT_GT(activations, 0);
+          }
           ASSERT_EQ(plan.nodes.size(), static_cast<size_t>(world().size()));
           for (int r = 0; r < world().size(); ++r)
             EXPECT_EQ(plan.nodes[r], r < (world().size() + 1) / 2 ? 0 : 1);
@@ -443,10 +445,13 @@ TEST(Executor, OverlappedGradientAllReducesEqualTheBlockingOnesBitForBit) {
     const synth::DistributedProgram plan = synth::synthesize(
         g, two_nodes ? testing::two_node_cluster_for(world().size()) : cluster_for(world().size()),
         opt);
-    if (two_nodes)
-      for (const synth::Instruction& in : plan.instructions)
-        if (in.kind == synth::InstrKind::GradAllReduce)
+    if (two_nodes) {
+      for (const synth::Instruction& in : plan.instructions) {
+        if (in.kind == synth::InstrKind::GradAllReduce) {
           EXPECT_EQ(in.method, CollectiveMethod::Hierarchical);
+        }
+      }
+    }
     int grad_all_reduces = 0;
     for (const synth::Instruction& in : plan.instructions)
       grad_all_reduces += in.kind == synth::InstrKind::GradAllReduce;
