@@ -245,7 +245,7 @@ Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveM
       Tensor::empty(x_partial.shape(),
                     TensorOptions{}.with_dtype(x_partial.dtype()).with_device(x_partial.device()));
   if (method == CollectiveMethod::Hierarchical)
-    hierarchical_all_reduce(*comm.node_groups(), in, out);
+    hierarchical_all_reduce(comm.node_groups(), in, out);
   else
     comm.backend().all_reduce(in, out);
   return out;

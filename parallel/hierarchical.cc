@@ -17,8 +17,6 @@ std::shared_ptr<const NodeGroups> group_by_node(const Communicator& comm,
   std::map<int, int> node_size;  // label -> ranks; ordered by label
   for (int label : node_of_rank) ++node_size[label];
   auto groups = std::make_shared<NodeGroups>();
-  groups->size = comm.size();
-  groups->nodes = static_cast<int>(node_size.size());
   groups->lanes = comm.size();
   for (const auto& [label, n] : node_size) groups->lanes = std::min(groups->lanes, n);
   const int mine = node_of_rank[static_cast<size_t>(comm.rank())];
@@ -52,17 +50,6 @@ void check_arguments(const NodeGroups& g, const Tensor& in, const Tensor& out) {
 
 }  // namespace
 
-void hierarchical_all_reduce(const NodeGroups& groups, const Tensor& in, const Tensor& out) {
-  check_arguments(groups, in, out);
-  const BlockLayout layout = lane_layout(in.numel(), groups.lanes, groups.node.size());
-  const int64_t mine = layout.counts[static_cast<size_t>(groups.local_rank)];
-  const TensorOptions options = TensorOptions{}.with_dtype(in.dtype()).with_device(in.device());
-  Tensor block = Tensor::empty({mine}, options), sum = Tensor::empty({mine}, options);
-  groups.node.backend().reduce_scatter(in, layout, block);
-  if (groups.lane.valid()) groups.lane.backend().all_reduce(block, sum);
-  groups.node.backend().all_gather(sum, out, layout);
-}
-
 std::unique_ptr<PendingCollective> start_hierarchical_all_reduce(
     std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out) {
   HAP_CHECK(groups != nullptr, "start_hierarchical_all_reduce: no node groups");
@@ -80,6 +67,11 @@ std::unique_ptr<PendingCollective> start_hierarchical_all_reduce(
                                : Backend::completed();
       },
       [g, sum, out, layout] { return g->node.backend().start_all_gather(sum, out, layout); }});
+}
+
+void hierarchical_all_reduce(std::shared_ptr<const NodeGroups> groups, const Tensor& in,
+                             const Tensor& out) {
+  start_hierarchical_all_reduce(std::move(groups), in, out)->wait();
 }
 
 }  // namespace hap::parallel

@@ -27,10 +27,8 @@ struct NodeGroups {
   Communicator node;   // the ranks of this rank's node, in rank order
   Communicator lane;   // local rank `local_rank` of every node, in node order; invalid when
                        // local_rank >= lanes
-  int nodes = 0;       // how many nodes
   int lanes = 0;       // the smallest node's size
   int local_rank = 0;  // this rank's place in its node
-  int size = 0;        // ranks in all (of the communicator grouped)
 };
 
 // Groups comm's ranks by node: node_of_rank[r] labels rank r's node (any integers; nodes are
@@ -40,13 +38,14 @@ std::shared_ptr<const NodeGroups> group_by_node(const Communicator& comm,
                                                 const std::vector<int>& node_of_rank);
 
 // The sum over every rank of `in` into `out` (contiguous, same size and dtype, on a device the
-// backends support) by the three phases above.
-void hierarchical_all_reduce(const NodeGroups& groups, const Tensor& in, const Tensor& out);
-
-// The same, started: the phases advance in test() and wait() (nonblocking where the backends
-// have nonblocking forms, Backend::start_reduce_scatter and friends). Same rules as
-// Backend::start_all_reduce: the communicators in `groups` carry nothing else until it completes.
+// backends support) by the three phases above, started: the phases advance in test() and wait()
+// (nonblocking where the backends have nonblocking forms, Backend::start_reduce_scatter and
+// friends). Same rules as Backend::start_all_reduce: the communicators in `groups` carry nothing
+// else until it completes.
 std::unique_ptr<PendingCollective> start_hierarchical_all_reduce(
     std::shared_ptr<const NodeGroups> groups, const Tensor& in, const Tensor& out);
+// The same, run to completion.
+void hierarchical_all_reduce(std::shared_ptr<const NodeGroups> groups, const Tensor& in,
+                             const Tensor& out);
 
 }  // namespace hap::parallel

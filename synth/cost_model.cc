@@ -309,6 +309,13 @@ bool CostModel::hierarchical_possible() const {
   return false;  // one device per node: the hierarchical form is the flat one
 }
 
+int CostModel::hierarchy_lanes() const {
+  int lanes = num_devices();
+  for (const Node& node : cluster_.nodes)
+    lanes = std::min(lanes, static_cast<int>(node.devices.size()));
+  return lanes;
+}
+
 CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMethod method) const {
   AllReduceTime t;
   const int P = num_devices();
@@ -325,9 +332,7 @@ CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMeth
             "cost model: a hierarchical all-reduce needs several nodes, "
             "one of them with several devices; cluster '",
             cluster_.name, "' has ", cluster_.num_nodes(), " node(s)");
-  int lanes = P;
-  for (const Node& node : cluster_.nodes)
-    lanes = std::min(lanes, static_cast<int>(node.devices.size()));
+  const int lanes = hierarchy_lanes();
   // Inside each node (the slowest node sets the pace): a reduce-scatter and an all-gather of
   // `lanes` even blocks, priced as the uneven collectives with the largest share 1 / lanes.
   for (Collective phase : {Collective::ReduceScatter, Collective::AllGather}) {

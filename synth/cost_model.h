@@ -124,6 +124,8 @@ class CostModel {
   // of them with several devices), and whether, besides, it is allowed.
   bool hierarchical_possible() const;
   bool hierarchical_available() const { return hierarchical_allowed_ && hierarchical_possible(); }
+  // The hierarchical form's lanes: the smallest node's number of devices.
+  int hierarchy_lanes() const;
   // One all-reduce of `bytes` over every device in the given form (Hierarchical or a flat one),
   // split into its latency and its bandwidth parts.
   struct AllReduceTime {

@@ -98,6 +98,15 @@ std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_
   return seg;
 }
 
+void record_nodes(DistributedProgram& p, const Cluster& cluster) {
+  p.nodes.clear();
+  for (const Instruction& in : p.instructions)
+    if (in.method == CollectiveMethod::Hierarchical) {
+      for (const Device& d : cluster.devices) p.nodes.push_back(d.node);
+      return;
+    }
+}
+
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios) {
   // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
@@ -830,12 +839,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   }
   best.hidden_communication_s = step_time(cm, best.instructions).hidden_s;
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
-  for (const Instruction& in : best.instructions)
-    if (in.method == CollectiveMethod::Hierarchical) {
-      best.nodes.clear();
-      for (const Device& d : cluster.devices) best.nodes.push_back(d.node);
-      break;
-    }
+  record_nodes(best, cluster);
   best.steps = std::move(steps);
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return best;

@@ -64,6 +64,10 @@ struct SynthesisOptions {
   std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)
 };
 
+// Sets p.nodes to each device's node in `cluster` (the program's own devices) where the program
+// has a hierarchical all-reduce; leaves it empty otherwise.
+void record_nodes(DistributedProgram& p, const Cluster& cluster);
+
 // Segment of every node and the number of segments.
 std::vector<int> assign_segments(const Graph& graph, SegmentMode mode, int* num_segments);
 

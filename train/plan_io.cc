@@ -397,11 +397,7 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
         p.recompute.push_back(r[s].get<bool>());
       }
     }
-    for (const synth::Instruction& x : p.instructions)
-      if (x.method == CollectiveMethod::Hierarchical) {
-        for (const synth::Device& d : cm.cluster().devices) p.nodes.push_back(d.node);
-        break;
-      }
+    synth::record_nodes(p, cm.cluster());
     check_program(cm, p, path);
     // Priced as it runs: with the segments it recomputes.
     synth::CostModel priced = cm;

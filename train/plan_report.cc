@@ -131,8 +131,7 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
                   .eval(p.ratios[static_cast<size_t>(in.segment)]);
   }
   if (hierarchical > 0) {
-    size_t lanes = c.devices.size();
-    for (const synth::Node& node : c.nodes) lanes = std::min(lanes, node.devices.size());
+    const int lanes = cm.hierarchy_lanes();
     os << "hierarchical all-reduces: " << hierarchical << " (inside each of the " << c.num_nodes()
        << " nodes, then across them in " << lanes << " lane" << (lanes == 1 ? "" : "s")
        << "): " << fmt_s(hier_s) << " per step where flat ones would take " << fmt_s(flat_s)

@@ -81,7 +81,7 @@ void check_sums(DType dtype) {
       const std::vector<T> want = expected_sums<T>(labels, numel);
       const size_t bytes = static_cast<size_t>(numel) * sizeof(T);
       Tensor out = Tensor::empty({numel}, TensorOptions{}.with_dtype(dtype));
-      hierarchical_all_reduce(*groups, in, out);
+      hierarchical_all_reduce(groups, in, out);
       EXPECT_EQ(std::memcmp(out.raw_data(), want.data(), bytes), 0) << "blocking";
       Tensor started = Tensor::empty({numel}, TensorOptions{}.with_dtype(dtype));
       auto pending = start_hierarchical_all_reduce(groups, in, started);
@@ -112,7 +112,7 @@ TEST(HierarchicalAllReduce, Bf16IsCloseToTheExactSumAndTheSameOnEveryRank) {
     for (int64_t i = 0; i < numel; ++i) mine[static_cast<size_t>(i)] = addend(world().rank(), i);
     const Tensor in = Tensor::from_vector(mine, {numel}, TensorOptions{}.with_dtype(DType::BF16));
     Tensor out = Tensor::empty({numel}, TensorOptions{}.with_dtype(DType::BF16));
-    hierarchical_all_reduce(*groups, in, out);
+    hierarchical_all_reduce(groups, in, out);
     const Tensor got = out.to(DType::F64);
     const double* g = static_cast<const double*>(got.raw_data());
     // Each rank's addends as bf16 holds them.
