@@ -58,7 +58,15 @@ void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) continue;
-    if (save) node.saved_inputs[i] = t.detach();
+    if (save) {
+      const AutogradMeta* meta = t.impl()->autograd.get();
+      if (meta && meta->remake) {
+        node.remake_inputs.resize(inputs.size());
+        node.remake_inputs[i] = {meta->remake, t.shape(), t.dtype()};
+      } else {
+        node.saved_inputs[i] = t.detach();
+      }
+    }
     if (t.requires_grad()) {
       node.next[i] = {edge_for(t), t.grad_fn() ? t.impl()->autograd->output_nr : 0u};
       node.needs_input_grad[i] = true;
@@ -220,6 +228,17 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     }
 
     const char* name = node->custom ? node->custom_name : ops::op_name(node->kind);
+    // Saved inputs that were not kept are made again, whether or not a gradient arrived (every
+    // rank of an SPMD program runs the same nodes in the same order, and a remake may be a
+    // collective), and dropped after.
+    for (size_t i = 0; i < node->remake_inputs.size(); ++i)
+      if (const Node::Remake& r = node->remake_inputs[i]; r.make) {
+        Tensor v = (*r.make)();
+        HAP_CHECK(v.defined() && v.shape() == r.shape && v.dtype() == r.dtype, "backward of ", name,
+                  ": input ", i, " made again as ", v.defined() ? v.str() : "undefined",
+                  ", it was ", dtype_name(r.dtype), shape_str(r.shape));
+        node->saved_inputs[i] = v.detach();
+      }
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
     std::vector<Tensor> in_grads;
@@ -234,6 +253,8 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", name, " returned ",
                  in_grads.size(), " gradients for ", node->next.size(), " inputs");
     }
+    for (size_t i = 0; i < node->remake_inputs.size(); ++i)
+      if (node->remake_inputs[i].make) node->saved_inputs[i] = Tensor();
     for (size_t i = 0; i < node->next.size(); ++i) {
       const Edge& e = node->next[i];
       if (!e.node) continue;
@@ -287,6 +308,16 @@ std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& i
   link_inputs(*node, inputs, false);
   attach_outputs(node, outputs);
   return outputs;
+}
+
+Tensor rematerializable(const Tensor& t, std::function<Tensor()> remake) {
+  HAP_CHECK(t.defined() && t.requires_grad(),
+            "autograd::rematerializable: the tensor must require grad (it has nothing to save "
+            "otherwise), got ",
+            t.defined() ? t.str() : "an undefined tensor");
+  HAP_CHECK(static_cast<bool>(remake), "autograd::rematerializable: no function given");
+  t.impl()->autograd->remake = std::make_shared<const std::function<Tensor()>>(std::move(remake));
+  return t;
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

@@ -54,4 +54,14 @@ std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<T
 std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& inputs,
                                   std::vector<Tensor> outputs, CustomBackward backward);
 
+// Marks `t` (an op output or a leaf that requires grad) so that the ops recording it as a saved
+// input do not keep it: each keeps `remake` instead and calls it right before its backward
+// runs, dropping the result after. `t`'s memory is then free once the forward pass stops
+// reading it (ZeRO-3: a parameter all-gathered from its shards is gathered again in backward).
+// remake must return the same values, shape and dtype; it is called once per saving node whose
+// backward runs, on the backward pass's thread, in the deterministic order of that pass (every
+// SPMD rank calls it at the same point, so it may run a collective). Views of `t`, and copies
+// made by detach(), are not marked. Returns `t`.
+Tensor rematerializable(const Tensor& t, std::function<Tensor()> remake);
+
 }  // namespace hap::autograd

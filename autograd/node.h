@@ -30,7 +30,15 @@ struct Node {
   ops::Attrs attrs;
   std::vector<Tensor> saved_inputs;   // detached; undefined where not saved
   std::vector<Tensor> saved_outputs;  // detached; undefined where not saved
-  std::vector<Edge> next;             // one per op input; node null when no grad flows there
+  // Per input (empty: none): how to make a saved input again that was not kept (the input was
+  // rematerializable): the backward pass fills saved_inputs from it and drops it after.
+  struct Remake {
+    std::shared_ptr<const std::function<Tensor()>> make;
+    Shape shape;  // what it must return
+    DType dtype{};
+  };
+  std::vector<Remake> remake_inputs;
+  std::vector<Edge> next;  // one per op input; node null when no grad flows there
   std::vector<bool> needs_input_grad;
   std::vector<ops::TensorMeta> output_meta;
   uint64_t sequence = 0;  // creation order; later nodes run first in backward

@@ -4,6 +4,7 @@
 // only read metadata or build raw, non-differentiable views.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,9 @@ struct AutogradMeta {
   std::shared_ptr<TensorImpl> grad;
   std::shared_ptr<autograd::Node> grad_fn;  // null for leaves
   uint32_t output_nr = 0;                   // which output of grad_fn this tensor is
+  // Set by autograd::rematerializable: the nodes that save this tensor for their backward keep
+  // this instead, and call it when their backward runs (it makes the same values again).
+  std::shared_ptr<const std::function<Tensor()>> remake;
 };
 
 struct TensorImpl {

@@ -39,6 +39,15 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
   });
 }
 
+Tensor all_gather_regathered(const Communicator& comm, const Tensor& x_local, int64_t dim,
+                             const std::vector<int64_t>& lengths, CollectiveMethod method) {
+  Tensor out = functional::all_gather(comm, x_local, dim, lengths, method);
+  if (!out.requires_grad()) return out;  // no backward: nothing would be saved
+  const Tensor shard = x_local.detach();
+  return autograd::rematerializable(
+      out, [=] { return parallel::all_gather(comm, shard, dim, lengths, method); });
+}
+
 Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
                       const std::vector<int64_t>& lengths, CollectiveMethod method) {
   Tensor out = parallel::reduce_scatter(comm, x_partial.detach(), dim, lengths, method);

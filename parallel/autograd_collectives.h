@@ -67,6 +67,12 @@ namespace hap::parallel::functional {
 Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
                   const std::vector<int64_t>& lengths, CollectiveMethod method);
 
+// all_gather whose output the ops reading it do not keep for their backward: each gathers it
+// again from x_local when its backward runs (autograd::rematerializable; ZeRO-3 storage of a
+// parameter, x_local its shard, which must not change before the backward pass is over).
+Tensor all_gather_regathered(const Communicator& comm, const Tensor& x_local, int64_t dim,
+                             const std::vector<int64_t>& lengths, CollectiveMethod method);
+
 // Partial -> Sharded(dim). Backward: all_gather of the (Sharded) output gradient.
 Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
                       const std::vector<int64_t>& lengths, CollectiveMethod method);

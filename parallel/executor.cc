@@ -109,6 +109,23 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
             "executor: the program marks ", program.recompute.size(),
             " segments for recomputation but has ", program.ratios.size());
   plan_recomputation();
+  // Where each copy gathered again in backward is read for the last time in forward.
+  release_after_.assign(program.instructions.size(), {});
+  for (size_t i = 0; i < program.instructions.size(); ++i) {
+    const Instruction& in = program.instructions[i];
+    if (!in.regather) continue;
+    HAP_CHECK(in.kind == InstrKind::AllGather &&
+                  graph.tensors[in.tensor].role == synth::TensorRole::Parameter,
+              "executor: instruction ", i, " (", synth::instr_name(in.kind),
+              ") is marked regather; only a parameter's all_gather can be");
+    const Key made{in.tensor, prop_key(in.to)};
+    size_t last = i;
+    for (size_t j = i + 1; j < program.instructions.size(); ++j) {
+      const std::vector<Key> r = reads(program.instructions[j]);
+      if (std::find(r.begin(), r.end(), made) != r.end()) last = j;
+    }
+    release_after_[last].push_back(made);
+  }
   bool hierarchical = false;
   for (const Instruction& in : program.instructions)
     hierarchical = hierarchical || in.method == CollectiveMethod::Hierarchical;
@@ -363,7 +380,10 @@ void Executor::run_instruction(const Instruction& in, Values& values, Segments& 
   const CollectiveMethod m = in.method;
   switch (in.kind) {
     case InstrKind::AllGather:
-      y = functional::all_gather(comm_, x, in.from.dim, lengths(t, in.from, in.from_segment), m);
+      y = in.regather ? functional::all_gather_regathered(comm_, x, in.from.dim,
+                                                          lengths(t, in.from, in.from_segment), m)
+                      : functional::all_gather(comm_, x, in.from.dim,
+                                               lengths(t, in.from, in.from_segment), m);
       break;
     case InstrKind::ReduceScatter:
       y = functional::reduce_scatter(comm_, x, in.to.dim, lengths(t, in.to, in.segment), m);
@@ -440,14 +460,22 @@ void Executor::run_recomputed(const Region& r, const TensorSource& inputs,
 Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
   values_.assign(graph_.tensors.size(), {});
   value_segment_.assign(graph_.tensors.size(), {});
+  // Copies gathered again in backward are dropped after their last forward reader.
+  auto release = [&](size_t first, size_t end) {
+    for (size_t j = first; j < end; ++j)
+      for (const auto& [t, key] : release_after_[j]) values_[t].erase(key);
+  };
   size_t next_region = 0;
   for (size_t i = 0; i < program_.instructions.size();) {
     if (next_region < regions_.size() && regions_[next_region].first == i) {
       run_recomputed(regions_[next_region], inputs, options);
       i = regions_[next_region++].end;
+      release(regions_[next_region - 1].first, i);
       continue;
     }
-    run_instruction(program_.instructions[i++], values_, value_segment_, &inputs, options);
+    run_instruction(program_.instructions[i], values_, value_segment_, &inputs, options);
+    release(i, i + 1);
+    ++i;
   }
   if (options.training) apply_state_updates();
   const auto& lv = values_[graph_.loss];

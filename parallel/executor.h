@@ -167,6 +167,9 @@ class Executor {
   Values values_;
   Segments value_segment_;
   std::vector<Region> regions_;  // in program order
+  // Per instruction: the values forward() drops after it (copies gathered again in backward,
+  // Instruction::regather, after their last reader).
+  std::vector<std::vector<Key>> release_after_;
 };
 
 }  // namespace hap::parallel

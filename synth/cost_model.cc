@@ -187,7 +187,9 @@ CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int nu
   return t;
 }
 
-LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod method) const {
+LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod method,
+                                    bool regather) const {
+  HAP_ASSERT(!regather || kind == InstrKind::AllGather, "only an all-gather is gathered again");
   LinearCost c;
   int P = num_devices();
   if (P <= 1) return c;
@@ -214,7 +216,7 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
   // backward is the transpose of its forward.
   switch (kind) {
     case InstrKind::AllGather:  // backward: reduce-scatter of the Partial gradient
-      add(1, Collective::AllGather);
+      add(regather ? 2 : 1, Collective::AllGather);
       if (grad) add(1, Collective::ReduceScatter);
       break;
     case InstrKind::ReduceScatter:  // backward: all-gather of the Sharded gradient

@@ -106,8 +106,10 @@ class CostModel {
   // each device times the device's update_s_per_param (zero where that is not profiled).
   LinearCost update(int tensor, const Prop& stored) const;
   // Cost of converting tensor t (full logical size) from `from` to `to` with `method`; the
-  // instruction kind follows from the two properties. Backward adjoints are included.
-  LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method) const;
+  // instruction kind follows from the two properties. Backward adjoints are included; regather
+  // (an AllGather whose copy backward gathers again, Instruction::regather) adds that gather.
+  LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method,
+                           bool regather = false) const;
   // The better method for a collective under ratios r (padded vs grouped; for an all-reduce,
   // flat vs hierarchical), and its cost.
   CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,

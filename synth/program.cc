@@ -59,6 +59,9 @@ uint64_t program_hash(const DistributedProgram& p) {
     h.add(p.recompute.size());
     for (bool r : p.recompute) h.add(r ? 1 : 0);
   }
+  // Programs that gather no parameter again in backward hash as before regathers were recorded.
+  for (size_t i = 0; i < p.instructions.size(); ++i)
+    if (p.instructions[i].regather) h.add(i + 1);
   // Programs on all devices hash as before devices were recorded.
   if (!p.devices.empty()) {
     h.add(p.devices.size());

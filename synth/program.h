@@ -43,6 +43,10 @@ struct Instruction {
   int segment = 0;       // whose ratios size the shards
   int from_segment = 0;  // Reshard: the producer's segment
   CollectiveMethod method = CollectiveMethod::None;
+  // AllGather of a parameter stored sharded (ZeRO storage): the gathered copy is not kept for
+  // the backward pass, which gathers it again where a reader's backward needs it (ZeRO-3;
+  // autograd::rematerializable). false: the copy is kept from forward to backward.
+  bool regather = false;
   double cost_s = 0;  // forward + backward time predicted for this instruction
 };
 

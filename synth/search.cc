@@ -125,6 +125,32 @@ class Expander {
               fixed_view_[static_cast<size_t>(o)] = true;
         }
       }
+    // ZeRO storage: parameters that may be stored Sharded(0) where a node reads them whole, and
+    // the positions that read such a parameter first (their steps have two more variants).
+    zero_param_.assign(g_.tensors.size(), false);
+    regather_param_.assign(g_.tensors.size(), false);
+    variants_.assign(order_.size(), 1);
+    if (space.zero_storage) {
+      std::vector<bool> seen(g_.tensors.size(), false);
+      for (int pos = 0; pos < static_cast<int>(order_.size()); ++pos)
+        for (int t : g_.nodes[order_[pos]].inputs) {
+          if (t < 0 || seen[t]) continue;
+          seen[t] = true;
+          const GraphTensor& gt = g_.tensors[t];
+          if (gt.role != TensorRole::Parameter || !cm.requires_grad(t) || gt.shape.empty() ||
+              gt.shape[0] < cm.num_devices() || cm.num_devices() < 2 ||
+              !leaf_allows(gt, Prop::sharded(0)))
+            continue;
+          // Read by a view op (a stack split into q, k and v): gathered at the parameter, and
+          // kept (the views of the gathered copy would hold it whatever their readers keep).
+          bool viewed = false;
+          for (int c : gt.consumers)
+            for (int o : g_.nodes[c].outputs) viewed = viewed || (o >= 0 && param_view_[o]);
+          zero_param_[t] = true;
+          regather_param_[t] = !viewed;
+          variants_[pos] = 3;
+        }
+    }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
     std::map<std::vector<double>, int> classes;
@@ -155,10 +181,18 @@ class Expander {
 
   // The state after running the node at position parent.next under signature sig, or false if
   // not allowed.
+  // sig encodes the node's signature and, where the node reads a parameter first that may be
+  // stored sharded (zero_param_), the variant: 0 as read, 1 stored Sharded(0) and gathered (the
+  // copy kept for backward), 2 gathered again in backward (those of regather_param_; the others
+  // as read) (see num_signatures).
   bool step(const State& parent, int sig, State& child) const {
     const int pos = parent.next;
     const GraphNode& n = g_.nodes[order_[pos]];
     int seg = seg_[n.id];
+    const int nsig = static_cast<int>(cm_.signatures(n.id).size());
+    const int variant = (sig + 1) / (nsig + 1);
+    sig = (sig + 1) % (nsig + 1) - 1;
+    bool zero_used = false;
     const std::vector<double>& r = ratios_[seg];
     child.next = parent.next + 1;
     child.g = parent.g;
@@ -192,6 +226,11 @@ class Expander {
         Prop want = q;
         if (q.kind == PropKind::Partial) q = Prop::replicated();
         if (!leaf_allows(gt, q)) return false;
+        if (variant > 0 && want.kind == PropKind::Replicated && zero_param_[t] &&
+            (variant == 1 || regather_param_[t])) {
+          q = Prop::sharded(0);  // ZeRO storage: gathered below
+          zero_used = true;
+        }
         child.stored.push_back({t, q});
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t)) {
           // Every rank's copy collects a Partial gradient: one all-reduce per step.
@@ -227,11 +266,13 @@ class Expander {
         } else {
           L = &single;
         }
-        if (!(want == q) && !convert(*L, want, seg, child)) return false;
+        if (!(want == q) && !convert(*L, want, seg, child, zero_used && variant == 2)) return false;
       } else if (!(L->mask & bit(q)) || (q.kind == PropKind::Sharded && L->segment != seg)) {
         if (!convert(*L, q, seg, child)) return false;
       }
     }
+
+    if (variant > 0 && !zero_used) return false;  // the same as variant 0
 
     Instruction c;
     c.kind = InstrKind::Compute;
@@ -378,9 +419,17 @@ class Expander {
         const bool partial = q.kind == PropKind::Partial;
         if (partial) q = Prop::replicated();
         if (!leaf_allows(gt, q)) return kInf;
+        double store = 0;
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t))
-          c += cm_.communication(InstrKind::GradAllReduce, t, cm_.grad_all_reduce_method()).eval(r);
-        if (gt.role == TensorRole::Parameter) c += cm_.update(t, q).eval(r);
+          store +=
+              cm_.communication(InstrKind::GradAllReduce, t, cm_.grad_all_reduce_method()).eval(r);
+        if (gt.role == TensorRole::Parameter) store += cm_.update(t, q).eval(r);
+        if (!partial && zero_param_[t]) {  // or stored Sharded(0) and gathered (step's variants)
+          double gather = 0;
+          best_method(InstrKind::AllGather, t, seg_[n.id], &gather);
+          store = std::min(store, gather + cm_.update(t, Prop::sharded(0)).eval(r));
+        }
+        c += store;
         if (partial) {
           double p = 0;
           best_method(InstrKind::ToPartial, t, seg_[n.id], &p);
@@ -485,6 +534,8 @@ class Expander {
           for (size_t j = 0; j < k; ++j) earlier = earlier || n.inputs[j] == t;
           if (earlier) continue;
           Prop q = cm_.input_prop(n.id, sig, k);
+          if (q.kind == PropKind::Replicated && zero_param_[t])
+            q = Prop::sharded(0);  // stored as a shard, gathered again in backward: the least
           if (q.kind == PropKind::Partial) q = Prop::replicated();
           const double factor =
               g_.tensors[t].role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0;
@@ -565,7 +616,11 @@ class Expander {
     return "";
   }
 
-  int num_signatures(int pos) const { return static_cast<int>(cm_.signatures(order_[pos]).size()); }
+  // The choices at a position, as signatures -1 .. num_signatures - 1: the node's own, once per
+  // storage variant (step() decodes them).
+  int num_signatures(int pos) const {
+    return (static_cast<int>(cm_.signatures(order_[pos]).size()) + 1) * variants_[pos] - 1;
+  }
   int num_nodes() const { return static_cast<int>(g_.nodes.size()); }
   // Lifts every device's memory limit (to price the fastest program when none fits).
   void ignore_memory() { std::fill(limit_.begin(), limit_.end(), kInf); }
@@ -612,8 +667,9 @@ class Expander {
     return q.kind == PropKind::Replicated;  // constants are made on every rank
   }
 
-  // Adds the cheapest conversion of live tensor L to property q (in segment seg).
-  bool convert(Live& L, const Prop& q, int seg, State& child) const {
+  // Adds the cheapest conversion of live tensor L to property q (in segment seg). regather: a
+  // parameter's all-gather whose copy is not kept (gathered again in backward).
+  bool convert(Live& L, const Prop& q, int seg, State& child, bool regather = false) const {
     const std::vector<double>& r = ratios_[seg];
     int t = L.tensor;
     // A parameter's view is only sliced locally (Replicated -> Sharded) or moved between
@@ -633,6 +689,10 @@ class Expander {
       double cost = 0;
       if (kind == InstrKind::Reshard) {
         cost = reshard(t, from.dim, from_seg, seg, &in.method);
+      } else if (regather) {
+        if (kind != InstrKind::AllGather) return;
+        in.method = regather_method(t, in.segment, &cost);
+        in.regather = true;
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
       }
@@ -681,7 +741,9 @@ class Expander {
     }
     L.mask |= bit(q);
     const bool moves = best.kind != InstrKind::Reshard || best.cost_s > 0;  // else the same shard
-    if (moves && cm_.kept_for_backward(t)) {
+    if (best.regather) {
+      // Held while read in forward, and again while a reader's backward runs: transient.
+    } else if (moves && cm_.kept_for_backward(t)) {
       for (size_t c = 0; c < child.mem.size(); ++c)
         child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
     } else if (moves) {
@@ -743,12 +805,15 @@ class Expander {
   const std::vector<std::vector<double>>& ratios_;
   const std::vector<int>& seg_;
   const SearchSpace& space_;
-  std::vector<bool> linear_weight_;  // the weight (input 1) of a Linear or MatMul
-  std::vector<bool> param_view_;     // made by view ops from a parameter (above)
-  std::vector<bool> fixed_view_;     // such a view that a product reads: never converted
-  std::vector<bool> expert_weight_;  // a parameter of >= 3 dims: a batched MatMul weight
-  std::vector<int> order_;           // position -> node id: the order nodes are visited in
-  std::vector<int> last_use_;        // tensor -> position of its last reader
+  std::vector<bool> linear_weight_;   // the weight (input 1) of a Linear or MatMul
+  std::vector<bool> param_view_;      // made by view ops from a parameter (above)
+  std::vector<bool> fixed_view_;      // such a view that a product reads: never converted
+  std::vector<bool> expert_weight_;   // a parameter of >= 3 dims: a batched MatMul weight
+  std::vector<bool> zero_param_;      // may be stored Sharded(0) where read whole (ZeRO)
+  std::vector<bool> regather_param_;  // of those, the ones that may be gathered again in backward
+  std::vector<int> variants_;         // position -> 3 where it reads a zero_param_ first, else 1
+  std::vector<int> order_;            // position -> node id: the order nodes are visited in
+  std::vector<int> last_use_;         // tensor -> position of its last reader
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {
     uint64_t k = (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(seg) << 32) |
@@ -759,6 +824,21 @@ class Expander {
       it->second.first = cm_.best_method(kind, t, ratios_[seg], &it->second.second);
     *cost = it->second.second;
     return it->second.first;
+  }
+
+  // The same for the all-gather of a parameter gathered again in backward (its method is the
+  // all-gather's).
+  CollectiveMethod regather_method(int t, int seg, double* cost) const {
+    double plain = 0;
+    const CollectiveMethod m = best_method(InstrKind::AllGather, t, seg, &plain);
+    uint64_t k = (static_cast<uint64_t>(0xFF) << 56) | (static_cast<uint64_t>(seg) << 32) |
+                 static_cast<uint64_t>(t);
+    auto it = comm_cache_.find(k);
+    if (it == comm_cache_.end())
+      it = comm_cache_.emplace(k, std::make_pair(m, 0.0)).first,
+      it->second.second = cm_.communication(InstrKind::AllGather, t, m, true).eval(ratios_[seg]);
+    *cost = it->second.second;
+    return m;
   }
 
   // A reshard's cost and method for (tensor, dim, from segment, to segment), computed once.
@@ -1014,6 +1094,7 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       for (size_t o = 0; o < n.outputs.size(); ++o)
         held(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
+               !in.regather &&  // a copy gathered again in backward is not kept
                !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves)) {
       held(in.tensor, in.to, in.segment);
     }

@@ -38,6 +38,12 @@ struct SearchSpace {
   // Expert parallelism (the dp-ep baseline): expert weights (parameters of 3 or more dims used as
   // a matrix product's second operand) are stored Sharded(0), whatever shard_parameters says.
   bool expert_weights_must_shard = false;
+  // ZeRO storage: a parameter that a node reads whole may instead be stored Sharded(0) (with its
+  // gradient and optimizer state) and all-gathered for the read, the gathered copy kept for
+  // backward or gathered again there (Instruction::regather; not for a parameter a view op
+  // reads, whose views would hold the gathered copy). Needs shard_parameters; only parameters
+  // with at least one row per device.
+  bool zero_storage = false;
   int64_t max_states = 2'000'000;  // expansion budget; exceeding it is an error
   bool dominance_pruning = true;   // drop children a recent state of their group dominates
   // Visit nodes in narrow_order (few tensors live at once) rather than program order.

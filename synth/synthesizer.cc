@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <queue>
@@ -132,7 +133,7 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
                                   : r);
         break;
       case InstrKind::AllGather:
-        in.cost_s = cm.communication(in.kind, in.tensor, in.method)
+        in.cost_s = cm.communication(in.kind, in.tensor, in.method, in.regather)
                         .eval(layout.shares(in.tensor, in.from.dim, in.from_segment));
         break;
       case InstrKind::ReduceScatter:
@@ -221,7 +222,7 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     LinearCost lc = in.kind == InstrKind::Compute ? cm.compute(in.node, in.signature)
                     : in.kind == InstrKind::Update
                         ? cm.update(in.tensor, in.to)
-                        : cm.communication(in.kind, in.tensor, in.method);
+                        : cm.communication(in.kind, in.tensor, in.method, in.regather);
     if (lc.coef.empty()) continue;
     double scale = *std::max_element(lc.coef.begin(), lc.coef.end());
     if (scale <= 0) continue;
@@ -458,6 +459,8 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   }
   cm.set_recompute(seg, recompute);
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
+  space.zero_storage = options.strategy == Strategy::Hap &&
+                       options.zero_storage != ZeroStorage::Off && space.shard_parameters;
   // The rounds that steer the ratios skip the memory-aware pass (unless nothing is found
   // without it); the final program gets it once, below.
   space.memory_exact = false;
@@ -916,12 +919,109 @@ std::vector<int> recompute_order(const Graph& graph, const Cluster& cluster,
 // fit, the fastest of those plans (the report's first step says how many); Off where a program
 // would fit only with it is an OptionsError.
 DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
+                                 const SynthesisOptions& options);
+
+// The number of parameters a program stores sharded and gathers for use (ZeRO storage), and how
+// many of those it gathers again in backward.
+std::pair<int, int> zero_parameters(const DistributedProgram& p, const Graph& graph) {
+  int stored = 0, again = 0;
+  for (const Instruction& in : p.instructions)
+    if (in.kind == InstrKind::AllGather &&
+        graph.tensors[static_cast<size_t>(in.tensor)].role == TensorRole::Parameter) {
+      ++stored;
+      again += in.regather ? 1 : 0;
+    }
+  return {stored, again};
+}
+
+// Whether a program uses at least `fraction` of some device's memory.
+bool memory_tight(const DistributedProgram& p, const Cluster& cluster, double fraction) {
+  for (size_t d = 0; d < p.device_memory_bytes.size(); ++d)
+    if (p.device_memory_bytes[d] >= fraction * static_cast<double>(cluster.devices[d].memory_bytes))
+      return true;
+  return false;
+}
+
+// synthesize_on, deciding ZeRO storage: Auto plans without it first, and with it too where
+// nothing fits without or where what fits fills some device's memory to 90% or more (memory
+// may be what keeps it from a faster program), keeping the faster; Off where only it would fit
+// is an OptionsError (unless recomputation is tried next: recompute_next).
+DistributedProgram plan_storage(
+    const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
+    const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
+  if (options.zero_storage == ZeroStorage::On || options.strategy != Strategy::Hap)
+    return plan(options);
+  SynthesisOptions without = options;
+  without.zero_storage = ZeroStorage::Off;
+  SynthesisOptions with = options;
+  with.zero_storage = ZeroStorage::On;
+  auto note = [&](DistributedProgram& p, const std::string& why,
+                  std::chrono::steady_clock::time_point t0) {
+    const auto [stored, again] = zero_parameters(p, graph);
+    SynthesisStep step;
+    step.what = why + ": " + std::to_string(stored) +
+                " parameters stored sharded and gathered for use, " + std::to_string(again) +
+                " of them gathered again in backward";
+    step.cost_s = p.predicted_step_s;
+    step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    p.steps.insert(p.steps.begin(), step);
+  };
+  DistributedProgram p;
+  try {
+    p = plan(without);
+  } catch (const SearchBudgetError&) {
+    throw;
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+    const auto t0 = std::chrono::steady_clock::now();
+    DistributedProgram z;
+    try {
+      z = plan(with);
+    } catch (const Error&) {
+      throw e;
+    }
+    if (options.zero_storage == ZeroStorage::Off) {
+      if (recompute_next) throw e;  // recomputation may fit: tried next
+      throw OptionsError(std::string(e.what()) + "; it fits with ZeRO storage (predicted " +
+                         std::to_string(z.predicted_step_s) +
+                         " s per step), which parallel.zero_storage: off forbids (set it to auto)");
+    }
+    note(z, "no program fits without ZeRO storage", t0);
+    return z;
+  }
+  if (options.zero_storage == ZeroStorage::Off || !memory_tight(p, cluster, 0.9)) return p;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    DistributedProgram z = plan(with);
+    if (z.predicted_step_s < p.predicted_step_s * (1 - 1e-9) &&
+        zero_parameters(z, graph).first > 0) {
+      char why[160];
+      std::snprintf(why, sizeof why,
+                    "memory is tight (a device 90%% full or more): ZeRO storage is faster, "
+                    "%.4g s per step against %.4g s without",
+                    z.predicted_step_s, p.predicted_step_s);
+      note(z, why, t0);
+      z.states_expanded += p.states_expanded;
+      return z;
+    }
+    p.states_expanded += z.states_expanded;
+  } catch (const SearchBudgetError&) {
+    throw;
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+  }
+  return p;
+}
+
+DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
                                  const SynthesisOptions& options) {
-  if (options.recompute == Recompute::All) return plan_on(graph, cluster, options);
+  auto plain = [&](const SynthesisOptions& o) { return plan_on(graph, cluster, o); };
+  if (options.recompute == Recompute::All)
+    return plan_storage(graph, cluster, options, plain, false);
   SynthesisOptions without = options;
   without.recompute = Recompute::Off;
   try {
-    return plan_on(graph, cluster, without);
+    return plan_storage(graph, cluster, without, plain, options.recompute == Recompute::Auto);
   } catch (const SearchBudgetError&) {
     throw;
   } catch (const Error& e) {
@@ -934,6 +1034,7 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
       o.recompute = Recompute::All;
       o.recompute_segments.assign(static_cast<size_t>(nseg), false);
       for (int i = 0; i < k; ++i) o.recompute_segments[static_cast<size_t>(order[i])] = true;
+      if (o.zero_storage == ZeroStorage::Auto) o.zero_storage = ZeroStorage::On;  // no fit without
       return plan_on(graph, cluster, o);
     };
     DistributedProgram p;

@@ -32,7 +32,15 @@ enum class SegmentMode { PerBlock, Single };
 // every segment (or those SynthesisOptions::recompute_segments marks).
 enum class Recompute { Auto, Off, All };
 
-// The options ask for what cannot be: recomputation off for a model that fits only with it.
+// ZeRO storage (SearchSpace::zero_storage), hap only: parameters stored Sharded(0) with their
+// gradients and optimizer state, all-gathered for use (the copy kept for backward or gathered
+// again there) and their gradients reduce-scattered. Auto: only where no program fits in memory
+// without it (tried before recomputation); On: the search may use it wherever it prices it
+// cheaper; Off: never (where only that would fit, the error says so).
+enum class ZeroStorage { Auto, Off, On };
+
+// The options ask for what cannot be: recomputation or ZeRO storage off for a model that fits
+// only with it.
 class OptionsError : public Error {
  public:
   using Error::Error;
@@ -62,6 +70,7 @@ struct SynthesisOptions {
   bool select_devices = true;
   Recompute recompute = Recompute::Auto;
   std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)
+  ZeroStorage zero_storage = ZeroStorage::Auto;
 };
 
 // Sets p.nodes to each device's node in `cluster` (the program's own devices) where the program

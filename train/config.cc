@@ -39,12 +39,13 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 10> kParallelKeys = {
+constexpr std::array<std::string_view, 11> kParallelKeys = {
     "strategy",      "segments",
     "search_budget", "collective_timeout_s",
     "backend",       "overlap_grad_comm",
     "devices",       "select_devices",
-    "recompute",     "hierarchical_collectives"};
+    "recompute",     "hierarchical_collectives",
+    "zero_storage"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -85,6 +86,10 @@ constexpr std::array<Choice<synth::Recompute>, 3> kRecomputeModes = {
     {{"auto", synth::Recompute::Auto},
      {"off", synth::Recompute::Off},
      {"all", synth::Recompute::All}}};
+constexpr std::array<Choice<synth::ZeroStorage>, 3> kZeroStorageModes = {
+    {{"auto", synth::ZeroStorage::Auto},
+     {"off", synth::ZeroStorage::Off},
+     {"on", synth::ZeroStorage::On}}};
 constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {
     {{"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
@@ -343,6 +348,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.select_devices = s.boolean("select_devices", p.select_devices);
   p.recompute = s.choice("recompute", kRecomputeModes, p.recompute);
   p.hierarchical_collectives = s.boolean("hierarchical_collectives", p.hierarchical_collectives);
+  p.zero_storage = s.choice("zero_storage", kZeroStorageModes, p.zero_storage);
   s.finish();
   return p;
 }
@@ -485,7 +491,8 @@ nlohmann::json to_json(const RunConfig& config) {
         {"devices", config.parallel.devices},
         {"select_devices", config.parallel.select_devices},
         {"recompute", std::string(name_of(kRecomputeModes, config.parallel.recompute))},
-        {"hierarchical_collectives", config.parallel.hierarchical_collectives}}},
+        {"hierarchical_collectives", config.parallel.hierarchical_collectives},
+        {"zero_storage", std::string(name_of(kZeroStorageModes, config.parallel.zero_storage))}}},
   };
 }
 
@@ -500,6 +507,7 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.select_devices = p.select_devices;
   o.recompute = p.recompute;
   o.hierarchical_collectives = p.hierarchical_collectives;
+  o.zero_storage = p.zero_storage;
   return o;
 }
 

@@ -131,6 +131,11 @@ struct ParallelConfig {
   // fits needs; off never (where only that would fit, the plan is an error saying so); all in
   // every segment.
   synth::Recompute recompute = synth::Recompute::Auto;
+  // ZeRO storage (synth::ZeroStorage), hap only: parameters stored sharded with their gradients
+  // and optimizer state, all-gathered for use (and again in backward where that saves the
+  // memory) and their gradients reduce-scattered. auto only where no program fits without it
+  // (tried before recomputation); on wherever the planner prices it cheaper; off never.
+  synth::ZeroStorage zero_storage = synth::ZeroStorage::Auto;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
 std::string_view to_string(CommBackend backend);          // "auto", "nccl", "mpi"

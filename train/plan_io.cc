@@ -81,6 +81,7 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
       j["method"] = synth::method_name(in.method);
       j["bytes"] = cm.graph().tensors[in.tensor].bytes();
       if (in.kind == InstrKind::Reshard) j["from_segment"] = in.from_segment;
+      if (in.regather) j["regather"] = true;
     }
     instrs.push_back(j);
   }
@@ -378,6 +379,18 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
             (in.kind == InstrKind::AllReduce || in.kind == InstrKind::AllToAll ||
              in.kind == InstrKind::GradAllReduce))
           in.method = CollectiveMethod::Grouped;
+        if (e.contains("regather")) {
+          if (!e.at("regather").is_boolean())
+            throw ConfigError(where + ".regather: expected true or false");
+          in.regather = e.at("regather").get<bool>();
+          const synth::GraphTensor& gt = cm.graph().tensors[in.tensor];
+          if (in.regather && (in.kind != InstrKind::AllGather ||
+                              gt.role != synth::TensorRole::Parameter || gt.producer >= 0))
+            throw ConfigError(where +
+                              ".regather: only the all_gather of a parameter can be "
+                              "gathered again in backward, this is a " +
+                              std::string(synth::instr_name(in.kind)) + " of '" + gt.name + "'");
+        }
         in.from_segment = e.contains("from_segment")
                               ? static_cast<int>(json_int(e.at("from_segment"),
                                                           where + ".from_segment", 0, last_segment))

@@ -138,6 +138,24 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
        << "\n";
   }
 
+  // ZeRO storage: parameters stored sharded and all-gathered for use.
+  int gathered = 0, regathered = 0;
+  double gathered_bytes = 0;
+  for (const synth::Instruction& in : p.instructions) {
+    if (in.kind != InstrKind::AllGather ||
+        g.tensors[static_cast<size_t>(in.tensor)].role != synth::TensorRole::Parameter)
+      continue;
+    ++gathered;
+    regathered += in.regather ? 1 : 0;
+    gathered_bytes += static_cast<double>(g.tensors[static_cast<size_t>(in.tensor)].bytes());
+  }
+  if (gathered > 0)
+    os << "ZeRO storage: " << gathered << " parameter" << (gathered == 1 ? "" : "s") << " ("
+       << fmt_bytes(gathered_bytes)
+       << ") stored sharded with their gradients and optimizer state, all-gathered for use and "
+          "their gradients reduce-scattered; "
+       << regathered << " of them not kept for backward but gathered again there\n";
+
   // A segment's work comes in whole rows (granules): where the ratios round to other shares of
   // its largest split computation, say what each device really gets.
   const synth::ShardLayout layout(g, p.instructions, p.ratios);
@@ -219,14 +237,15 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
     if (listed++ < 40) {
       const synth::GraphTensor& t = g.tensors[in.tensor];
       std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
-      os << "  " << pad(synth::instr_name(in.kind), 16) << " "
-         << pad(synth::method_name(in.method), 8) << " " << pad("%" + std::to_string(in.tensor), 9)
-         << " " << pad(in.from.str(), 6) << "->" << pad(in.to.str(), 6) << " "
-         << pad_left(fmt_bytes(bytes), 10) << "  " << pad_left(fmt_s(in.cost_s), 10) << "  ("
-         << where << ")\n";
+      os << "  " << pad(std::string(synth::instr_name(in.kind)) + (in.regather ? "*" : ""), 16)
+         << " " << pad(synth::method_name(in.method), 8) << " "
+         << pad("%" + std::to_string(in.tensor), 9) << " " << pad(in.from.str(), 6) << "->"
+         << pad(in.to.str(), 6) << " " << pad_left(fmt_bytes(bytes), 10) << "  "
+         << pad_left(fmt_s(in.cost_s), 10) << "  (" << where << ")\n";
     }
   }
   if (listed > 40) os << "  ... " << listed - 40 << " more\n";
+  if (regathered > 0) os << "  (* gathered again in backward: its time counts twice the gather)\n";
   for (auto& [k, v] : coll)
     os << "  total " << k << ": " << v.first << " x, " << fmt_s(v.second) << "\n";
   if (listed == 0) os << (c.size() == 1 ? "  none (one device)\n" : "  none\n");

@@ -419,5 +419,64 @@ TEST(Engine, CustomFunctionsUseTheirBackward) {
   EXPECT_FALSE(autograd::record_custom("f", {x}, {mul(x, 1.0)}, nullptr)[0].requires_grad());
 }
 
+// ---------------------------------------------------------------- rematerializable tensors
+
+// A tensor marked rematerializable is not kept by the ops that save it: once the forward pass
+// drops it, its memory is free; each saving op's backward makes it again (once per such op) and
+// gets the gradients the kept tensor gives, bit for bit.
+TEST(Engine, RematerializableTensorsAreMadeAgainForEachBackwardThatSavedThem) {
+  const std::vector<double> wv = {0.5, -1.25, 2.0, 0.75, -0.5, 1.5};
+  const std::vector<double> xv = {1.0, 2.0, -1.0, 0.25, 3.0, -2.0};
+  auto run = [&](bool remake, int* calls, bool* freed) {
+    Tensor w = Tensor::from_vector(wv, {3, 2}, f64(true));
+    Tensor x = Tensor::from_vector(xv, {2, 3}, f64(true));
+    Tensor loss;
+    {
+      Tensor w2 = mul(w, 2.0);  // an op output (what an all-gather makes)
+      std::weak_ptr<Storage> storage = w2.impl()->storage;
+      if (remake)
+        autograd::rematerializable(w2, [w, calls] {
+          ++*calls;
+          return mul(w.detach(), 2.0);
+        });
+      // Two ops save it: the product and an elementwise product with a constant.
+      const Tensor c =
+          Tensor::from_vector(std::vector<double>{1, -2, 3, 0.5, 2, -1}, {3, 2}, f64());
+      Tensor y = matmul(x, w2);
+      loss = add(sum(mul(y, y)), sum(mul(w2, c)));
+      w2 = Tensor();
+      *freed = storage.expired();
+    }
+    loss.backward();
+    return std::make_pair(w.grad().to_vector(), x.grad().to_vector());
+  };
+  int calls = 0;
+  bool freed_kept = false, freed_remade = false;
+  const auto kept = run(false, &calls, &freed_kept);
+  EXPECT_EQ(calls, 0);
+  EXPECT_FALSE(freed_kept) << "a saved tensor was freed";
+  const auto remade = run(true, &calls, &freed_remade);
+  EXPECT_TRUE(freed_remade) << "the saving ops kept the rematerializable tensor";
+  EXPECT_EQ(calls, 2) << "one remake per op that saved it (matmul and mul)";
+  EXPECT_EQ(remade.first, kept.first);
+  EXPECT_EQ(remade.second, kept.second);
+}
+
+TEST(Engine, RematerializableChecksItsTensorAndWhatTheRemakeReturns) {
+  Tensor plain = vec({1, 2}, false);
+  EXPECT_THROW(autograd::rematerializable(plain, [] { return Tensor(); }), Error);
+  Tensor w = vec({1, 2, 3});
+  Tensor w2 = mul(w, 2.0);
+  EXPECT_THROW(autograd::rematerializable(w2, nullptr), Error);
+  autograd::rematerializable(w2, [] { return vec({1, 2}, false); });  // the wrong shape
+  Tensor loss = sum(mul(w2, w2));
+  try {
+    loss.backward();
+    FAIL() << "a remake of the wrong shape was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("made again"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace hap

@@ -125,7 +125,8 @@ inline void expect_distributed(const synth::Graph& g, const synth::DistributedPr
 }
 
 // Plans `g` with `strategy` on this world and trains it for `steps` AdamW steps beside `ref` on one
-// device (global-norm clipping at `clip` when > 0), checking the loss at every step, every
+// device (global-norm clipping at `clip` when > 0; edit_plan, if given, changes the plan first),
+// checking the loss at every step, every
 // gradient at the first, and every parameter at the end (final_check(name, distributed, one
 // device); by default a relative error of at most 1e-4). The model's buffers (running statistics)
 // start from copies of ref's and are compared after the last step (relative 1e-4), as is the
@@ -136,13 +137,15 @@ inline void compare_with_one_device(
     double lr, double clip,
     const std::function<void(const std::string&, const Tensor&, const Tensor&)>& final_check,
     const std::function<void(const synth::DistributedProgram&)>& check_plan = {},
-    const std::optional<synth::Cluster>& cluster = std::nullopt) {
+    const std::optional<synth::Cluster>& cluster = std::nullopt,
+    const std::function<void(synth::DistributedProgram&)>& edit_plan = {}) {
   synth::SynthesisOptions opt;
   opt.strategy = strategy;
   opt.segments = segments;
   opt.select_devices = false;  // every rank takes part (tiny models would run best on one)
   synth::DistributedProgram plan =
       synth::synthesize(g, cluster ? *cluster : cluster_for(world().size()), opt);
+  if (edit_plan) edit_plan(plan);
   expect_distributed(g, plan, strategy);
   if (check_plan) check_plan(plan);
 

@@ -21,6 +21,7 @@
 #include "parallel_test_util.h"
 #include "synth/shard_layout.h"
 #include "synth/synthesizer.h"
+#include "tests/zero_storage_util.h"
 
 namespace hap::parallel {
 namespace {
@@ -418,6 +419,86 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
             << name << ": recomputation (mode " << mode << ") changed the gradient";
       }
     }
+  }
+}
+
+// ZeRO storage (synth::SearchSpace::zero_storage): the dp-cp program with its parameters stored
+// Sharded(0), all-gathered before use (the copies kept for backward, or not kept and gathered
+// again there), their gradients reduce-scattered and their AdamW steps on the shards: 3 steps
+// with dropout match one device.
+TEST(Executor, ZeroStorageMatchesOneDevice) {
+  for (bool regather : {false, true}) {
+    SCOPED_TRACE(regather ? "gathered again in backward" : "gathered copies kept");
+    const int64_t B = 7, T = 6;
+    const nn::GPTConfig cfg = tiny_gpt(0.1);
+    nn::GPT ref(cfg);
+    const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+    const synth::Graph g = gpt_graph(cfg, B, T);
+    const double lr = 3e-3;
+    const int steps = 3;
+    compare_with_one_device(
+        g, synth::Strategy::DpCp, synth::SegmentMode::Single, ref,
+        [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
+        testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
+        [&](synth::DistributedProgram& plan) {
+          EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
+        });
+  }
+}
+
+// Gathering the parameters again in backward gives the loss and every gradient bit for bit what
+// keeping the gathered copies gives, and keeps less alive after the forward pass (the copies).
+TEST(Executor, ZeroStorageGatheredAgainKeepsLessAndGivesTheSameGradients) {
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.2);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const Device device = testing::test_device();
+  const auto named = ref.named_parameters();
+  synth::SynthesisOptions opt;
+  opt.strategy = synth::Strategy::DpCp;
+  opt.select_devices = false;
+  const synth::DistributedProgram dp = synth::synthesize(g, cluster_for(world().size()), opt);
+  std::map<std::string, Tensor> grads[2];
+  double loss[2], held[2];
+  double gathered_bytes = 0;
+  for (int regather = 0; regather < 2; ++regather) {
+    synth::DistributedProgram plan = dp;
+    ASSERT_GE(test_util::apply_zero_storage(g, plan, regather == 1), 4);
+    if (regather == 0)
+      for (const synth::Instruction& in : plan.instructions)
+        if (in.kind == synth::InstrKind::AllGather &&
+            g.tensors[in.tensor].role == synth::TensorRole::Parameter)
+          gathered_bytes += static_cast<double>(g.tensors[in.tensor].bytes());
+    Executor ex(g, plan, testing::device_world());
+    load_reference(ex, named, device);
+    ForwardOptions fo;
+    fo.random_offset = 5;
+    const size_t before = cpu_allocator_stats().allocated_bytes;
+    Tensor local = forward_on(ex, data, device, fo);
+    held[regather] =
+        static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
+    loss[regather] = ex.global_loss(local);
+    ex.backward(local);
+    for (const auto& [name, p] : named)
+      grads[regather][name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
+  }
+  if (device.is_cpu()) {
+    EXPECT_LE(held[1], held[0] - 0.9 * gathered_bytes)
+        << "gathering again kept " << held[1] << " bytes after the forward, keeping the copies "
+        << held[0] << " (the gathered copies: " << gathered_bytes << " bytes)";
+  }
+  EXPECT_EQ(loss[1], loss[0]);
+  for (const auto& [name, p] : named) {
+    const Tensor& a = grads[0][name];
+    const Tensor& b = grads[1][name];
+    ASSERT_TRUE(b.defined()) << name;
+    ASSERT_EQ(a.shape(), b.shape()) << name;
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(),
+                          static_cast<size_t>(a.numel()) * dtype_size(a.dtype())),
+              0)
+        << name << ": gathering again changed the gradient";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <random>
 
 #include "models/gpt.h"
@@ -13,6 +14,7 @@
 #include "ops/functional.h"
 #include "synth/synthesizer.h"
 #include "tests/test_util.h"
+#include "tests/zero_storage_util.h"
 
 namespace hap::synth {
 namespace {
@@ -331,6 +333,120 @@ TEST(Search, UnderTightMemoryBestFirstFindsTheExhaustiveOptimum) {
   }
   EXPECT_GE(checked, 20);
   EXPECT_GE(binding, 5) << "memory never changed the optimum: the test does not exercise the limit";
+}
+
+// Data parallelism with ZeRO storage as a search space: inputs split on the batch, no activation
+// changes its split, so a parameter is either stored whole (its gradient all-reduced) or, with
+// zero_storage, stored Sharded(0) and all-gathered for use.
+SearchSpace zero_dp_space(bool zero) {
+  SearchSpace s;
+  s.inputs_must_shard_dim0 = true;
+  s.allow_activation_all_gather = s.allow_all_to_all = s.allow_reduce_scatter = false;
+  s.allow_slice = false;
+  s.zero_storage = zero;
+  return s;
+}
+
+// With ZeRO storage in the space (its two variants at every first read of a parameter), the
+// best-first search still finds the exhaustive optimum (its lower bound stays below it), with
+// and without a binding memory limit, in hap's space and in data parallelism's.
+TEST(Search, WithZeroStorageBestFirstFindsTheExhaustiveOptimum) {
+  int checked = 0, zero_chosen = 0;
+  for (uint64_t seed = 1; seed <= 40 && checked < 24; ++seed) {
+    Graph g = random_graph(seed + 2600, 2 + static_cast<int>(seed % 3));
+    if (g.nodes.size() > 7) continue;  // keep the exhaustive reference affordable
+    const int devices = 2 + static_cast<int>(seed % 2);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    Cluster roomy = make_cluster(devices, seed * 19);
+    std::vector<std::vector<double>> r = {roomy.flops_ratios()};
+    for (bool dp : {false, true}) {
+      SearchSpace space = dp ? zero_dp_space(true) : SearchSpace{.zero_storage = true};
+      const SearchResult free_best = exhaustive_search(CostModel(g, roomy), r, seg, space);
+      const double peak = *std::max_element(free_best.device_memory_bytes.begin(),
+                                            free_best.device_memory_bytes.end());
+      for (double fraction : {1.0, 0.8, 0.6}) {
+        const Cluster c = make_cluster(devices, seed * 19, std::floor(peak * fraction));
+        const CostModel cm(g, c);
+        SearchResult b;
+        try {
+          b = exhaustive_search(cm, r, seg, space);
+        } catch (const Error&) {
+          EXPECT_THROW(search_program(cm, r, seg, space), Error) << "seed " << seed;
+          continue;
+        }
+        const SearchResult a = search_program(cm, r, seg, space);
+        EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
+            << "seed " << seed << (dp ? " dp" : " hap") << " memory " << fraction << "\n"
+            << g.str();
+        EXPECT_LE(search_lower_bound(cm, r, seg, space), b.cost_s * (1 + 1e-12)) << seed;
+        for (size_t d = 0; d < a.device_memory_bytes.size(); ++d)
+          EXPECT_LE(a.device_memory_bytes[d], static_cast<double>(c.devices[d].memory_bytes));
+        for (const Instruction& in : a.instructions)
+          if (in.kind == InstrKind::AllGather &&
+              g.tensors[static_cast<size_t>(in.tensor)].role == TensorRole::Parameter) {
+            ++zero_chosen;
+            break;
+          }
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 20);
+  EXPECT_GE(zero_chosen, 3) << "no program stored a parameter sharded: the test exercises nothing";
+}
+
+// Where a device holds the activations of data parallelism but not every parameter whole with
+// its gradient and AdamW state, only ZeRO storage fits: without it the search finds nothing,
+// with it a program that fits, its parameters stored Sharded(0) with their updates on the
+// shards, all-gathered for use and (to fit) some gathered again in backward; the memory model
+// counts the gathered-again copies as not kept.
+TEST(Search, WhereOnlyShardedParameterStorageFitsZeroStorageFindsIt) {
+  int checked = 0;
+  for (uint64_t seed = 1; seed <= 40 && checked < 6; ++seed) {
+    Graph g = random_graph(seed + 3100, 4 + static_cast<int>(seed % 3));
+    const int devices = 2 + static_cast<int>(seed % 3);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    const Cluster roomy = make_cluster(devices, seed * 23);
+    const CostModel cm_roomy(g, roomy);
+    std::vector<std::vector<double>> r = {roomy.flops_ratios()};
+    const SearchResult dp = search_program(cm_roomy, r, seg, zero_dp_space(false));
+    DistributedProgram zero;
+    zero.instructions = dp.instructions;
+    zero.storage = dp.storage;
+    zero.ratios = r;
+    if (test_util::apply_zero_storage(g, zero, true) < 2) continue;
+    const std::vector<double> dp_mem = program_memory(cm_roomy, dp.instructions, dp.storage, r);
+    const std::vector<double> zero_mem =
+        program_memory(cm_roomy, zero.instructions, zero.storage, r);
+    const double dp_peak = *std::max_element(dp_mem.begin(), dp_mem.end());
+    const double zero_peak = *std::max_element(zero_mem.begin(), zero_mem.end());
+    if (zero_peak > 0.8 * dp_peak) continue;  // activations dominate: ZeRO saves too little
+    const Cluster tight = make_cluster(devices, seed * 23, std::floor(0.5 * (dp_peak + zero_peak)));
+    const CostModel cm(g, tight);
+    EXPECT_THROW(search_program(cm, r, seg, zero_dp_space(false)), Error) << "seed " << seed;
+    const SearchResult found = search_program(cm, r, seg, zero_dp_space(true));
+    int gathered = 0;
+    for (const Instruction& in : found.instructions) {
+      if (in.kind == InstrKind::AllGather) {
+        ASSERT_EQ(g.tensors[static_cast<size_t>(in.tensor)].role, TensorRole::Parameter);
+        EXPECT_EQ(found.storage[static_cast<size_t>(in.tensor)], Prop::sharded(0));
+        ++gathered;
+      }
+      if (in.kind == InstrKind::Update &&
+          found.storage[static_cast<size_t>(in.tensor)] == Prop::sharded(0)) {
+        EXPECT_EQ(in.to, Prop::sharded(0));
+      }
+    }
+    EXPECT_GE(gathered, 1) << "seed " << seed;
+    for (size_t d = 0; d < found.device_memory_bytes.size(); ++d)
+      EXPECT_LE(found.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes))
+          << "seed " << seed;
+    EXPECT_GT(found.cost_s, 0);
+    ++checked;
+  }
+  EXPECT_GE(checked, 3) << "too few graphs where parameters dominate memory";
 }
 
 TEST(Search, DominancePruningKeepsTheOptimumAndDropsDominatedStates) {
@@ -928,6 +1044,60 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
   } catch (const OptionsError& e) {
     EXPECT_NE(std::string(e.what()).find("parallel.recompute"), std::string::npos) << e.what();
   }
+}
+
+// ZeRO storage auto: where memory is tight, hap's plan with it is never predicted slower than
+// without it (off), and on some of these random models and clusters it is what fits, or what is
+// faster (the report's first step says so); with ample memory auto plans as off does.
+TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight) {
+  int compared = 0, helped = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    const Graph g = random_graph(seed + 4200, 4 + static_cast<int>(seed % 3));
+    const int devices = 2 + static_cast<int>(seed % 2);
+    SynthesisOptions off;
+    off.segments = SegmentMode::Single;
+    off.select_devices = false;
+    off.recompute = Recompute::Off;
+    off.zero_storage = ZeroStorage::Off;
+    SynthesisOptions automatic = off;
+    automatic.zero_storage = ZeroStorage::Auto;
+    const DistributedProgram roomy_off = synthesize(g, make_cluster(devices, seed * 29), off);
+    const DistributedProgram roomy_auto =
+        synthesize(g, make_cluster(devices, seed * 29), automatic);
+    EXPECT_EQ(program_hash(roomy_auto), program_hash(roomy_off)) << "seed " << seed;
+    const double peak = *std::max_element(roomy_off.device_memory_bytes.begin(),
+                                          roomy_off.device_memory_bytes.end());
+    for (double fraction : {0.95, 0.8, 0.65}) {
+      const Cluster c = make_cluster(devices, seed * 29, std::floor(peak * fraction));
+      std::optional<DistributedProgram> without, with;
+      try {
+        without = synthesize(g, c, off);
+      } catch (const Error&) {
+      }
+      try {
+        with = synthesize(g, c, automatic);
+      } catch (const Error&) {
+      }
+      if (without) {
+        ASSERT_TRUE(with.has_value()) << "seed " << seed << ": auto found nothing where off did";
+        EXPECT_LE(with->predicted_step_s, without->predicted_step_s * (1 + 1e-9))
+            << "seed " << seed << " memory " << fraction;
+        ++compared;
+      }
+      if (!with) continue;
+      for (size_t d = 0; d < with->device_memory_bytes.size(); ++d)
+        EXPECT_LE(with->device_memory_bytes[d], static_cast<double>(c.devices[d].memory_bytes));
+      const bool zero =
+          !with->steps.empty() && with->steps[0].what.find("ZeRO storage") != std::string::npos;
+      if (zero) {
+        ++helped;
+        EXPECT_TRUE(!without || with->predicted_step_s < without->predicted_step_s)
+            << with->steps[0].what;
+      }
+    }
+  }
+  EXPECT_GE(compared, 20);
+  EXPECT_GE(helped, 2) << "ZeRO storage never fitted or helped: the test exercises nothing";
 }
 
 // Where a batch has few rows, whole-row rounding decides the step time more than the ratios do:

@@ -613,6 +613,20 @@ TEST(ParallelSection, RecomputationIsAutoByDefaultAndReachesTheSynthesizer) {
   EXPECT_NE(m.find("parallel.recompute"), std::string::npos) << m;
 }
 
+// parallel.zero_storage: auto by default, off and on reach the synthesizer, anything else is a
+// ConfigError naming the key.
+TEST(ParallelSection, ZeroStorageIsAutoByDefaultAndReachesTheSynthesizer) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  EXPECT_EQ(load_run_config(path, {}).parallel.zero_storage, synth::ZeroStorage::Auto);
+  EXPECT_EQ(synthesis_options(load_run_config(path, {"parallel.zero_storage=on"})).zero_storage,
+            synth::ZeroStorage::On);
+  const RunConfig off = load_run_config(path, {"parallel.zero_storage=off"});
+  EXPECT_EQ(synthesis_options(off).zero_storage, synth::ZeroStorage::Off);
+  EXPECT_EQ(to_json(off)["parallel"]["zero_storage"], "off");
+  const std::string m = load_error(path, {"parallel.zero_storage=always"});
+  EXPECT_NE(m.find("parallel.zero_storage"), std::string::npos) << m;
+}
+
 // parallel.devices pins the devices by name (any order, spaces around names allowed); a name the
 // cluster lacks, a name given twice or a list with no name is a ConfigError naming the key.
 TEST(ParallelSection, PinnedDevicesAreNamesOfTheClustersDevices) {

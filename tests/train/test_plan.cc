@@ -12,6 +12,7 @@
 
 #include "synth/cluster.h"
 #include "synth/cost_model.h"
+#include "tests/zero_storage_util.h"
 #include "train/config.h"
 #include "train/from_config.h"
 #include "train/plan_io.h"
@@ -312,6 +313,28 @@ TEST_F(PlanReport, HierarchicalAllReducesAreCountedWithWhatTheySave) {
   o.hierarchical_collectives = false;
   const hap::synth::DistributedProgram flat = hap::synth::synthesize(graph_, c, o);
   EXPECT_TRUE(lines_starting(report(c, flat), "hierarchical all-reduces").empty());
+}
+
+// A program that stores parameters sharded and gathers them for use (ZeRO storage) says how many,
+// how large, and how many it gathers again in backward (marked * in the list); one without says
+// nothing of it.
+TEST_F(PlanReport, ZeroStorageIsCountedAndGatheredAgainMarked) {
+  const hap::synth::Cluster c = cluster_of(numbered(2));
+  hap::synth::SynthesisOptions o;
+  o.strategy = hap::synth::Strategy::DpCp;
+  o.select_devices = false;
+  hap::synth::DistributedProgram p = hap::synth::synthesize(graph_, c, o);
+  EXPECT_TRUE(lines_starting(report(c, p), "ZeRO storage").empty());
+  const int n = hap::test_util::apply_zero_storage(graph_, p, true);
+  ASSERT_GE(n, 1);
+  const std::string out = report(c, p);
+  const std::vector<std::string> lines = lines_starting(out, "ZeRO storage: ");
+  ASSERT_EQ(lines.size(), 1u) << out;
+  EXPECT_NE(lines[0].find(std::to_string(n) + " parameter"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find(std::to_string(n) + " of them not kept for backward"), std::string::npos)
+      << lines[0];
+  EXPECT_NE(out.find("all_gather*"), std::string::npos) << out;
+  EXPECT_NE(out.find("(* gathered again in backward"), std::string::npos) << out;
 }
 
 TEST_F(PlanReport, TimesKeepTheirUnitAtAnySize) {

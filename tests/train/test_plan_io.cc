@@ -11,6 +11,7 @@
 #include "ops/functional.h"
 #include "synth/synthesizer.h"
 #include "tests/test_util.h"
+#include "tests/zero_storage_util.h"
 #include "train/config.h"
 #include "train/plan_io.h"
 
@@ -275,6 +276,61 @@ TEST(PlanFile, HierarchicalAllReducesAreWrittenAndReadBack) {
   for (auto& in : j["instructions"])
     if (in["kind"] == "grad_all_reduce") in["method"] = "hierarchical";
   EXPECT_HAS(load_error(one, j), "hierarchical needs several nodes");
+  fs::remove(plan_path());
+}
+
+// A program with ZeRO storage (parameters stored Sharded(0), all-gathered for use, some gathered
+// again in backward) loads as the same program, priced and sized alike; `regather` on another
+// instruction, or not a boolean, is refused naming the instruction.
+TEST(PlanFile, ZeroStorageIsWrittenAndReadBack) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  synth::SynthesisOptions o = on_all_devices();
+  o.strategy = synth::Strategy::DpCp;
+  synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
+  ASSERT_GE(test_util::apply_zero_storage(s.graph, p, false), 2);
+  for (synth::Instruction& in : p.instructions)  // the first gathered again, the others kept
+    if (in.kind == synth::InstrKind::AllGather) {
+      in.regather = true;
+      break;
+    }
+  p.predicted_step_s = synth::recost(cm, p.instructions, p.ratios);
+  p.device_memory_bytes = synth::program_memory(cm, p.instructions, p.storage, p.ratios);
+  save_plan(plan_path().string(), cm, p);
+  const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
+  EXPECT_EQ(synth::program_hash(back), synth::program_hash(p));
+  EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+  EXPECT_EQ(back.device_memory_bytes, p.device_memory_bytes);
+  int again = 0, kept = 0;
+  for (const synth::Instruction& in : back.instructions)
+    if (in.kind == synth::InstrKind::AllGather) (in.regather ? again : kept) += 1;
+  EXPECT_EQ(again, 1);
+  EXPECT_GE(kept, 1);
+  // Gathering again is priced (one more all-gather) and keeps less.
+  synth::DistributedProgram none = p;
+  for (synth::Instruction& in : none.instructions) in.regather = false;
+  EXPECT_NE(synth::program_hash(none), synth::program_hash(p));
+  EXPECT_GT(p.predicted_step_s, synth::recost(cm, none.instructions, none.ratios));
+  const std::vector<double> kept_mem =
+      synth::program_memory(cm, none.instructions, none.storage, none.ratios);
+  for (size_t d = 0; d < kept_mem.size(); ++d) EXPECT_LT(p.device_memory_bytes[d], kept_mem[d]);
+  const json good = plan_to_json(cm, p);
+  int gather = -1, other = -1;
+  for (size_t i = 0; i < good["instructions"].size(); ++i) {
+    const json& in = good["instructions"][i];
+    if (in.value("regather", false)) gather = static_cast<int>(i);
+    if (in["kind"] == "update") other = static_cast<int>(i);
+  }
+  ASSERT_GE(gather, 0) << good.dump(1);
+  ASSERT_GE(other, 0) << good.dump(1);
+  json j = good;
+  j["instructions"][gather]["regather"] = "yes";
+  EXPECT_HAS(load_error(cm, j),
+             "instructions[" + std::to_string(gather) + "].regather: expected true or false");
+  j = good;
+  j["instructions"][other]["regather"] = true;
+  EXPECT_HAS(load_error(cm, j), "instructions[" + std::to_string(other) +
+                                    "].regather: only the all_gather of a parameter");
   fs::remove(plan_path());
 }
 
