@@ -1024,6 +1024,8 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     return plan_storage(graph, cluster, without, plain, options.recompute == Recompute::Auto);
   } catch (const SearchBudgetError&) {
     throw;
+  } catch (const OptionsError&) {
+    throw;  // zero_storage off where only it fits, recomputation off
   } catch (const Error& e) {
     if (no_program_reason(e) != "out of memory") throw;
     const auto t0 = std::chrono::steady_clock::now();
