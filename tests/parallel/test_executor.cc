@@ -424,11 +424,13 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
 
 // ZeRO storage (synth::SearchSpace::zero_storage): the dp-cp program with its parameters stored
 // Sharded(0), all-gathered before use (the copies kept for backward, or not kept and gathered
-// again there), their gradients reduce-scattered and their AdamW steps on the shards: 3 steps
-// with dropout match one device.
+// again there, also inside segments recomputed in backward), their gradients reduce-scattered
+// and their AdamW steps on the shards: 3 steps with dropout match one device.
 TEST(Executor, ZeroStorageMatchesOneDevice) {
-  for (bool regather : {false, true}) {
-    SCOPED_TRACE(regather ? "gathered again in backward" : "gathered copies kept");
+  for (auto [regather, recompute] :
+       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+    SCOPED_TRACE(std::string(regather ? "gathered again in backward" : "gathered copies kept") +
+                 (recompute ? ", every segment recomputed" : ""));
     const int64_t B = 7, T = 6;
     const nn::GPTConfig cfg = tiny_gpt(0.1);
     nn::GPT ref(cfg);
@@ -437,13 +439,47 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
     const double lr = 3e-3;
     const int steps = 3;
     compare_with_one_device(
-        g, synth::Strategy::DpCp, synth::SegmentMode::Single, ref,
+        g, synth::Strategy::DpCp, synth::SegmentMode::PerBlock, ref,
         [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
         testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
         [&](synth::DistributedProgram& plan) {
           EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
+          if (recompute) plan.recompute.assign(plan.ratios.size(), true);
         });
   }
+}
+
+// A hap program the search made with ZeRO storage (parallel.zero_storage on, on devices whose
+// optimizer step is slow enough that updating shards pays): it stores some parameter sharded
+// and gathers it for use, and 3 AdamW steps with dropout match one device.
+TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
+  if (world().size() < 2) GTEST_SKIP() << "ZeRO storage needs 2 ranks or more";
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.1);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  synth::Cluster c = cluster_for(world().size());
+  for (synth::Device& d : c.devices) d.update_s_per_param = 1e-5;
+  synth::SynthesisOptions opt;
+  opt.select_devices = false;
+  opt.segments = synth::SegmentMode::Single;
+  opt.zero_storage = synth::ZeroStorage::On;
+  const synth::DistributedProgram hap = synth::synthesize(g, c, opt);
+  int gathered = 0;
+  for (const synth::Instruction& in : hap.instructions)
+    if (in.kind == synth::InstrKind::AllGather &&
+        g.tensors[in.tensor].role == synth::TensorRole::Parameter && in.from.dim == 0 &&
+        hap.storage[in.tensor] == synth::Prop::sharded(0))
+      ++gathered;
+  ASSERT_GT(gathered, 0) << "the search stored no parameter sharded for a whole read";
+  const double lr = 3e-3;
+  const int steps = 3;
+  compare_with_one_device(
+      g, synth::Strategy::Hap, synth::SegmentMode::Single, ref,
+      [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
+      testing::close_parameters_with_attention(lr, steps), {}, c,
+      [&](synth::DistributedProgram& plan) { plan = hap; });
 }
 
 // Gathering the parameters again in backward gives the loss and every gradient bit for bit what
