@@ -180,11 +180,10 @@ class Expander {
   }
 
   // The state after running the node at position parent.next under signature sig, or false if
-  // not allowed.
-  // sig encodes the node's signature and, where the node reads a parameter first that may be
-  // stored sharded (zero_param_), the variant: 0 as read, 1 stored Sharded(0) and gathered (the
-  // copy kept for backward), 2 gathered again in backward (those of regather_param_; the others
-  // as read) (see num_signatures).
+  // not allowed. sig encodes the node's signature and, where the node reads first a parameter
+  // that may be stored sharded (zero_param_), a variant (see num_signatures): 0 stored as read,
+  // 1 stored Sharded(0) and all-gathered (the copy kept for backward), 2 the same gathered again
+  // in backward (for those of regather_param_; the others stored as read).
   bool step(const State& parent, int sig, State& child) const {
     const int pos = parent.next;
     const GraphNode& n = g_.nodes[order_[pos]];

@@ -1,8 +1,9 @@
 // Program synthesis: best-first search over Hoare-triple instructions, from the available
 // properties of inputs and parameters to the loss. Nodes are visited in a topological order that
-// keeps few tensors live (narrow_order); a step picks a sharding signature for the next node,
-// converts each input to the property the signature requires (the cheapest collective, method
-// chosen per collective), and adds the computation. States are memoised on (next node, the
+// keeps few tensors live (narrow_order); a step picks a sharding signature for the next node
+// (and, with ZeRO storage, how a parameter it reads first is stored), converts each input to the
+// property the signature requires (the cheapest collective, method chosen per collective), and
+// adds the computation. States are memoised on (next node, the
 // properties held for every live tensor), and a child is dropped when a recent state of its group
 // (same node, same live tensors and segments) dominates it: holds every property it holds, costs no
 // more, uses no more memory. The heuristic prices chains of the remaining nodes at their best run

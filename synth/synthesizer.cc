@@ -918,9 +918,6 @@ std::vector<int> recompute_order(const Graph& graph, const Cluster& cluster,
 // it: the first k segments (in recompute_order), k bisected from all down to the fewest that
 // fit, the fastest of those plans (the report's first step says how many); Off where a program
 // would fit only with it is an OptionsError.
-DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
-                                 const SynthesisOptions& options);
-
 // The number of parameters a program stores sharded and gathers for use (ZeRO storage), and how
 // many of those it gathers again in backward.
 std::pair<int, int> zero_parameters(const DistributedProgram& p, const Graph& graph) {
@@ -973,6 +970,8 @@ DistributedProgram plan_storage(
     throw;
   } catch (const Error& e) {
     if (no_program_reason(e) != "out of memory") throw;
+    // Off with recomputation tried next: no plan with ZeRO storage is needed to say anything.
+    if (options.zero_storage == ZeroStorage::Off && recompute_next) throw;
     const auto t0 = std::chrono::steady_clock::now();
     DistributedProgram z;
     try {
@@ -980,12 +979,10 @@ DistributedProgram plan_storage(
     } catch (const Error&) {
       throw e;
     }
-    if (options.zero_storage == ZeroStorage::Off) {
-      if (recompute_next) throw e;  // recomputation may fit: tried next
+    if (options.zero_storage == ZeroStorage::Off)
       throw OptionsError(std::string(e.what()) + "; it fits with ZeRO storage (predicted " +
                          std::to_string(z.predicted_step_s) +
                          " s per step), which parallel.zero_storage: off forbids (set it to auto)");
-    }
     note(z, "no program fits without ZeRO storage", t0);
     return z;
   }
