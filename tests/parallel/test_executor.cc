@@ -357,6 +357,47 @@ Tensor forward_on(Executor& ex, const std::map<std::string, Tensor>& data, const
       options);
 }
 
+// One forward (dropout streams from `random_offset`) and backward of `plan` beside the reference
+// model's parameters: what the forward left allocated on the host, the loss, every gradient.
+struct StepResult {
+  double held = 0, loss = 0;
+  std::map<std::string, Tensor> grads;
+  size_t recomputed_runs = 0;  // Executor::recomputed_runs
+};
+StepResult run_step(const synth::Graph& g, const synth::DistributedProgram& plan,
+                    const std::vector<std::pair<std::string, Tensor>>& named,
+                    const std::map<std::string, Tensor>& data, uint64_t random_offset) {
+  const Device device = testing::test_device();
+  Executor ex(g, plan, testing::device_world());
+  load_reference(ex, named, device);
+  ForwardOptions fo;
+  fo.random_offset = random_offset;
+  StepResult r;
+  r.recomputed_runs = ex.recomputed_runs();
+  const size_t before = cpu_allocator_stats().allocated_bytes;
+  Tensor local = forward_on(ex, data, device, fo);
+  r.held = static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
+  r.loss = ex.global_loss(local);
+  ex.backward(local);
+  for (const auto& [name, p] : named)
+    r.grads[name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
+  return r;
+}
+
+// The same loss and every gradient bit for bit.
+void expect_same_step(const StepResult& a, const StepResult& b, const std::string& what) {
+  EXPECT_EQ(b.loss, a.loss) << what;
+  for (const auto& [name, x] : a.grads) {
+    const Tensor& y = b.grads.at(name);
+    ASSERT_TRUE(y.defined()) << name;
+    ASSERT_EQ(x.shape(), y.shape()) << name;
+    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(),
+                          static_cast<size_t>(x.numel()) * dtype_size(x.dtype())),
+              0)
+        << name << ": " << what << " changed the gradient";
+  }
+}
+
 // Segments recomputed in backward (their activations dropped after the forward, the segment run
 // again under autograd::checkpoint when the backward pass reaches it) give the loss and every
 // gradient bit for bit what the recorded program gives, with dropout on (the same masks drawn
@@ -368,7 +409,6 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
   nn::GPT ref(cfg);
   const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
   const synth::Graph g = gpt_graph(cfg, B, T);
-  const Device device = testing::test_device();
   const auto named = ref.named_parameters();
   for (auto strategy : {synth::Strategy::Hap, synth::Strategy::DpCp, synth::Strategy::Tp}) {
     SCOPED_TRACE(synth::strategy_name(strategy));
@@ -378,47 +418,24 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
     synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
     const size_t segments = plan.ratios.size();
     ASSERT_GE(segments, 3u);  // the blocks and the rest
-    std::map<std::string, Tensor> grads[3];
-    double loss[3], held[3];
+    StepResult step[3];
     for (int mode = 0; mode < 3; ++mode) {
       plan.recompute.assign(mode == 0 ? 0 : segments, false);
       for (size_t s = 0; s < plan.recompute.size(); ++s) plan.recompute[s] = mode == 1 || s % 2;
-      Executor ex(g, plan, testing::device_world());
-      load_reference(ex, named, device);
+      step[mode] = run_step(g, plan, named, data, 3);
       if (mode > 0) {
-        EXPECT_GT(ex.recomputed_runs(), 0u);
+        EXPECT_GT(step[mode].recomputed_runs, 0u);
       }
-      ForwardOptions fo;
-      fo.random_offset = 3;
-      const size_t before = cpu_allocator_stats().allocated_bytes;
-      Tensor local = forward_on(ex, data, device, fo);
-      held[mode] =
-          static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
-      loss[mode] = ex.global_loss(local);
-      ex.backward(local);
-      for (const auto& [name, p] : named)
-        grads[mode][name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
     }
     // What the forward leaves alive for backward (host memory; on GPU ranks, the host's share).
-    if (device.is_cpu()) {
-      EXPECT_LT(held[1], 0.7 * held[0])
-          << "recomputing every segment kept " << held[1]
-          << " bytes after the forward, the recorded program " << held[0];
-      EXPECT_LT(held[2], held[0]);
+    if (testing::test_device().is_cpu()) {
+      EXPECT_LT(step[1].held, 0.7 * step[0].held)
+          << "recomputing every segment kept " << step[1].held
+          << " bytes after the forward, the recorded program " << step[0].held;
+      EXPECT_LT(step[2].held, step[0].held);
     }
-    for (int mode = 1; mode < 3; ++mode) {
-      EXPECT_EQ(loss[mode], loss[0]) << "recompute mode " << mode;
-      for (const auto& [name, p] : named) {
-        const Tensor& a = grads[0][name];
-        const Tensor& b = grads[mode][name];
-        ASSERT_TRUE(b.defined()) << name;
-        ASSERT_EQ(a.shape(), b.shape()) << name;
-        EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(),
-                              static_cast<size_t>(a.numel()) * dtype_size(a.dtype())),
-                  0)
-            << name << ": recomputation (mode " << mode << ") changed the gradient";
-      }
-    }
+    for (int mode = 1; mode < 3; ++mode)
+      expect_same_step(step[0], step[mode], "recomputation (mode " + std::to_string(mode) + ")");
   }
 }
 
@@ -490,14 +507,12 @@ TEST(Executor, ZeroStorageGatheredAgainKeepsLessAndGivesTheSameGradients) {
   nn::GPT ref(cfg);
   const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
   const synth::Graph g = gpt_graph(cfg, B, T);
-  const Device device = testing::test_device();
   const auto named = ref.named_parameters();
   synth::SynthesisOptions opt;
   opt.strategy = synth::Strategy::DpCp;
   opt.select_devices = false;
   const synth::DistributedProgram dp = synth::synthesize(g, cluster_for(world().size()), opt);
-  std::map<std::string, Tensor> grads[2];
-  double loss[2], held[2];
+  StepResult step[2];
   double gathered_bytes = 0;
   for (int regather = 0; regather < 2; ++regather) {
     synth::DistributedProgram plan = dp;
@@ -507,35 +522,15 @@ TEST(Executor, ZeroStorageGatheredAgainKeepsLessAndGivesTheSameGradients) {
         if (in.kind == synth::InstrKind::AllGather &&
             g.tensors[in.tensor].role == synth::TensorRole::Parameter)
           gathered_bytes += static_cast<double>(g.tensors[in.tensor].bytes());
-    Executor ex(g, plan, testing::device_world());
-    load_reference(ex, named, device);
-    ForwardOptions fo;
-    fo.random_offset = 5;
-    const size_t before = cpu_allocator_stats().allocated_bytes;
-    Tensor local = forward_on(ex, data, device, fo);
-    held[regather] =
-        static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
-    loss[regather] = ex.global_loss(local);
-    ex.backward(local);
-    for (const auto& [name, p] : named)
-      grads[regather][name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
+    step[regather] = run_step(g, plan, named, data, 5);
   }
-  if (device.is_cpu()) {
-    EXPECT_LE(held[1], held[0] - 0.9 * gathered_bytes)
-        << "gathering again kept " << held[1] << " bytes after the forward, keeping the copies "
-        << held[0] << " (the gathered copies: " << gathered_bytes << " bytes)";
+  if (testing::test_device().is_cpu()) {
+    EXPECT_LE(step[1].held, step[0].held - 0.9 * gathered_bytes)
+        << "gathering again kept " << step[1].held
+        << " bytes after the forward, keeping the copies " << step[0].held
+        << " (the gathered copies: " << gathered_bytes << " bytes)";
   }
-  EXPECT_EQ(loss[1], loss[0]);
-  for (const auto& [name, p] : named) {
-    const Tensor& a = grads[0][name];
-    const Tensor& b = grads[1][name];
-    ASSERT_TRUE(b.defined()) << name;
-    ASSERT_EQ(a.shape(), b.shape()) << name;
-    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(),
-                          static_cast<size_t>(a.numel()) * dtype_size(a.dtype())),
-              0)
-        << name << ": gathering again changed the gradient";
-  }
+  expect_same_step(step[0], step[1], "gathering again");
 }
 
 // The overlapped gradient all-reduces (started from inside the backward pass, one small bucket at
