@@ -939,15 +939,16 @@ bool memory_tight(const DistributedProgram& p, const Cluster& cluster, double fr
   return false;
 }
 
-// synthesize_on, deciding ZeRO storage: Auto plans without it first, and with it too where
-// nothing fits without or where what fits fills some device's memory to 90% or more (memory
-// may be what keeps it from a faster program), keeping the faster; Off where only it would fit
+// synthesize_on, deciding ZeRO storage: plans without it first, and with it too (a search that
+// may use it wherever it prices it cheaper) where nothing fits without, or with On always, or
+// with Auto where what fits fills some device's memory to 90% or more (memory may be what keeps
+// it from a faster program), keeping the faster by predicted step time (which the search's own
+// pricing does not see whole: the overlap of gradient all-reduces); Off where only it would fit
 // is an OptionsError (unless recomputation is tried next: recompute_next).
 DistributedProgram plan_storage(
     const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
     const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
-  if (options.zero_storage == ZeroStorage::On || options.strategy != Strategy::Hap)
-    return plan(options);
+  if (options.strategy != Strategy::Hap) return plan(options);
   SynthesisOptions without = options;
   without.zero_storage = ZeroStorage::Off;
   SynthesisOptions with = options;
@@ -986,16 +987,20 @@ DistributedProgram plan_storage(
     note(z, "no program fits without ZeRO storage", t0);
     return z;
   }
-  if (options.zero_storage == ZeroStorage::Off || !memory_tight(p, cluster, 0.9)) return p;
+  if (options.zero_storage == ZeroStorage::Off ||
+      (options.zero_storage == ZeroStorage::Auto && !memory_tight(p, cluster, 0.9)))
+    return p;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     DistributedProgram z = plan(with);
     if (z.predicted_step_s < p.predicted_step_s * (1 - 1e-9) &&
         zero_parameters(z, graph).first > 0) {
-      char why[160];
+      char why[200];
       std::snprintf(why, sizeof why,
-                    "memory is tight (a device 90%% full or more): ZeRO storage is faster, "
-                    "%.4g s per step against %.4g s without",
+                    "%sZeRO storage is faster, %.4g s per step against %.4g s without",
+                    options.zero_storage == ZeroStorage::Auto
+                        ? "memory is tight (a device 90% full or more): "
+                        : "",
                     z.predicted_step_s, p.predicted_step_s);
       note(z, why, t0);
       z.states_expanded += p.states_expanded;

@@ -34,9 +34,10 @@ enum class Recompute { Auto, Off, All };
 
 // ZeRO storage (SearchSpace::zero_storage), hap only: parameters stored Sharded(0) with their
 // gradients and optimizer state, all-gathered for use (the copy kept for backward or gathered
-// again there) and their gradients reduce-scattered. Auto: only where no program fits in memory
-// without it (tried before recomputation); On: the search may use it wherever it prices it
-// cheaper; Off: never (where only that would fit, the error says so).
+// again there) and their gradients reduce-scattered. Auto: where no program fits in memory
+// without it (tried before recomputation), or where the plan without it fills a device to 90%
+// and the plan with it is predicted faster; On: planned with it too wherever, the faster kept;
+// Off: never (where only that would fit, the error says so).
 enum class ZeroStorage { Auto, Off, On };
 
 // The options ask for what cannot be: recomputation or ZeRO storage off for a model that fits

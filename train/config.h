@@ -133,8 +133,9 @@ struct ParallelConfig {
   synth::Recompute recompute = synth::Recompute::Auto;
   // ZeRO storage (synth::ZeroStorage), hap only: parameters stored sharded with their gradients
   // and optimizer state, all-gathered for use (and again in backward where that saves the
-  // memory) and their gradients reduce-scattered. auto only where no program fits without it
-  // (tried before recomputation); on wherever the planner prices it cheaper; off never.
+  // memory) and their gradients reduce-scattered. auto where no program fits without it (tried
+  // before recomputation) or a device is 90% full and it is predicted faster; on tried in every
+  // plan, kept where predicted faster; off never.
   synth::ZeroStorage zero_storage = synth::ZeroStorage::Auto;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
