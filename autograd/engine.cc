@@ -108,6 +108,42 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 
 using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
 
+// The backward of a node with gather_factors: the unmarked inputs' gradients from the local
+// factors, the marked ones' from the whole factors.
+std::vector<Tensor> factor_backward(const Node& node, const std::vector<Tensor>& grads,
+                                    const char* name) {
+  const Node::GatherFactors& f = *node.factors;
+  const ops::OpDef& def = ops::op_def(node.kind);
+  std::vector<bool> local_needs = node.needs_input_grad, whole_needs(local_needs.size(), false);
+  bool any_local = false;
+  for (size_t i = 0; i < local_needs.size(); ++i) {
+    whole_needs[i] = f.whole[i] && local_needs[i];
+    local_needs[i] = local_needs[i] && !f.whole[i];
+    any_local = any_local || local_needs[i];
+  }
+  std::vector<Tensor> out(node.next.size());
+  if (any_local) {
+    ops::BackwardContext ctx{node.kind, node.saved_inputs, node.saved_outputs,
+                             grads,     node.attrs,        local_needs};
+    out = def.backward(ctx);
+  }
+  std::vector<Tensor> inputs(node.saved_inputs.size()), whole_grads(grads.size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    inputs[i] = f.whole[i] || !node.saved_inputs[i].defined()
+                    ? node.saved_inputs[i]
+                    : f.gather(false, i, node.saved_inputs[i]);
+  for (size_t o = 0; o < grads.size(); ++o)
+    if (grads[o].defined()) whole_grads[o] = f.gather(true, o, grads[o]);
+  ops::BackwardContext ctx{node.kind,   inputs,     node.saved_outputs,
+                           whole_grads, node.attrs, whole_needs};
+  std::vector<Tensor> whole = def.backward(ctx);
+  HAP_ASSERT(whole.size() == out.size(), "backward of ", name, " returned ", whole.size(),
+             " gradients for ", out.size(), " inputs");
+  for (size_t i = 0; i < out.size(); ++i)
+    if (whole_needs[i]) out[i] = whole[i];
+  return out;
+}
+
 // A leaf's AccumulateGrad: adds the gradient into .grad (or into `capture`).
 void accumulate(const std::vector<Tensor>& grads, const std::shared_ptr<TensorImpl>& leaf_impl,
                 std::unordered_map<TensorImpl*, Tensor>* capture, bool strict) {
@@ -245,10 +281,12 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (any) {
       if (node->custom) {
         in_grads = node->custom(grads);
-      } else {
+      } else if (!node->factors) {
         ops::BackwardContext ctx{node->kind, node->saved_inputs, node->saved_outputs,
                                  grads,      node->attrs,        node->needs_input_grad};
         in_grads = ops::op_def(node->kind).backward(ctx);
+      } else {
+        in_grads = factor_backward(*node, grads, name);
       }
       HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", name, " returned ",
                  in_grads.size(), " gradients for ", node->next.size(), " inputs");
@@ -318,6 +356,36 @@ Tensor rematerializable(const Tensor& t, std::function<Tensor()> remake) {
   HAP_CHECK(static_cast<bool>(remake), "autograd::rematerializable: no function given");
   t.impl()->autograd->remake = std::make_shared<const std::function<Tensor()>>(std::move(remake));
   return t;
+}
+
+Tensor gather_factors(const Tensor& output, std::vector<bool> whole,
+                      std::function<Tensor(bool grad, size_t index, const Tensor& local)> gather) {
+  HAP_CHECK(output.defined() && output.grad_fn(),
+            "autograd::gather_factors: the tensor must be an op output with history, got ",
+            output.defined() ? output.str() : "an undefined tensor");
+  HAP_CHECK(static_cast<bool>(gather), "autograd::gather_factors: no gather function given");
+  Node& node = *output.grad_fn();
+  HAP_CHECK(!node.custom && !node.is_accumulate,
+            "autograd::gather_factors: the tensor must be the output of a registry op");
+  const char* name = ops::op_name(node.kind);
+  const ops::OpDef& def = ops::op_def(node.kind);
+  HAP_CHECK(def.saves_inputs && !def.saves_outputs, "autograd::gather_factors: ", name,
+            "'s backward reads its outputs (only ops whose backward reads their inputs can "
+            "take whole factors)");
+  HAP_CHECK(whole.size() == node.next.size(), "autograd::gather_factors: ", whole.size(),
+            " flags for ", name, "'s ", node.next.size(), " inputs");
+  HAP_CHECK(node.remake_inputs.empty(), "autograd::gather_factors: ", name,
+            " has inputs made again in backward (autograd::rematerializable)");
+  bool any = false;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    HAP_CHECK(!whole[i] || node.needs_input_grad[i], "autograd::gather_factors: ", name,
+              "'s input ", i, " is marked but needs no gradient");
+    any = any || whole[i];
+  }
+  HAP_CHECK(any, "autograd::gather_factors: no input of ", name, " is marked");
+  node.factors = std::make_shared<const Node::GatherFactors>(
+      Node::GatherFactors{std::move(whole), std::move(gather)});
+  return output;
 }
 
 std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,

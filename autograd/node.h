@@ -38,6 +38,15 @@ struct Node {
     DType dtype{};
   };
   std::vector<Remake> remake_inputs;
+  // Sufficient factor broadcasting (autograd::gather_factors): the gradients of the inputs marked
+  // in `whole` are computed from whole factors: `gather(false, i, x)` makes saved input i whole
+  // and `gather(true, o, g)` output o's gradient; the other inputs' gradients come from the
+  // local ones, as without it.
+  struct GatherFactors {
+    std::vector<bool> whole;
+    std::function<Tensor(bool grad, size_t index, const Tensor& local)> gather;
+  };
+  std::shared_ptr<const GatherFactors> factors;
   std::vector<Edge> next;  // one per op input; node null when no grad flows there
   std::vector<bool> needs_input_grad;
   std::vector<ops::TensorMeta> output_meta;

@@ -126,6 +126,20 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
     }
     release_after_[last].push_back(made);
   }
+  // Nodes whose parameters' gradients come from broadcast factors.
+  for (size_t i = 0; i < program.instructions.size(); ++i) {
+    const Instruction& in = program.instructions[i];
+    if (in.kind != InstrKind::FactorBroadcast) continue;
+    bool computed = false;
+    for (size_t j = 0; j < i; ++j)
+      computed = computed || (program.instructions[j].kind == InstrKind::Compute &&
+                              program.instructions[j].node == in.node &&
+                              program.instructions[j].signature == in.signature);
+    HAP_CHECK(computed, "executor: instruction ", i,
+              " (factor_broadcast) follows no compute of node ", in.node, " under signature ",
+              in.signature);
+    factor_method_[in.node] = in.method;
+  }
   bool hierarchical = false;
   for (const Instruction& in : program.instructions)
     hierarchical = hierarchical || in.method == CollectiveMethod::Hierarchical;
@@ -257,7 +271,8 @@ void Executor::apply_state_updates() {
 namespace {
 // Instructions that forward() skips: backward's (run by backward()) and the optimizer's.
 bool forward_instruction(const Instruction& in) {
-  return in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update;
+  return in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
+         in.kind != InstrKind::FactorBroadcast;
 }
 }  // namespace
 
@@ -368,6 +383,8 @@ void Executor::run_instruction(const Instruction& in, Values& values, Segments& 
         def.local ? def.local(ctx, args, n.attrs) : ops::call(n.kind, args, n.attrs);
     HAP_ASSERT(outs.size() == n.outputs.size(), "op ", def.name, "'s local run returned ",
                outs.size(), " outputs, expected ", n.outputs.size());
+    if (auto f = factor_method_.find(n.id); f != factor_method_.end())
+      factors(n, ctx, args, outs, f->second);
     for (size_t o = 0; o < outs.size(); ++o) {
       values[n.outputs[o]][prop_key(ctx.output_prop(o))] = outs[o];
       segments[n.outputs[o]][prop_key(ctx.output_prop(o))] = in.segment;
@@ -418,6 +435,45 @@ void Executor::run_instruction(const Instruction& in, Values& values, Segments& 
   }
   values[t][prop_key(in.to)] = y;
   segments[t][prop_key(in.to)] = in.segment;
+}
+
+void Executor::factors(const synth::GraphNode& n, const NodeContext& ctx,
+                       const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
+                       CollectiveMethod method) {
+  if (outs.empty() || !outs[0].defined() || !outs[0].grad_fn()) return;  // no backward
+  std::vector<bool> whole(n.inputs.size(), false);
+  bool any = false;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const int t = n.inputs[k];
+    whole[k] =
+        t >= 0 && graph_.tensors[t].role == synth::TensorRole::Parameter && args[k].requires_grad();
+    any = any || whole[k];
+  }
+  if (!any) return;
+  // How each input and output is held here (a Sharded one is gathered whole).
+  struct Held {
+    Prop prop;
+    std::vector<int64_t> lengths;
+  };
+  std::vector<Held> in_held, out_held;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const Prop p = ctx.input_prop(k);
+    in_held.push_back({p, n.inputs[k] >= 0 && p.kind == ops::PropKind::Sharded
+                              ? ctx.input_lengths(k)
+                              : std::vector<int64_t>{}});
+  }
+  for (size_t o = 0; o < n.outputs.size(); ++o) {
+    const Prop p = ctx.output_prop(o);
+    out_held.push_back(
+        {p, p.kind == ops::PropKind::Sharded ? ctx.output_lengths(o) : std::vector<int64_t>{}});
+  }
+  autograd::gather_factors(
+      outs[0], std::move(whole),
+      [this, in_held, out_held, method](bool grad, size_t i, const Tensor& local) {
+        const Held& h = grad ? out_held.at(i) : in_held.at(i);
+        if (h.prop.kind != ops::PropKind::Sharded) return local;
+        return all_gather(comm_, local.contiguous(), h.prop.dim, h.lengths, method);
+      });
 }
 
 void Executor::run_recomputed(const Region& r, const TensorSource& inputs,

@@ -133,6 +133,11 @@ class Executor {
   void run_instruction(const synth::Instruction& in, Values& values, Segments& segments,
                        const TensorSource* inputs, const ForwardOptions& options);
   void run_recomputed(const Region& r, const TensorSource& inputs, const ForwardOptions& options);
+  // Marks a node's outputs so that its parameters' gradients come from the whole factors
+  // (InstrKind::FactorBroadcast, autograd::gather_factors): its Sharded inputs and output
+  // gradients all-gathered in backward with `method`.
+  void factors(const synth::GraphNode& n, const NodeContext& ctx, const std::vector<Tensor>& args,
+               const std::vector<Tensor>& outs, ops::CollectiveMethod method);
   std::vector<int64_t> lengths(int tensor, const Prop& p, int segment) const;
   Tensor leaf_value(int tensor, const Prop& p, int segment, const TensorSource* inputs);
   Tensor gather(const Tensor& local, int tensor) const;
@@ -170,6 +175,9 @@ class Executor {
   // Per instruction: the values forward() drops after it (copies gathered again in backward,
   // Instruction::regather, after their last reader).
   std::vector<std::vector<Key>> release_after_;
+  // Nodes whose parameters' gradients come from broadcast factors (InstrKind::FactorBroadcast):
+  // node -> the method of the gathers.
+  std::map<int, ops::CollectiveMethod> factor_method_;
 };
 
 }  // namespace hap::parallel

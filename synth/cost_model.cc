@@ -30,6 +30,8 @@ const char* instr_name(InstrKind k) {
       return "to_partial";
     case InstrKind::Update:
       return "update";
+    case InstrKind::FactorBroadcast:
+      return "factor_broadcast";
   }
   return "?";
 }
@@ -182,6 +184,7 @@ CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int nu
     case InstrKind::Reshard:
     case InstrKind::Compute:
     case InstrKind::Update:
+    case InstrKind::FactorBroadcast:
       HAP_ASSERT(false, "collective_terms() called for ", instr_name(kind));
   }
   return t;
@@ -246,9 +249,79 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
     case InstrKind::Reshard:
     case InstrKind::Compute:
     case InstrKind::Update:
+    case InstrKind::FactorBroadcast:
       HAP_ASSERT(false, "communication() called for ", instr_name(kind));
   }
   return c;
+}
+
+bool CostModel::factor_broadcast_allowed(int node, int sig) const {
+  const GraphNode& n = graph_.nodes[node];
+  const ops::OpDef& def = ops::op_def(n.kind);
+  if (!def.product || !def.saves_inputs || def.saves_outputs || num_devices() < 2) return false;
+  bool param = false, sharded = false;
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const int t = n.inputs[k];
+    if (t < 0) continue;
+    const Prop q = input_prop(node, sig, k);
+    if (q.kind == PropKind::Partial) return false;
+    if (graph_.tensors[t].role == TensorRole::Parameter) {
+      if (q.kind != PropKind::Replicated || !requires_grad_[t]) return false;
+      param = true;
+    } else {
+      sharded = sharded || q.kind == PropKind::Sharded;
+    }
+  }
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (output_prop(node, sig, o).kind == PropKind::Partial) return false;
+  return param && sharded;
+}
+
+LinearCost CostModel::factor_broadcast(int node, int sig, CollectiveMethod method) const {
+  HAP_ASSERT(factor_broadcast_allowed(node, sig), "factor_broadcast() called for node ", node,
+             " under signature ", sig, ", which does not allow it");
+  LinearCost c;
+  const int P = num_devices();
+  const GraphNode& n = graph_.nodes[node];
+  const Link link = link_.for_collective(Collective::AllGather);
+  auto gather = [&](int t) {
+    const CollectiveTerms terms = collective_terms(
+        InstrKind::AllGather, method, P, static_cast<double>(graph_.tensors[t].bytes()), 1.0);
+    c.constant_s += terms.latency_terms * link.latency_s;
+    if (method == CollectiveMethod::Grouped) {
+      c.constant_s += terms.byte_terms / link.bandwidth_bytes_per_s;
+    } else {
+      if (c.coef.empty()) c.coef.assign(P, 0.0);
+      for (double& x : c.coef) x += terms.byte_terms / link.bandwidth_bytes_per_s;
+    }
+  };
+  // The whole factors: every Sharded input but the parameters, every Sharded output's gradient.
+  int products = 0;  // the parameters' gradient products (one forward-sized product each)
+  for (size_t k = 0; k < n.inputs.size(); ++k) {
+    const int t = n.inputs[k];
+    if (t < 0) continue;
+    if (graph_.tensors[t].role == TensorRole::Parameter)
+      products += k < 2 ? 1 : 0;  // a bias's gradient is a sum, no product
+    else if (input_prop(node, sig, k).kind == PropKind::Sharded)
+      gather(t);
+  }
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (output_prop(node, sig, o).kind == PropKind::Sharded) gather(n.outputs[o]);
+  // Those products over the whole batch on every device, at the slowest (the node's own compute
+  // still counts the device's share of them: an overestimate by at most that share).
+  double slowest = 0;
+  for (const Device& d : cluster_.devices)
+    slowest = std::max(slowest, products * n.flops / d.flops_per_s);
+  c.constant_s += slowest;
+  return c;
+}
+
+CollectiveMethod CostModel::best_factor_broadcast(int node, int sig, const std::vector<double>& r,
+                                                  double* cost_s) const {
+  const double padded = factor_broadcast(node, sig, CollectiveMethod::Padded).eval(r);
+  const double grouped = factor_broadcast(node, sig, CollectiveMethod::Grouped).eval(r);
+  *cost_s = std::min(padded, grouped);
+  return grouped < padded ? CollectiveMethod::Grouped : CollectiveMethod::Padded;
 }
 
 double CostModel::device_compute_s(int node, int device) const {
@@ -465,6 +538,9 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
       case InstrKind::Update:
         updates_s += in.cost_s;
         continue;
+      case InstrKind::FactorBroadcast:  // all of it in the node's backward
+        backward[i] = in.cost_s;
+        break;
       case InstrKind::Compute:
         backward[i] = in.cost_s * cm.backward_fraction(in.node);
         for (int t : graph.nodes[in.node].inputs)

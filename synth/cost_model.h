@@ -110,6 +110,18 @@ class CostModel {
   // (an AllGather whose copy backward gathers again, Instruction::regather) adds that gather.
   LinearCost communication(InstrKind kind, int tensor, CollectiveMethod method,
                            bool regather = false) const;
+  // Sufficient factor broadcasting at a node under signature sig (InstrKind::FactorBroadcast):
+  // allowed for a product whose backward reads only its inputs, under a signature with no
+  // Partial input or output, every parameter input Replicated and some other input Sharded.
+  bool factor_broadcast_allowed(int node, int sig) const;
+  // Its backward cost: an all-gather (by `method`) of every Sharded input but the parameters and
+  // of every Sharded output's gradient, and the parameters' gradient products on the whole batch
+  // on every device, priced at the slowest one (the node's compute still counts its share of
+  // them: an overestimate by at most that share).
+  LinearCost factor_broadcast(int node, int sig, CollectiveMethod method) const;
+  // The better method (padded vs grouped gathers) under ratios r, and its cost.
+  CollectiveMethod best_factor_broadcast(int node, int sig, const std::vector<double>& r,
+                                         double* cost_s) const;
   // The better method for a collective under ratios r (padded vs grouped; for an all-reduce,
   // flat vs hierarchical), and its cost.
   CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,

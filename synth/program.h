@@ -31,13 +31,19 @@ enum class InstrKind : uint8_t {
   GradAllReduce,  // backward only: sum the gradient of a Replicated tensor over ranks
   ToPartial,      // Replicated -> Partial: one rank keeps the value, the others zeros (local)
   Update,         // the optimizer step of parameter `tensor` on what each device stores (local)
+  // Backward only, after the Compute of `node` (under `signature`): sufficient factor
+  // broadcasting. The gradients of the node's parameters (stored Replicated, read by it alone)
+  // are computed whole on every rank from its inputs and output gradients all-gathered in
+  // backward (`method`), instead of summing each rank's Partial gradient with a GradAllReduce.
+  // `tensor`: the node's first parameter.
+  FactorBroadcast,
 };
 const char* instr_name(InstrKind k);
 
 struct Instruction {
   InstrKind kind = InstrKind::Compute;
   int node = -1;         // Compute: graph node id
-  int signature = -1;    // Compute: index into the op's signatures; -1 = all Replicated
+  int signature = -1;    // Compute, FactorBroadcast: index into the op's signatures; -1 = all R
   int tensor = -1;       // communication: graph tensor id
   Prop from, to;         // communication: properties before and after
   int segment = 0;       // whose ratios size the shards

@@ -151,6 +151,28 @@ class Expander {
           variants_[pos] = 3;
         }
     }
+    // Sufficient factor broadcasting: positions whose node is a product reading parameters that
+    // no other node reads (once each); their steps have one more variant, the last.
+    factor_pos_.assign(order_.size(), false);
+    if (space.factor_broadcast && cm.num_devices() > 1)
+      for (int pos = 0; pos < static_cast<int>(order_.size()); ++pos) {
+        const GraphNode& n = g_.nodes[order_[pos]];
+        const ops::OpDef& def = ops::op_def(n.kind);
+        if (!def.product || def.saves_outputs) continue;
+        bool params = false, alone = true;
+        for (size_t k = 0; k < n.inputs.size(); ++k) {
+          const int t = n.inputs[k];
+          if (t < 0 || g_.tensors[t].role != TensorRole::Parameter) continue;
+          params = true;
+          alone = alone && cm.requires_grad(t) &&
+                  std::count(n.inputs.begin(), n.inputs.end(), t) == 1 &&
+                  std::all_of(g_.tensors[t].consumers.begin(), g_.tensors[t].consumers.end(),
+                              [&](int c) { return c == n.id; });
+        }
+        if (!params || !alone) continue;
+        factor_pos_[pos] = true;
+        ++variants_[pos];
+      }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
     std::map<std::vector<double>, int> classes;
@@ -183,7 +205,9 @@ class Expander {
   // not allowed. sig encodes the node's signature and, where the node reads first a parameter
   // that may be stored sharded (zero_param_), a variant (see num_signatures): 0 stored as read,
   // 1 stored Sharded(0) and all-gathered (the copy kept for backward), 2 the same gathered again
-  // in backward (for those of regather_param_; the others stored as read).
+  // in backward (for those of regather_param_; the others stored as read); at a factor_pos_
+  // position the last variant stores its parameters Replicated and broadcasts the factors of
+  // their gradients instead of all-reducing them.
   bool step(const State& parent, int sig, State& child) const {
     const int pos = parent.next;
     const GraphNode& n = g_.nodes[order_[pos]];
@@ -192,6 +216,9 @@ class Expander {
     const int variant = (sig + 1) / (nsig + 1);
     sig = (sig + 1) % (nsig + 1) - 1;
     bool zero_used = false;
+    // The last variant of a factor_pos_ position: sufficient factor broadcasting.
+    const bool factors = factor_pos_[pos] && variant > 0 && variant == variants_[pos] - 1;
+    if (factors && !cm_.factor_broadcast_allowed(n.id, sig)) return false;
     const std::vector<double>& r = ratios_[seg];
     child.next = parent.next + 1;
     child.g = parent.g;
@@ -225,14 +252,16 @@ class Expander {
         Prop want = q;
         if (q.kind == PropKind::Partial) q = Prop::replicated();
         if (!leaf_allows(gt, q)) return false;
-        if (variant > 0 && want.kind == PropKind::Replicated && zero_param_[t] &&
+        if (variant > 0 && !factors && want.kind == PropKind::Replicated && zero_param_[t] &&
             (variant == 1 || regather_param_[t])) {
           q = Prop::sharded(0);  // ZeRO storage: gathered below
           zero_used = true;
         }
         child.stored.push_back({t, q});
-        if (q.kind == PropKind::Replicated && cm_.requires_grad(t)) {
-          // Every rank's copy collects a Partial gradient: one all-reduce per step.
+        if (q.kind == PropKind::Replicated && cm_.requires_grad(t) &&
+            !(factors && gt.role == TensorRole::Parameter)) {
+          // Every rank's copy collects a Partial gradient: one all-reduce per step (with factors
+          // broadcast, the gradient is whole on every rank).
           Instruction in;
           in.kind = InstrKind::GradAllReduce;
           in.tensor = t;
@@ -271,7 +300,7 @@ class Expander {
       }
     }
 
-    if (variant > 0 && !zero_used) return false;  // the same as variant 0
+    if (variant > 0 && !zero_used && !factors) return false;  // the same as variant 0
 
     Instruction c;
     c.kind = InstrKind::Compute;
@@ -281,6 +310,18 @@ class Expander {
     c.cost_s = compute_cost_[n.id][sig + 1];
     child.g += c.cost_s;
     child.instrs.push_back(c);
+    if (factors) {
+      Instruction f;
+      f.kind = InstrKind::FactorBroadcast;
+      f.node = n.id;
+      f.signature = sig;
+      f.segment = seg;
+      for (int t : n.inputs)
+        if (f.tensor < 0 && t >= 0 && g_.tensors[t].role == TensorRole::Parameter) f.tensor = t;
+      f.method = cm_.best_factor_broadcast(n.id, sig, r, &f.cost_s);
+      child.g += f.cost_s;
+      child.instrs.push_back(f);
+    }
 
     for (size_t o = 0; o < n.outputs.size(); ++o) {
       int t = n.outputs[o];
@@ -405,6 +446,14 @@ class Expander {
     auto own_cost = [&](const GraphNode& n, int sig) {
       const std::vector<double>& r = ratios_[seg_[n.id]];
       double c = compute_cost_[n.id][sig + 1];
+      // The parameters' storage, as read or (factor_pos_) with factors broadcast: the cheaper.
+      double params = 0, params_factors = kInf;
+      if (factor_pos_[pos[n.id]] && cm_.factor_broadcast_allowed(n.id, sig)) {
+        cm_.best_factor_broadcast(n.id, sig, r, &params_factors);
+        for (int t : n.inputs)
+          if (t >= 0 && g_.tensors[t].role == TensorRole::Parameter)
+            params_factors += cm_.update(t, Prop::replicated()).eval(r);
+      }
       for (size_t k = 0; k < n.inputs.size(); ++k) {
         const int t = n.inputs[k];
         if (t < 0) continue;
@@ -428,14 +477,14 @@ class Expander {
           best_method(InstrKind::AllGather, t, seg_[n.id], &gather);
           store = std::min(store, gather + cm_.update(t, Prop::sharded(0)).eval(r));
         }
-        c += store;
+        (gt.role == TensorRole::Parameter ? params : c) += store;
         if (partial) {
           double p = 0;
           best_method(InstrKind::ToPartial, t, seg_[n.id], &p);
           c += p;
         }
       }
-      return c;
+      return c + std::min(params, params_factors);
     };
     // Chains: link a node to a reader of one of its outputs, heaviest tensors first (their
     // conversions cost most), each node with at most one successor and one predecessor.
@@ -810,9 +859,12 @@ class Expander {
   std::vector<bool> expert_weight_;   // a parameter of >= 3 dims: a batched MatMul weight
   std::vector<bool> zero_param_;      // may be stored Sharded(0) where read whole (ZeRO)
   std::vector<bool> regather_param_;  // of those, the ones that may be gathered again in backward
-  std::vector<int> variants_;         // position -> 3 where it reads a zero_param_ first, else 1
-  std::vector<int> order_;            // position -> node id: the order nodes are visited in
-  std::vector<int> last_use_;         // tensor -> position of its last reader
+  // position -> its storage variants: 1, 2 more where it reads a zero_param_ first, 1 more
+  // where factor_pos_
+  std::vector<int> variants_;
+  std::vector<bool> factor_pos_;  // position -> its node may broadcast factors (see the ctor)
+  std::vector<int> order_;        // position -> node id: the order nodes are visited in
+  std::vector<int> last_use_;     // tensor -> position of its last reader
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {
     uint64_t k = (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(seg) << 32) |
@@ -1093,6 +1145,7 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       for (size_t o = 0; o < n.outputs.size(); ++o)
         held(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
+               in.kind != InstrKind::FactorBroadcast &&
                !in.regather &&  // a copy gathered again in backward is not kept
                !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves)) {
       held(in.tensor, in.to, in.segment);

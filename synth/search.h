@@ -45,6 +45,11 @@ struct SearchSpace {
   // reads, whose views would hold the gathered copy). Needs shard_parameters; only parameters
   // with at least one row per device.
   bool zero_storage = false;
+  // Sufficient factor broadcasting: at a product whose parameters it alone reads (stored
+  // Replicated), the parameters' gradients may be computed whole on every device from the
+  // all-gathered input and output gradient (InstrKind::FactorBroadcast) instead of all-reducing
+  // each device's partial gradient.
+  bool factor_broadcast = false;
   int64_t max_states = 2'000'000;  // expansion budget; exceeding it is an error
   bool dominance_pruning = true;   // drop children a recent state of their group dominates
   // Visit nodes in narrow_order (few tensors live at once) rather than program order.

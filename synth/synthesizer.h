@@ -40,6 +40,12 @@ enum class Recompute { Auto, Off, All };
 // Off: never (where only that would fit, the error says so).
 enum class ZeroStorage { Auto, Off, On };
 
+// Sufficient factor broadcasting (SearchSpace::factor_broadcast, InstrKind::FactorBroadcast),
+// hap only. Auto: the search may choose it; where its program does, the program without it is
+// planned too and the faster by predicted step time kept (the gradient all-reduces it replaces
+// may hide behind the backward pass, which the search's own pricing does not see). Off: never.
+enum class FactorBroadcast { Auto, Off };
+
 // The options ask for what cannot be: recomputation or ZeRO storage off for a model that fits
 // only with it.
 class OptionsError : public Error {
@@ -72,6 +78,7 @@ struct SynthesisOptions {
   Recompute recompute = Recompute::Auto;
   std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)
   ZeroStorage zero_storage = ZeroStorage::Auto;
+  FactorBroadcast factor_broadcast = FactorBroadcast::Auto;
 };
 
 // Sets p.nodes to each device's node in `cluster` (the program's own devices) where the program

@@ -39,13 +39,13 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 11> kParallelKeys = {
+constexpr std::array<std::string_view, 12> kParallelKeys = {
     "strategy",      "segments",
     "search_budget", "collective_timeout_s",
     "backend",       "overlap_grad_comm",
     "devices",       "select_devices",
     "recompute",     "hierarchical_collectives",
-    "zero_storage"};
+    "zero_storage",  "factor_broadcast"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -90,6 +90,8 @@ constexpr std::array<Choice<synth::ZeroStorage>, 3> kZeroStorageModes = {
     {{"auto", synth::ZeroStorage::Auto},
      {"off", synth::ZeroStorage::Off},
      {"on", synth::ZeroStorage::On}}};
+constexpr std::array<Choice<synth::FactorBroadcast>, 2> kFactorBroadcastModes = {
+    {{"auto", synth::FactorBroadcast::Auto}, {"off", synth::FactorBroadcast::Off}}};
 constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {
     {{"auto", CommBackend::kAuto}, {"nccl", CommBackend::kNccl}, {"mpi", CommBackend::kMpi}}};
 constexpr std::array<Choice<Optimizer>, 2> kOptimizers = {
@@ -349,6 +351,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.recompute = s.choice("recompute", kRecomputeModes, p.recompute);
   p.hierarchical_collectives = s.boolean("hierarchical_collectives", p.hierarchical_collectives);
   p.zero_storage = s.choice("zero_storage", kZeroStorageModes, p.zero_storage);
+  p.factor_broadcast = s.choice("factor_broadcast", kFactorBroadcastModes, p.factor_broadcast);
   s.finish();
   return p;
 }
@@ -492,7 +495,9 @@ nlohmann::json to_json(const RunConfig& config) {
         {"select_devices", config.parallel.select_devices},
         {"recompute", std::string(name_of(kRecomputeModes, config.parallel.recompute))},
         {"hierarchical_collectives", config.parallel.hierarchical_collectives},
-        {"zero_storage", std::string(name_of(kZeroStorageModes, config.parallel.zero_storage))}}},
+        {"zero_storage", std::string(name_of(kZeroStorageModes, config.parallel.zero_storage))},
+        {"factor_broadcast",
+         std::string(name_of(kFactorBroadcastModes, config.parallel.factor_broadcast))}}},
   };
 }
 
@@ -508,6 +513,7 @@ synth::SynthesisOptions synthesis_options(const RunConfig& config) {
   o.recompute = p.recompute;
   o.hierarchical_collectives = p.hierarchical_collectives;
   o.zero_storage = p.zero_storage;
+  o.factor_broadcast = p.factor_broadcast;
   return o;
 }
 

@@ -137,6 +137,11 @@ struct ParallelConfig {
   // before recomputation) or a device is 90% full and it is predicted faster; on tried in every
   // plan, kept where predicted faster; off never.
   synth::ZeroStorage zero_storage = synth::ZeroStorage::Auto;
+  // Sufficient factor broadcasting (synth::FactorBroadcast), hap only: a product's weight
+  // gradient computed whole on every device from its all-gathered input and output gradient
+  // instead of all-reduced. auto where the search prices it cheaper and the step with it is
+  // predicted faster than without; off never.
+  synth::FactorBroadcast factor_broadcast = synth::FactorBroadcast::Auto;
 };
 std::string_view to_string(synth::SegmentMode segments);  // "per-block", "single"
 std::string_view to_string(CommBackend backend);          // "auto", "nccl", "mpi"

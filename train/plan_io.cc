@@ -69,11 +69,12 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
   json instrs = json::array();
   for (const Instruction& in : p.instructions) {
     json j = {{"kind", synth::instr_name(in.kind)}, {"segment", in.segment}, {"cost_s", in.cost_s}};
-    if (in.kind == InstrKind::Compute) {
+    if (in.kind == InstrKind::Compute || in.kind == InstrKind::FactorBroadcast) {
       j["node"] = in.node;
       j["signature"] = in.signature;
       j["op"] = ops::op_name(cm.graph().nodes[in.node].kind);
       j["module"] = cm.graph().nodes[in.node].module;
+      if (in.kind == InstrKind::FactorBroadcast) j["method"] = synth::method_name(in.method);
     } else {
       j["tensor"] = in.tensor;
       j["from"] = in.from.str();
@@ -185,6 +186,7 @@ bool props_fit(InstrKind k, const Prop& from, const Prop& to) {
     case InstrKind::Update:
       return from == to;
     case InstrKind::Compute:
+    case InstrKind::FactorBroadcast:
       return false;
   }
   return false;
@@ -226,6 +228,37 @@ void check_program(const synth::CostModel& cm, const synth::DistributedProgram& 
         held[n.outputs[o]].push_back(cm.output_prop(n.id, in.signature, o));
       continue;
     }
+    if (in.kind == InstrKind::FactorBroadcast) {
+      const synth::GraphNode& n = g.nodes[static_cast<size_t>(in.node)];
+      const std::string what = where + ": factor_broadcast at " + ops::op_name(n.kind) + " (node " +
+                               std::to_string(n.id) + ")";
+      bool computed = false;
+      for (size_t j = 0; j < i; ++j)
+        computed = computed || (p.instructions[j].kind == InstrKind::Compute &&
+                                p.instructions[j].node == in.node &&
+                                p.instructions[j].signature == in.signature);
+      if (!computed)
+        throw ConfigError(what + ": no earlier compute of that node under signature " +
+                          std::to_string(in.signature));
+      if (!cm.factor_broadcast_allowed(in.node, in.signature))
+        throw ConfigError(what + ": its signature " + std::to_string(in.signature) +
+                          " does not allow it (it needs a product whose parameters are read "
+                          "Replicated, some other input Sharded and nothing Partial)");
+      for (int t : n.inputs) {
+        if (t < 0 || g.tensors[static_cast<size_t>(t)].role != synth::TensorRole::Parameter)
+          continue;
+        const auto& readers = g.tensors[static_cast<size_t>(t)].consumers;
+        if (!(p.storage[t] == Prop::replicated()) ||
+            std::any_of(readers.begin(), readers.end(), [&](int c) { return c != n.id; }))
+          throw ConfigError(what + ": parameter " + name(t) +
+                            " must be stored R and read by that node alone");
+        for (const synth::Instruction& x : p.instructions)
+          if (x.kind == InstrKind::GradAllReduce && x.tensor == t)
+            throw ConfigError(what + ": parameter " + name(t) +
+                              " also has a grad_all_reduce (its gradient would be summed twice)");
+      }
+      continue;
+    }
     if (!props_fit(in.kind, in.from, in.to))
       throw ConfigError(where + ": " + synth::instr_name(in.kind) + " cannot turn " +
                         in.from.str() + " into " + in.to.str());
@@ -244,7 +277,7 @@ void check_program(const synth::CostModel& cm, const synth::DistributedProgram& 
 }
 
 InstrKind parse_kind(const std::string& s, const std::string& where) {
-  for (int k = 0; k <= static_cast<int>(InstrKind::Update); ++k)
+  for (int k = 0; k <= static_cast<int>(InstrKind::FactorBroadcast); ++k)
     if (s == synth::instr_name(static_cast<InstrKind>(k))) return static_cast<InstrKind>(k);
   throw ConfigError(where + ": unknown instruction kind '" + s + "'");
 }
@@ -350,11 +383,25 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
       synth::Instruction in;
       in.kind = parse_kind(e.at("kind"), where);
       in.segment = static_cast<int>(json_int(e.at("segment"), where + ".segment", 0, last_segment));
-      if (in.kind == InstrKind::Compute) {
+      if (in.kind == InstrKind::Compute || in.kind == InstrKind::FactorBroadcast) {
         in.node = static_cast<int>(json_int(e.at("node"), where + ".node", 0, last_node));
         in.signature =
             static_cast<int>(json_int(e.at("signature"), where + ".signature", -1,
                                       static_cast<int64_t>(cm.signatures(in.node).size()) - 1));
+        if (in.kind == InstrKind::FactorBroadcast) {
+          in.method = parse_method(e.at("method"), where + ".method");
+          if (in.method != CollectiveMethod::Padded && in.method != CollectiveMethod::Grouped)
+            throw ConfigError(where +
+                              ".method: a factor_broadcast gathers padded or grouped, got " +
+                              std::string(synth::method_name(in.method)));
+          for (int t : cm.graph().nodes[in.node].inputs)
+            if (in.tensor < 0 && t >= 0 &&
+                cm.graph().tensors[t].role == synth::TensorRole::Parameter)
+              in.tensor = t;
+          if (in.tensor < 0)
+            throw ConfigError(where + ": factor_broadcast at node " + std::to_string(in.node) +
+                              ", which reads no parameter");
+        }
       } else {
         in.tensor = static_cast<int>(json_int(e.at("tensor"), where + ".tensor", 0, last_tensor));
         const size_t rank = cm.graph().tensors[in.tensor].shape.size();

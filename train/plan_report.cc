@@ -105,6 +105,23 @@ std::string signature_str(const synth::CostModel& cm, const Instruction& in) {
   return s;
 }
 
+// The bytes a factor_broadcast gathers: its node's Sharded inputs but the parameters, and its
+// Sharded outputs' gradients.
+double factors_bytes(const synth::CostModel& cm, const Instruction& in) {
+  const synth::Graph& g = cm.graph();
+  const synth::GraphNode& n = g.nodes[static_cast<size_t>(in.node)];
+  double b = 0;
+  for (size_t k = 0; k < n.inputs.size(); ++k)
+    if (n.inputs[k] >= 0 &&
+        g.tensors[static_cast<size_t>(n.inputs[k])].role != synth::TensorRole::Parameter &&
+        cm.input_prop(in.node, in.signature, k).kind == ops::PropKind::Sharded)
+      b += static_cast<double>(g.tensors[static_cast<size_t>(n.inputs[k])].bytes());
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (cm.output_prop(in.node, in.signature, o).kind == ops::PropKind::Sharded)
+      b += static_cast<double>(g.tensors[static_cast<size_t>(n.outputs[o])].bytes());
+  return b;
+}
+
 }  // namespace
 
 std::string plan_report(const synth::CostModel& cm, const synth::DistributedProgram& p,
@@ -155,6 +172,24 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
        << ") stored sharded with their gradients and optimizer state, all-gathered for use and "
           "their gradients reduce-scattered; "
        << regathered << " of them not kept for backward but gathered again there\n";
+
+  // Sufficient factor broadcasting: products whose parameters' gradients come from whole factors.
+  int factor_nodes = 0;
+  double factor_param_bytes = 0, factor_bytes = 0;
+  for (const synth::Instruction& in : p.instructions) {
+    if (in.kind != InstrKind::FactorBroadcast) continue;
+    ++factor_nodes;
+    factor_bytes += factors_bytes(cm, in);
+    for (int t : g.nodes[static_cast<size_t>(in.node)].inputs)
+      if (t >= 0 && g.tensors[static_cast<size_t>(t)].role == synth::TensorRole::Parameter)
+        factor_param_bytes += static_cast<double>(g.tensors[static_cast<size_t>(t)].bytes());
+  }
+  if (factor_nodes > 0)
+    os << "factor broadcasting: " << factor_nodes << " product" << (factor_nodes == 1 ? "" : "s")
+       << " compute their parameters' gradients (" << fmt_bytes(factor_param_bytes)
+       << ") whole on every device from their inputs and output gradients all-gathered in "
+          "backward ("
+       << fmt_bytes(factor_bytes) << ") instead of all-reducing them\n";
 
   // A segment's work comes in whole rows (granules): where the ratios round to other shares of
   // its largest split computation, say what each device really gets.
@@ -228,7 +263,9 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   for (const Instruction& in : p.instructions) {
     if (in.kind == InstrKind::Compute || in.kind == InstrKind::Update) continue;
     if (c.size() == 1) continue;  // one device communicates with nobody: nothing moves
-    double bytes = static_cast<double>(g.tensors[in.tensor].bytes());
+    double bytes = in.kind == InstrKind::FactorBroadcast
+                       ? factors_bytes(cm, in)
+                       : static_cast<double>(g.tensors[in.tensor].bytes());
     bytes_total += bytes;
     std::string key = std::string(synth::instr_name(in.kind)) + " " + synth::method_name(in.method);
     coll[key].first++;
@@ -236,12 +273,17 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
     if (in.kind == InstrKind::Reshard && in.cost_s == 0) continue;  // equal ratios: nothing moves
     if (listed++ < 40) {
       const synth::GraphTensor& t = g.tensors[in.tensor];
-      std::string where = t.producer >= 0 ? g.nodes[t.producer].module : t.name;
+      std::string where = in.kind == InstrKind::FactorBroadcast ? g.nodes[in.node].module
+                          : t.producer >= 0                     ? g.nodes[t.producer].module
+                                                                : t.name;
       os << "  " << pad(std::string(synth::instr_name(in.kind)) + (in.regather ? "*" : ""), 16)
          << " " << pad(synth::method_name(in.method), 8) << " "
-         << pad("%" + std::to_string(in.tensor), 9) << " " << pad(in.from.str(), 6) << "->"
-         << pad(in.to.str(), 6) << " " << pad_left(fmt_bytes(bytes), 10) << "  "
-         << pad_left(fmt_s(in.cost_s), 10) << "  (" << where << ")\n";
+         << pad("%" + std::to_string(in.tensor), 9) << " "
+         << (in.kind == InstrKind::FactorBroadcast
+                 ? pad("factors", 14)  // the node's inputs and output gradients, gathered
+                 : pad(in.from.str(), 6) + "->" + pad(in.to.str(), 6))
+         << " " << pad_left(fmt_bytes(bytes), 10) << "  " << pad_left(fmt_s(in.cost_s), 10) << "  ("
+         << where << ")\n";
     }
   }
   if (listed > 40) os << "  ... " << listed - 40 << " more\n";

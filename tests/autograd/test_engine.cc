@@ -478,5 +478,60 @@ TEST(Engine, RematerializableChecksItsTensorAndWhatTheRemakeReturns) {
   }
 }
 
+// ---------------------------------------------------------------- whole factors
+
+// Sufficient factor broadcasting on one process: a rank holding rows 0..1 of a linear layer's
+// 6-row input gets the weight and bias gradients of all 6 rows from the whole input and output
+// gradient (the gather hands the other rows on), bit for bit what one device computes, and its
+// own rows' input gradient from the local factors.
+TEST(Engine, GatherFactorsGivesWholeParameterGradientsFromTheLocalRows) {
+  std::vector<double> xv, wv, cv;
+  for (int i = 0; i < 18; ++i) xv.push_back(0.25 * (i % 7) - 0.6 + 0.01 * i);
+  for (int i = 0; i < 15; ++i) wv.push_back(0.5 - 0.07 * i);
+  for (int i = 0; i < 30; ++i) cv.push_back(1.0 - 0.09 * (i % 11));
+  const Tensor c = Tensor::from_vector(cv, {6, 5}, f64());
+  auto params = [&] {
+    return std::make_pair(Tensor::from_vector(wv, {5, 3}, f64(true)),
+                          vec({0.1, -0.2, 0.3, 0.4, -0.5}));
+  };
+  // One device.
+  auto [w1, b1] = params();
+  Tensor x1 = Tensor::from_vector(xv, {6, 3}, f64(true));
+  sum(mul(linear(x1, w1, b1), c)).backward();
+  // Rows 0..1 on this "rank".
+  auto [w2, b2] = params();
+  Tensor x2 = Tensor::from_vector(xv, {6, 3}, f64(true));
+  const Tensor rest_x = slice(x2, 0, 2, 6).detach(), rest_g = slice(c, 0, 2, 6);
+  int input_gathers = 0, grad_gathers = 0;
+  Tensor y = linear(slice(x2, 0, 0, 2), w2, b2);
+  autograd::gather_factors(y, {false, true, true},
+                           [&](bool grad, size_t index, const Tensor& local) {
+                             EXPECT_EQ(index, 0u);
+                             ++(grad ? grad_gathers : input_gathers);
+                             return concat({local, grad ? rest_g : rest_x}, 0);
+                           });
+  sum(mul(y, slice(c, 0, 0, 2))).backward();
+  EXPECT_EQ(input_gathers, 1);
+  EXPECT_EQ(grad_gathers, 1);
+  EXPECT_EQ(w2.grad().to_vector(), w1.grad().to_vector());
+  EXPECT_EQ(b2.grad().to_vector(), b1.grad().to_vector());
+  const std::vector<double> gx1 = x1.grad().to_vector(), gx2 = x2.grad().to_vector();
+  for (size_t i = 0; i < gx1.size(); ++i) EXPECT_EQ(gx2[i], i < 6 ? gx1[i] : 0.0) << i;
+}
+
+TEST(Engine, GatherFactorsChecksWhatItIsGiven) {
+  auto gather = [](bool, size_t, const Tensor& t) { return t; };
+  Tensor w = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}, f64(true));
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}, f64(false));
+  EXPECT_THROW(autograd::gather_factors(x, {false, true}, gather), Error);  // no history
+  Tensor y = matmul(x, w);
+  EXPECT_THROW(autograd::gather_factors(y, {true}, gather), Error);          // one flag for two
+  EXPECT_THROW(autograd::gather_factors(y, {true, false}, gather), Error);   // x needs no grad
+  EXPECT_THROW(autograd::gather_factors(y, {false, false}, gather), Error);  // nothing marked
+  EXPECT_THROW(autograd::gather_factors(y, {false, true}, nullptr), Error);  // no function
+  Tensor s = softmax(y, -1);  // its backward reads its output
+  EXPECT_THROW(autograd::gather_factors(s, {true}, gather), Error);
+}
+
 }  // namespace
 }  // namespace hap

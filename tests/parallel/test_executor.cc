@@ -21,6 +21,7 @@
 #include "parallel_test_util.h"
 #include "synth/shard_layout.h"
 #include "synth/synthesizer.h"
+#include "tests/factor_broadcast_util.h"
 #include "tests/zero_storage_util.h"
 
 namespace hap::parallel {
@@ -461,6 +462,35 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
         testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
         [&](synth::DistributedProgram& plan) {
           EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
+          if (recompute) plan.recompute.assign(plan.ratios.size(), true);
+        });
+  }
+}
+
+// Sufficient factor broadcasting (synth::InstrKind::FactorBroadcast): the dp-cp program with the
+// weight and bias gradients of its products computed whole on every rank from their inputs and
+// output gradients all-gathered in backward (padded and grouped, also inside segments
+// recomputed in backward) instead of all-reduced: 3 AdamW steps with dropout match one device.
+TEST(Executor, FactorBroadcastMatchesOneDevice) {
+  for (auto [method, recompute] : {std::pair{synth::CollectiveMethod::Grouped, false},
+                                   std::pair{synth::CollectiveMethod::Padded, false},
+                                   std::pair{synth::CollectiveMethod::Grouped, true}}) {
+    SCOPED_TRACE(std::string(synth::method_name(method)) +
+                 (recompute ? ", every segment recomputed" : ""));
+    const int64_t B = 7, T = 6;
+    const nn::GPTConfig cfg = tiny_gpt(0.1);
+    nn::GPT ref(cfg);
+    const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+    const synth::Graph g = gpt_graph(cfg, B, T);
+    const double lr = 3e-3;
+    const int steps = 3;
+    compare_with_one_device(
+        g, synth::Strategy::DpCp, synth::SegmentMode::PerBlock, ref,
+        [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
+        testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
+        [&](synth::DistributedProgram& plan) {
+          if (plan.ratios.at(0).size() < 2) return;  // one rank: nothing is sharded
+          EXPECT_GE(test_util::apply_factor_broadcast(g, plan, method), 4);
           if (recompute) plan.recompute.assign(plan.ratios.size(), true);
         });
   }

@@ -19,7 +19,10 @@
 namespace hap::synth {
 namespace {
 
-Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12) {
+// link_latency_s >= 0: that latency instead of a random one (a link where bandwidth, not
+// latency, prices the collectives of these small graphs).
+Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12,
+                     double link_latency_s = -1) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<double> flops(1e10, 8e10), bw(1e5, 1e9), lat(1e-7, 1e-3);
   std::uniform_real_distribution<double> update(0, 1e-8), mem_bw(1e9, 1e11);
@@ -35,17 +38,19 @@ Cluster make_cluster(int devices, uint64_t seed, double memory_bytes = 1e12) {
       devs.back().memory_bandwidth_bytes_per_s = mem_bw(rng);
     }
   }
-  c.add_node("n0", {bw(rng), lat(rng)}, devs);
+  const double bandwidth = bw(rng), latency = lat(rng);
+  c.add_node("n0", {bandwidth, link_latency_s >= 0 ? link_latency_s : latency}, devs);
   c.validate();
   return c;
 }
 
 // A random small model: a chain of linear / activation / residual / norm / softmax layers on a
-// [B, D] batch, ending in a mean loss. Shapes vary with the seed.
-Graph random_graph(uint64_t seed, int layers) {
+// [B, D] batch, ending in a mean loss. Shapes vary with the seed (B too, unless `batch` > 0).
+Graph random_graph(uint64_t seed, int layers, int64_t batch = 0) {
   std::mt19937_64 rng(seed);
   auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
   int64_t B = 4 + pick(61), D = 3 + pick(46);
+  if (batch > 0) B = batch;  // (drawn all the same: the rest of the graph stays the seed's)
   std::vector<std::pair<std::string, Tensor>> params;
   Tensor x = Tensor::meta({B, D}, DType::F32);
   auto param = [&](const std::string& name, Shape s) {
@@ -394,6 +399,69 @@ TEST(Search, WithZeroStorageBestFirstFindsTheExhaustiveOptimum) {
   }
   EXPECT_GE(checked, 20);
   EXPECT_GE(zero_chosen, 3) << "no program stored a parameter sharded: the test exercises nothing";
+}
+
+// With sufficient factor broadcasting in the space (one more variant at every product reading
+// parameters of its own), in hap's space alone and beside ZeRO storage, and in data
+// parallelism's, the best-first search still finds the exhaustive optimum (its lower bound stays
+// below it), with and without a binding memory limit; a program that broadcasts factors never
+// also all-reduces those parameters' gradients.
+TEST(Search, WithFactorBroadcastBestFirstFindsTheExhaustiveOptimum) {
+  int checked = 0, chosen = 0;
+  for (uint64_t seed = 1; seed <= 60 && checked < 30; ++seed) {
+    // Small batches: a weight gradient larger than its factors.
+    Graph g = random_graph(seed + 4100, 2 + static_cast<int>(seed % 3), 4 + seed % 5);
+    if (g.nodes.size() > 7) continue;  // keep the exhaustive reference affordable
+    const int devices = 2 + static_cast<int>(seed % 2);
+    int nseg = 1;
+    std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+    const double latency = seed % 3 ? 1e-8 : -1;  // mostly links priced by their bandwidth
+    Cluster roomy = make_cluster(devices, seed * 29, 1e12, latency);
+    std::vector<std::vector<double>> r = {roomy.flops_ratios()};
+    for (int variant = 0; variant < 3; ++variant) {
+      // hap's space, with ZeRO storage too, and data parallelism's (Poseidon: factors or
+      // all-reduced gradients).
+      const bool zero = variant == 1;
+      SearchSpace space = variant == 2 ? zero_dp_space(false) : SearchSpace{.zero_storage = zero};
+      space.factor_broadcast = true;
+      const SearchResult free_best = exhaustive_search(CostModel(g, roomy), r, seg, space);
+      const double peak = *std::max_element(free_best.device_memory_bytes.begin(),
+                                            free_best.device_memory_bytes.end());
+      for (double fraction : {1.0, 0.7}) {
+        const Cluster c = make_cluster(devices, seed * 29, std::ceil(peak * fraction), latency);
+        const CostModel cm(g, c);
+        SearchResult b;
+        try {
+          b = exhaustive_search(cm, r, seg, space);
+        } catch (const Error&) {
+          EXPECT_THROW(search_program(cm, r, seg, space), Error) << "seed " << seed;
+          continue;
+        }
+        const SearchResult a = search_program(cm, r, seg, space);
+        EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
+            << "seed " << seed << " space " << variant << " memory " << fraction << "\n"
+            << g.str();
+        EXPECT_LE(search_lower_bound(cm, r, seg, space), b.cost_s * (1 + 1e-12)) << seed;
+        bool broadcast = false;
+        for (const Instruction& in : a.instructions) {
+          if (in.kind != InstrKind::FactorBroadcast) continue;
+          broadcast = true;
+          EXPECT_TRUE(cm.factor_broadcast_allowed(in.node, in.signature));
+          for (int t : g.nodes[static_cast<size_t>(in.node)].inputs) {
+            if (t < 0 || g.tensors[static_cast<size_t>(t)].role != TensorRole::Parameter) continue;
+            EXPECT_EQ(a.storage[static_cast<size_t>(t)], Prop::replicated());
+            for (const Instruction& x : a.instructions)
+              EXPECT_FALSE(x.kind == InstrKind::GradAllReduce && x.tensor == t)
+                  << "seed " << seed << ": %" << t << "'s gradient is also all-reduced";
+          }
+        }
+        chosen += broadcast ? 1 : 0;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_GE(checked, 20);
+  EXPECT_GE(chosen, 3) << "no program broadcast factors: the test exercises nothing";
 }
 
 // Where a device holds the activations of data parallelism but not every parameter whole with
@@ -1114,6 +1182,40 @@ TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight)
   EXPECT_GE(compared, 20);
   EXPECT_GE(helped, 5) << "ZeRO storage rarely fitted or helped: the test exercises little";
   EXPECT_GE(only, 1) << "no case where only ZeRO storage fits";
+}
+
+// Sufficient factor broadcasting auto: on random models and clusters hap's plan is never
+// predicted slower than with it off (which never broadcasts factors); where the plan broadcasts
+// them, its report's first step says so and the plan without them was predicted no faster.
+TEST(Synthesizer, FactorBroadcastAutoIsNeverSlowerThanOffAndIsChosenWhereItPays) {
+  int chosen = 0;
+  for (uint64_t seed = 1; seed <= 24; ++seed) {
+    const Graph g = random_graph(seed + 5100, 3 + static_cast<int>(seed % 3),
+                                 seed % 2 ? 0 : 4 + static_cast<int64_t>(seed % 5));
+    const int devices = 2 + static_cast<int>(seed % 2);
+    const Cluster c = make_cluster(devices, seed * 31, 1e12, seed % 3 ? 1e-8 : -1);
+    SynthesisOptions off;
+    off.segments = SegmentMode::Single;
+    off.select_devices = false;
+    off.factor_broadcast = FactorBroadcast::Off;
+    SynthesisOptions automatic = off;
+    automatic.factor_broadcast = FactorBroadcast::Auto;
+    const DistributedProgram without = synthesize(g, c, off);
+    const DistributedProgram with = synthesize(g, c, automatic);
+    EXPECT_LE(with.predicted_step_s, without.predicted_step_s * (1 + 1e-9)) << "seed " << seed;
+    for (const Instruction& in : without.instructions)
+      EXPECT_NE(in.kind, InstrKind::FactorBroadcast) << "seed " << seed;
+    const bool broadcast =
+        std::any_of(with.instructions.begin(), with.instructions.end(),
+                    [](const Instruction& in) { return in.kind == InstrKind::FactorBroadcast; });
+    if (!broadcast) continue;
+    ++chosen;
+    ASSERT_FALSE(with.steps.empty());
+    EXPECT_NE(with.steps[0].what.find("factor broadcasting at"), std::string::npos)
+        << with.steps[0].what;
+    EXPECT_NE(with.steps[0].what.find("kept"), std::string::npos) << with.steps[0].what;
+  }
+  EXPECT_GE(chosen, 2) << "no plan broadcast factors: the test exercises little";
 }
 
 // Where a batch has few rows, whole-row rounding decides the step time more than the ratios do:

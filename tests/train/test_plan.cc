@@ -12,6 +12,7 @@
 
 #include "synth/cluster.h"
 #include "synth/cost_model.h"
+#include "tests/factor_broadcast_util.h"
 #include "tests/zero_storage_util.h"
 #include "train/config.h"
 #include "train/from_config.h"
@@ -335,6 +336,32 @@ TEST_F(PlanReport, ZeroStorageIsCountedAndGatheredAgainMarked) {
       << lines[0];
   EXPECT_NE(out.find("all_gather*"), std::string::npos) << out;
   EXPECT_NE(out.find("(* gathered again in backward"), std::string::npos) << out;
+}
+
+// A program whose products compute their parameters' gradients from broadcast factors says how
+// many and what moves instead, and lists the factor_broadcast collectives; one without says
+// nothing of it.
+TEST_F(PlanReport, FactorBroadcastIsCountedAndListed) {
+  const hap::synth::Cluster c = cluster_of(numbered(2));
+  hap::synth::SynthesisOptions o;
+  o.strategy = hap::synth::Strategy::DpCp;
+  o.select_devices = false;
+  hap::synth::DistributedProgram p = hap::synth::synthesize(graph_, c, o);
+  EXPECT_TRUE(lines_starting(report(c, p), "factor broadcasting").empty());
+  const int n =
+      hap::test_util::apply_factor_broadcast(graph_, p, hap::synth::CollectiveMethod::Grouped);
+  ASSERT_GE(n, 1);
+  const std::string out = report(c, p);
+  const std::vector<std::string> lines = lines_starting(out, "factor broadcasting: ");
+  ASSERT_EQ(lines.size(), 1u) << out;
+  EXPECT_NE(lines[0].find(std::to_string(n) + " product"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("instead of all-reducing them"), std::string::npos) << lines[0];
+  EXPECT_NE(out.find("total factor_broadcast grouped: " + std::to_string(n) + " x"),
+            std::string::npos)
+      << out;
+  const std::vector<std::string> listed = lines_starting(out, "  factor_broadcast ");
+  ASSERT_EQ(listed.size(), static_cast<size_t>(n)) << out;
+  EXPECT_NE(listed[0].find(" factors "), std::string::npos) << listed[0];
 }
 
 TEST_F(PlanReport, TimesKeepTheirUnitAtAnySize) {

@@ -10,6 +10,7 @@
 
 #include "ops/functional.h"
 #include "synth/synthesizer.h"
+#include "tests/factor_broadcast_util.h"
 #include "tests/test_util.h"
 #include "tests/zero_storage_util.h"
 #include "train/config.h"
@@ -331,6 +332,59 @@ TEST(PlanFile, ZeroStorageIsWrittenAndReadBack) {
   j["instructions"][other]["regather"] = true;
   EXPECT_HAS(load_error(cm, j), "instructions[" + std::to_string(other) +
                                     "].regather: only the all_gather of a parameter");
+  fs::remove(plan_path());
+}
+
+// A program that broadcasts factors loads as the same program, priced alike; a factor_broadcast
+// whose parameter is also all-reduced, that follows no compute of its node, or that gathers
+// hierarchically is refused naming the instruction.
+TEST(PlanFile, FactorBroadcastIsWrittenAndReadBack) {
+  const Model s = small_model();
+  const synth::CostModel cm(s.graph, s.cluster);
+  synth::SynthesisOptions o = on_all_devices();
+  o.strategy = synth::Strategy::DpCp;
+  synth::DistributedProgram p = synth::synthesize(s.graph, s.cluster, o);
+  ASSERT_GE(test_util::apply_factor_broadcast(s.graph, p, synth::CollectiveMethod::Padded), 1);
+  p.predicted_step_s = synth::recost(cm, p.instructions, p.ratios);
+  save_plan(plan_path().string(), cm, p);
+  const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
+  EXPECT_EQ(synth::program_hash(back), synth::program_hash(p));
+  EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+  const json good = plan_to_json(cm, p);
+  int at = -1, compute = -1;
+  for (size_t i = 0; i < good["instructions"].size(); ++i) {
+    const json& in = good["instructions"][i];
+    if (in["kind"] == "factor_broadcast" && at < 0) at = static_cast<int>(i);
+  }
+  ASSERT_GE(at, 1) << good.dump(1);
+  for (int i = 0; i < at; ++i)
+    if (good["instructions"][i]["kind"] == "compute" &&
+        good["instructions"][i]["node"] == good["instructions"][at]["node"])
+      compute = i;
+  ASSERT_GE(compute, 0);
+  const std::string where = "instructions[" + std::to_string(at) + "]";
+  json j = good;
+  j["instructions"][at]["method"] = "hierarchical";
+  EXPECT_HAS(load_error(cm, j), where + ".method: a factor_broadcast gathers padded or grouped");
+  // Moved before its node's computation.
+  j = good;
+  json moved = j["instructions"][at];
+  j["instructions"].erase(static_cast<size_t>(at));
+  j["instructions"].insert(j["instructions"].begin() + compute, moved);
+  EXPECT_HAS(load_error(cm, j),
+             "instructions[" + std::to_string(compute) + "]: factor_broadcast at Linear");
+  // Its parameter's gradient also all-reduced.
+  j = good;
+  const int node = good["instructions"][at]["node"].get<int>();
+  const int param = s.graph.nodes[static_cast<size_t>(node)].inputs[1];  // the linear's weight
+  j["instructions"].push_back({{"kind", "grad_all_reduce"},
+                               {"segment", good["instructions"][at]["segment"]},
+                               {"tensor", param},
+                               {"from", "P"},
+                               {"to", "R"},
+                               {"method", "grouped"},
+                               {"cost_s", 0.0}});
+  EXPECT_HAS(load_error(cm, j), "also has a grad_all_reduce");
   fs::remove(plan_path());
 }
 
