@@ -154,6 +154,7 @@ class Expander {
     // Sufficient factor broadcasting: positions whose node is a product reading parameters that
     // no other node reads (once each); their steps have one more variant, the last.
     factor_pos_.assign(order_.size(), false);
+    factor_cost_.assign(g_.nodes.size(), {});
     if (space.factor_broadcast && cm.num_devices() > 1)
       for (int pos = 0; pos < static_cast<int>(order_.size()); ++pos) {
         const GraphNode& n = g_.nodes[order_[pos]];
@@ -172,6 +173,15 @@ class Expander {
         if (!params || !alone) continue;
         factor_pos_[pos] = true;
         ++variants_[pos];
+        // Its price per signature under these ratios (infinity where not allowed), once.
+        const std::vector<double>& r = ratios_[seg_[n.id]];
+        std::vector<std::pair<double, CollectiveMethod>>& costs = factor_cost_[n.id];
+        for (int sig = -1; sig < static_cast<int>(cm.signatures(n.id).size()); ++sig) {
+          std::pair<double, CollectiveMethod> c{kInf, CollectiveMethod::None};
+          if (cm.factor_broadcast_allowed(n.id, sig))
+            c.second = cm.best_factor_broadcast(n.id, sig, r, &c.first);
+          costs.push_back(c);
+        }
       }
     // Devices with the same memory and the same share in every segment use memory alike: the
     // search tracks one value per such class instead of one per device.
@@ -218,7 +228,7 @@ class Expander {
     bool zero_used = false;
     // The last variant of a factor_pos_ position: sufficient factor broadcasting.
     const bool factors = factor_pos_[pos] && variant > 0 && variant == variants_[pos] - 1;
-    if (factors && !cm_.factor_broadcast_allowed(n.id, sig)) return false;
+    if (factors && factor_cost_[n.id][sig + 1].first == kInf) return false;  // not allowed
     const std::vector<double>& r = ratios_[seg];
     child.next = parent.next + 1;
     child.g = parent.g;
@@ -318,7 +328,8 @@ class Expander {
       f.segment = seg;
       for (int t : n.inputs)
         if (f.tensor < 0 && t >= 0 && g_.tensors[t].role == TensorRole::Parameter) f.tensor = t;
-      f.method = cm_.best_factor_broadcast(n.id, sig, r, &f.cost_s);
+      f.cost_s = factor_cost_[n.id][sig + 1].first;
+      f.method = factor_cost_[n.id][sig + 1].second;
       child.g += f.cost_s;
       child.instrs.push_back(f);
     }
@@ -448,8 +459,8 @@ class Expander {
       double c = compute_cost_[n.id][sig + 1];
       // The parameters' storage, as read or (factor_pos_) with factors broadcast: the cheaper.
       double params = 0, params_factors = kInf;
-      if (factor_pos_[pos[n.id]] && cm_.factor_broadcast_allowed(n.id, sig)) {
-        cm_.best_factor_broadcast(n.id, sig, r, &params_factors);
+      if (factor_pos_[pos[n.id]] && factor_cost_[n.id][sig + 1].first < kInf) {
+        params_factors = factor_cost_[n.id][sig + 1].first;
         for (int t : n.inputs)
           if (t >= 0 && g_.tensors[t].role == TensorRole::Parameter)
             params_factors += cm_.update(t, Prop::replicated()).eval(r);
@@ -863,8 +874,11 @@ class Expander {
   // where factor_pos_
   std::vector<int> variants_;
   std::vector<bool> factor_pos_;  // position -> its node may broadcast factors (see the ctor)
-  std::vector<int> order_;        // position -> node id: the order nodes are visited in
-  std::vector<int> last_use_;     // tensor -> position of its last reader
+  // Of those nodes: per signature (index sig + 1) the cost and method of broadcasting factors,
+  // infinity where the signature does not allow it; empty for the other nodes.
+  std::vector<std::vector<std::pair<double, CollectiveMethod>>> factor_cost_;
+  std::vector<int> order_;     // position -> node id: the order nodes are visited in
+  std::vector<int> last_use_;  // tensor -> position of its last reader
   // The collective method and cost for (kind, tensor, segment), computed once.
   CollectiveMethod best_method(InstrKind kind, int t, int seg, double* cost) const {
     uint64_t k = (static_cast<uint64_t>(kind) << 56) | (static_cast<uint64_t>(seg) << 32) |
