@@ -441,6 +441,9 @@ void Executor::factors(const synth::GraphNode& n, const NodeContext& ctx,
                        const std::vector<Tensor>& args, const std::vector<Tensor>& outs,
                        CollectiveMethod method) {
   if (outs.empty() || !outs[0].defined() || !outs[0].grad_fn()) return;  // no backward
+  HAP_CHECK(!outs[0].grad_fn()->custom && outs[0].grad_fn()->kind == n.kind, "executor: node ",
+            n.id, " (", ops::op_name(n.kind),
+            ") broadcasts factors but its output is not its op's own (a cast after it?)");
   std::vector<bool> whole(n.inputs.size(), false);
   bool any = false;
   for (size_t k = 0; k < n.inputs.size(); ++k) {

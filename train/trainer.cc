@@ -1,6 +1,9 @@
 #include "train/trainer.h"
 
+#include <time.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -237,13 +240,27 @@ void Trainer::save_checkpoint(const std::string& path, int64_t step) const {
 namespace {
 
 volatile std::sig_atomic_t g_stop_signal = 0;
+// When the first stop request arrived (CLOCK_MONOTONIC, ns).
+std::atomic<int64_t> g_stop_since_ns{0};
+static_assert(std::atomic<int64_t>::is_always_lock_free, "the signal handler needs it lock-free");
+
+int64_t monotonic_ns() {  // async-signal-safe (clock_gettime)
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 extern "C" void on_stop_signal(int signo) {
-  if (g_stop_signal != 0) {  // asked twice: stop now
-    std::signal(signo, SIG_DFL);
+  const int64_t now = monotonic_ns();
+  if (g_stop_signal != 0) {
+    // The same request delivered again: `timeout` signals its child and then the child's
+    // process group, a launcher may relay what the group got too.
+    if (now - g_stop_since_ns.load() < kStopRepeatWindowNs) return;
+    std::signal(signo, SIG_DFL);  // asked again: stop now
     std::raise(signo);
     return;
   }
+  g_stop_since_ns.store(now);
   g_stop_signal = signo;
 }
 
@@ -253,7 +270,10 @@ void install_stop_signals() {
   for (int s : {SIGTERM, SIGINT, SIGUSR1}) std::signal(s, on_stop_signal);
 }
 int stop_signal() { return static_cast<int>(g_stop_signal); }
-void request_stop(int signo) { g_stop_signal = signo; }
+void request_stop(int signo) {
+  g_stop_since_ns.store(monotonic_ns());
+  g_stop_signal = signo;
+}
 
 namespace {
 

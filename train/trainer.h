@@ -35,9 +35,12 @@
 namespace hap::train {
 
 // Stop requests: install_stop_signals() makes SIGTERM, SIGINT and SIGUSR1 ask the training loop
-// to stop after the current step (a second one ends the process at once). fit() then writes a
-// checkpoint (into train.checkpoint_dir, or to FitOptions::checkpoint_path) and throws
-// StopRequested; on ranks a signal to any rank stops every rank after the same step.
+// to stop after the current step (another one, kStopRepeatWindowNs or more after the first, ends
+// the process at once; sooner, it is the same request delivered twice, as `timeout` does to its
+// child and the child's process group). fit() then writes a checkpoint (into
+// train.checkpoint_dir, or to FitOptions::checkpoint_path) and throws StopRequested; on ranks a
+// signal to any rank stops every rank after the same step.
+inline constexpr int64_t kStopRepeatWindowNs = 1'000'000'000;
 void install_stop_signals();
 // The signal that asked to stop (0: none).
 int stop_signal();

@@ -1,6 +1,8 @@
 // hap-train end to end: the loss falls, runs are bitwise reproducible, checkpoints resume, and
 // bad input exits non-zero with a message.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #ifdef HAP_HAVE_CUDA
 #include "core/cpu_features.h"
@@ -181,6 +184,32 @@ TEST(Train, PeriodicCheckpointsKeepTheNewestAndTheNewestResumesTheRun) {
       test_util::error_of([&] { load_run_config(tiny_config(), {"train.checkpoint_every=2"}); }),
       "train.checkpoint_every: expected an integer in [0, 0] (set train.checkpoint_dir");
   fs::remove_all(dir);
+}
+
+// What a process that installed the stop signals does with two SIGTERMs `gap_ms` apart (in a
+// forked child: the second may end it): "alive, asked to stop by 15", or "killed by 15".
+std::string after_two_sigterms(int gap_ms) {
+  const pid_t child = ::fork();
+  if (child == 0) {
+    install_stop_signals();
+    std::raise(SIGTERM);
+    if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+    std::raise(SIGTERM);
+    std::_Exit(stop_signal() == SIGTERM ? 0 : 1);
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child) return "no child";
+  if (WIFSIGNALED(status)) return "killed by " + std::to_string(WTERMSIG(status));
+  return WEXITSTATUS(status) == 0 ? "alive, asked to stop by 15" : "alive, not asked to stop";
+}
+
+// The same stop request delivered twice at once (`timeout` signals its child and the child's
+// process group) asks once: the run still finishes its step and writes its checkpoint. A second
+// request a while after the first ends the process at once.
+TEST(Train, ARepeatedStopSignalEndsTheProcessOnlyWhenItComesLater) {
+  EXPECT_EQ(after_two_sigterms(0), "alive, asked to stop by 15");
+  EXPECT_EQ(after_two_sigterms(static_cast<int>(kStopRepeatWindowNs / 1'000'000) + 200),
+            "killed by 15");
 }
 
 // A stop request (SIGTERM, SIGINT, SIGUSR1) ends the loop after the current step with a
