@@ -127,13 +127,24 @@ std::vector<Tensor> factor_backward(const Node& node, const std::vector<Tensor>&
                              grads,     node.attrs,        local_needs};
     out = def.backward(ctx);
   }
-  std::vector<Tensor> inputs(node.saved_inputs.size()), whole_grads(grads.size());
+  std::vector<Tensor> inputs = node.saved_inputs, whole_grads(grads.size());
+  std::vector<Node::Factor> factors;
   for (size_t i = 0; i < inputs.size(); ++i)
-    inputs[i] = f.whole[i] || !node.saved_inputs[i].defined()
-                    ? node.saved_inputs[i]
-                    : f.gather(false, i, node.saved_inputs[i]);
+    if (!f.whole[i] && inputs[i].defined()) factors.push_back({false, i, inputs[i]});
   for (size_t o = 0; o < grads.size(); ++o)
-    if (grads[o].defined()) whole_grads[o] = f.gather(true, o, grads[o]);
+    if (grads[o].defined()) factors.push_back({true, o, grads[o]});
+  const std::vector<Tensor> made = f.gather(factors);
+  HAP_CHECK(made.size() == factors.size(), "backward of ", name, ": the factor gather returned ",
+            made.size(), " tensors for ", factors.size(), " factors");
+  for (size_t k = 0; k < factors.size(); ++k) {
+    const Node::Factor& x = factors[k];
+    Tensor& slot = x.grad ? whole_grads[x.index] : inputs[x.index];
+    HAP_CHECK(
+        made[k].defined() && made[k].dtype() == x.local.dtype() && made[k].dim() == x.local.dim(),
+        "backward of ", name, ": the factor gather made ",
+        made[k].defined() ? made[k].str() : "an undefined tensor", " of ", x.local.str());
+    slot = made[k];
+  }
   ops::BackwardContext ctx{node.kind,   inputs,     node.saved_outputs,
                            whole_grads, node.attrs, whole_needs};
   std::vector<Tensor> whole = def.backward(ctx);
@@ -358,8 +369,7 @@ Tensor rematerializable(const Tensor& t, std::function<Tensor()> remake) {
   return t;
 }
 
-Tensor gather_factors(const Tensor& output, std::vector<bool> whole,
-                      std::function<Tensor(bool grad, size_t index, const Tensor& local)> gather) {
+Tensor gather_factors(const Tensor& output, std::vector<bool> whole, Node::GatherFn gather) {
   HAP_CHECK(output.defined() && output.grad_fn(),
             "autograd::gather_factors: the tensor must be an op output with history, got ",
             output.defined() ? output.str() : "an undefined tensor");

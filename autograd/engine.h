@@ -68,13 +68,13 @@ Tensor rematerializable(const Tensor& t, std::function<Tensor()> remake);
 // inputs, a product say, recorded with history) gets the gradients of the inputs marked in
 // `whole` (one flag per op input; each such input must need a gradient) from whole factors.
 // When its node's backward runs, the local backward computes the gradients of the other inputs
-// only; then `gather(false, i, x)` is called for every saved input i not marked (returning it
-// whole: x itself where it already is) and `gather(true, o, g)` for every output gradient, and
-// the op's backward on those gives the marked inputs' gradients, whole on every rank (no
-// all-reduce of them is needed: an SPMD data-parallel weight gradient computed from the
-// all-gathered input and output gradient). The gathers run in the backward pass's deterministic
-// order (they may be collectives), only where a gradient reached the node. Returns `output`.
-Tensor gather_factors(const Tensor& output, std::vector<bool> whole,
-                      std::function<Tensor(bool grad, size_t index, const Tensor& local)> gather);
+// only; then `gather` is called once with the factors, every defined saved input not marked
+// ({false, i, x}) and every defined output gradient ({true, o, g}), and returns each whole (x
+// itself where it already is), in that order; the op's backward on those gives the marked
+// inputs' gradients, whole on every rank (no all-reduce of them is needed: an SPMD
+// data-parallel weight gradient computed from the all-gathered input and output gradient). The
+// call comes in the backward pass's deterministic order (it may run collectives), only where a
+// gradient reached the node. Returns `output`.
+Tensor gather_factors(const Tensor& output, std::vector<bool> whole, Node::GatherFn gather);
 
 }  // namespace hap::autograd

@@ -39,12 +39,18 @@ struct Node {
   };
   std::vector<Remake> remake_inputs;
   // Sufficient factor broadcasting (autograd::gather_factors): the gradients of the inputs marked
-  // in `whole` are computed from whole factors: `gather(false, i, x)` makes saved input i whole
-  // and `gather(true, o, g)` output o's gradient; the other inputs' gradients come from the
-  // local ones, as without it.
+  // in `whole` are computed from whole factors, the saved inputs not marked and the output
+  // gradients made whole by `gather` (one call for all of them); the other inputs' gradients
+  // come from the local ones, as without it.
+  struct Factor {
+    bool grad = false;  // output `index`'s gradient; false: saved input `index`
+    size_t index = 0;
+    Tensor local;
+  };
+  using GatherFn = std::function<std::vector<Tensor>(const std::vector<Factor>& factors)>;
   struct GatherFactors {
     std::vector<bool> whole;
-    std::function<Tensor(bool grad, size_t index, const Tensor& local)> gather;
+    GatherFn gather;
   };
   std::shared_ptr<const GatherFactors> factors;
   std::vector<Edge> next;  // one per op input; node null when no grad flows there

@@ -472,10 +472,78 @@ void Executor::factors(const synth::GraphNode& n, const NodeContext& ctx,
   }
   autograd::gather_factors(
       outs[0], std::move(whole),
-      [this, in_held, out_held, method](bool grad, size_t i, const Tensor& local) {
-        const Held& h = grad ? out_held.at(i) : in_held.at(i);
-        if (h.prop.kind != ops::PropKind::Sharded) return local;
-        return all_gather(comm_, local.contiguous(), h.prop.dim, h.lengths, method);
+      [this, in_held, out_held, method](const std::vector<autograd::Node::Factor>& factors) {
+        std::vector<Tensor> made(factors.size());
+        std::vector<size_t> sharded;
+        for (size_t k = 0; k < factors.size(); ++k) {
+          const Held& h =
+              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+          if (h.prop.kind == ops::PropKind::Sharded)
+            sharded.push_back(k);
+          else
+            made[k] = factors[k].local;
+        }
+        if (sharded.empty()) return made;
+        // Shards of one length per rank and one dtype travel in one all-gather: each moved to
+        // [rows, rest] (its sharded dim first), side by side, split again after.
+        const Held& first = factors[sharded[0]].grad ? out_held.at(factors[sharded[0]].index)
+                                                     : in_held.at(factors[sharded[0]].index);
+        bool together = true;
+        for (size_t k : sharded) {
+          const Held& h =
+              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+          together = together && h.lengths == first.lengths &&
+                     factors[k].local.dtype() == factors[sharded[0]].local.dtype();
+        }
+        auto front = [](const Tensor& t, int64_t dim) {  // dim first, the rest flattened
+          std::vector<int64_t> perm = {dim};
+          for (int64_t d = 0; d < t.dim(); ++d)
+            if (d != dim) perm.push_back(d);
+          int64_t rest = 1;
+          for (int64_t d = 0; d < t.dim(); ++d)
+            if (d != dim) rest *= t.shape()[static_cast<size_t>(d)];
+          return reshape(permute(t, perm), {t.shape()[static_cast<size_t>(dim)], rest});
+        };
+        if (!together || sharded.size() == 1) {
+          for (size_t k : sharded) {
+            const Held& h =
+                factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+            made[k] =
+                all_gather(comm_, factors[k].local.contiguous(), h.prop.dim, h.lengths, method);
+          }
+          return made;
+        }
+        std::vector<Tensor> packed;
+        std::vector<int64_t> widths;
+        for (size_t k : sharded) {
+          const Held& h =
+              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+          packed.push_back(front(factors[k].local, h.prop.dim));
+          widths.push_back(packed.back().shape()[1]);
+        }
+        const Tensor whole =
+            all_gather(comm_, concat(packed, 1).contiguous(), 0, first.lengths, method);
+        const int64_t rows = whole.shape()[0];
+        int64_t at = 0;
+        for (size_t j = 0; j < sharded.size(); ++j) {
+          const size_t k = sharded[j];
+          const Held& h =
+              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+          const Tensor& local = factors[k].local;
+          // Back to the local tensor's layout with the whole length in its sharded dim.
+          Shape moved = {rows};
+          std::vector<int64_t> inverse(static_cast<size_t>(local.dim()));
+          inverse[static_cast<size_t>(h.prop.dim)] = 0;
+          for (int64_t d = 0, i = 1; d < local.dim(); ++d)
+            if (d != h.prop.dim) {
+              moved.push_back(local.shape()[static_cast<size_t>(d)]);
+              inverse[static_cast<size_t>(d)] = i++;
+            }
+          made[k] =
+              contiguous(permute(reshape(slice(whole, 1, at, at + widths[j]), moved), inverse));
+          at += widths[j];
+        }
+        return made;
       });
 }
 

@@ -284,9 +284,8 @@ LinearCost CostModel::factor_broadcast(int node, int sig, CollectiveMethod metho
   const int P = num_devices();
   const GraphNode& n = graph_.nodes[node];
   const Link link = link_.for_collective(Collective::AllGather);
-  auto gather = [&](int t) {
-    const CollectiveTerms terms = collective_terms(
-        InstrKind::AllGather, method, P, static_cast<double>(graph_.tensors[t].bytes()), 1.0);
+  auto gather = [&](double bytes) {
+    const CollectiveTerms terms = collective_terms(InstrKind::AllGather, method, P, bytes, 1.0);
     c.constant_s += terms.latency_terms * link.latency_s;
     if (method == CollectiveMethod::Grouped) {
       c.constant_s += terms.byte_terms / link.bandwidth_bytes_per_s;
@@ -297,16 +296,34 @@ LinearCost CostModel::factor_broadcast(int node, int sig, CollectiveMethod metho
   };
   // The whole factors: every Sharded input but the parameters, every Sharded output's gradient.
   int products = 0;  // the parameters' gradient products (one forward-sized product each)
+  std::vector<std::pair<int, int64_t>> factors;  // (tensor, sharded dim)
   for (size_t k = 0; k < n.inputs.size(); ++k) {
     const int t = n.inputs[k];
     if (t < 0) continue;
+    const Prop q = input_prop(node, sig, k);
     if (graph_.tensors[t].role == TensorRole::Parameter)
       products += k < 2 ? 1 : 0;  // a bias's gradient is a sum, no product
-    else if (input_prop(node, sig, k).kind == PropKind::Sharded)
-      gather(t);
+    else if (q.kind == PropKind::Sharded)
+      factors.push_back({t, q.dim});
   }
   for (size_t o = 0; o < n.outputs.size(); ++o)
-    if (output_prop(node, sig, o).kind == PropKind::Sharded) gather(n.outputs[o]);
+    if (const Prop q = output_prop(node, sig, o); q.kind == PropKind::Sharded)
+      factors.push_back({n.outputs[o], q.dim});
+  // Factors split along dims of one length (so in shards of one length per rank) and of one
+  // dtype travel in one all-gather (the executor packs them side by side), others one each.
+  bool together = true;
+  for (const auto& [t, dim] : factors)
+    together =
+        together &&
+        graph_.tensors[t].shape[dim] == graph_.tensors[factors[0].first].shape[factors[0].second] &&
+        graph_.tensors[t].dtype == graph_.tensors[factors[0].first].dtype;
+  if (together) {
+    double bytes = 0;
+    for (const auto& f : factors) bytes += static_cast<double>(graph_.tensors[f.first].bytes());
+    gather(bytes);
+  } else {
+    for (const auto& f : factors) gather(static_cast<double>(graph_.tensors[f.first].bytes()));
+  }
   // Those products over the whole batch on every device, at the slowest (the node's own compute
   // still counts the device's share of them: an overestimate by at most that share).
   double slowest = 0;

@@ -115,7 +115,9 @@ class CostModel {
   // Partial input or output, every parameter input Replicated and some other input Sharded.
   bool factor_broadcast_allowed(int node, int sig) const;
   // Its backward cost: an all-gather (by `method`) of every Sharded input but the parameters and
-  // of every Sharded output's gradient, and the parameters' gradient products on the whole batch
+  // of every Sharded output's gradient (one for all of them where they are split along dims of
+  // one length and have one dtype, as the executor packs them), and the parameters' gradient
+  // products on the whole batch
   // on every device, priced at the slowest one (the node's compute still counts its share of
   // them: an overestimate by at most that share).
   LinearCost factor_broadcast(int node, int sig, CollectiveMethod method) const;

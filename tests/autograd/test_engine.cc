@@ -502,17 +502,22 @@ TEST(Engine, GatherFactorsGivesWholeParameterGradientsFromTheLocalRows) {
   auto [w2, b2] = params();
   Tensor x2 = Tensor::from_vector(xv, {6, 3}, f64(true));
   const Tensor rest_x = slice(x2, 0, 2, 6).detach(), rest_g = slice(c, 0, 2, 6);
-  int input_gathers = 0, grad_gathers = 0;
+  int calls = 0;
   Tensor y = linear(slice(x2, 0, 0, 2), w2, b2);
   autograd::gather_factors(y, {false, true, true},
-                           [&](bool grad, size_t index, const Tensor& local) {
-                             EXPECT_EQ(index, 0u);
-                             ++(grad ? grad_gathers : input_gathers);
-                             return concat({local, grad ? rest_g : rest_x}, 0);
+                           [&](const std::vector<autograd::Node::Factor>& factors) {
+                             ++calls;
+                             // The input x (0), then the output's gradient (0).
+                             EXPECT_EQ(factors.size(), 2u);
+                             std::vector<Tensor> whole;
+                             for (const autograd::Node::Factor& f : factors) {
+                               EXPECT_EQ(f.index, 0u);
+                               whole.push_back(concat({f.local, f.grad ? rest_g : rest_x}, 0));
+                             }
+                             return whole;
                            });
   sum(mul(y, slice(c, 0, 0, 2))).backward();
-  EXPECT_EQ(input_gathers, 1);
-  EXPECT_EQ(grad_gathers, 1);
+  EXPECT_EQ(calls, 1) << "one call for all the factors";
   EXPECT_EQ(w2.grad().to_vector(), w1.grad().to_vector());
   EXPECT_EQ(b2.grad().to_vector(), b1.grad().to_vector());
   const std::vector<double> gx1 = x1.grad().to_vector(), gx2 = x2.grad().to_vector();
@@ -520,7 +525,11 @@ TEST(Engine, GatherFactorsGivesWholeParameterGradientsFromTheLocalRows) {
 }
 
 TEST(Engine, GatherFactorsChecksWhatItIsGiven) {
-  auto gather = [](bool, size_t, const Tensor& t) { return t; };
+  auto gather = [](const std::vector<autograd::Node::Factor>& factors) {
+    std::vector<Tensor> out;
+    for (const autograd::Node::Factor& f : factors) out.push_back(f.local);
+    return out;
+  };
   Tensor w = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}, f64(true));
   Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4}, {2, 2}, f64(false));
   EXPECT_THROW(autograd::gather_factors(x, {false, true}, gather), Error);  // no history
@@ -531,6 +540,18 @@ TEST(Engine, GatherFactorsChecksWhatItIsGiven) {
   EXPECT_THROW(autograd::gather_factors(y, {false, true}, nullptr), Error);  // no function
   Tensor s = softmax(y, -1);  // its backward reads its output
   EXPECT_THROW(autograd::gather_factors(s, {true}, gather), Error);
+  // A gather that returns too few tensors is an error when the backward runs.
+  autograd::gather_factors(y, {false, true}, [](const std::vector<autograd::Node::Factor>&) {
+    return std::vector<Tensor>{};
+  });
+  try {
+    sum(y).backward();
+    FAIL() << "a gather returning no tensors was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the factor gather returned 0 tensors for 2"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace

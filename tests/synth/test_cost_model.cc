@@ -43,6 +43,48 @@ int tensor_named(const Graph& g, const std::string& name) {
   return -1;
 }
 
+// Factor broadcasting at the linear under data parallelism (x and y split along the batch):
+// one all-gather of both factors (packed side by side: their shards have one length per rank),
+// padded or grouped, plus the whole weight-gradient product at the slowest device. Signatures
+// that read the weight split, or make a Partial, do not allow it; nor does one device.
+TEST(CostModel, FactorBroadcastGathersBothFactorsAtOnceAndRunsTheWholeProduct) {
+  const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  Graph g = small_graph();
+  Cluster c = cluster3(link);
+  CostModel cm(g, c);
+  const GraphNode& lin = g.nodes[0];
+  ASSERT_EQ(lin.kind, ops::OpKind::Linear);
+  int dp = -1, allowed = 0;
+  for (int sig = -1; sig < static_cast<int>(cm.signatures(lin.id).size()); ++sig) {
+    if (!cm.factor_broadcast_allowed(lin.id, sig)) continue;
+    ++allowed;
+    EXPECT_EQ(cm.input_prop(lin.id, sig, 1), Prop::replicated());
+    EXPECT_NE(cm.output_prop(lin.id, sig, 0).kind, PropKind::Partial);
+    if (cm.input_prop(lin.id, sig, 0) == Prop::sharded(0)) dp = sig;
+  }
+  ASSERT_GE(dp, 0) << "the data-parallel signature does not allow factor broadcasting";
+  EXPECT_LT(allowed, static_cast<int>(cm.signatures(lin.id).size()) + 1);
+  const double bytes =
+      static_cast<double>(g.tensors[lin.inputs[0]].bytes() + g.tensors[lin.outputs[0]].bytes());
+  const double product = lin.flops / 1e9;  // the slowest device's whole dW product
+  const std::vector<double> r = {0.5, 0.3, 0.2};
+  for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped}) {
+    const CollectiveTerms t = collective_terms(InstrKind::AllGather, m, 3, bytes, 0.5);
+    EXPECT_NEAR(
+        cm.factor_broadcast(lin.id, dp, m).eval(r),
+        t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s + product,
+        1e-15)
+        << method_name(m);
+  }
+  double best = 0;
+  const CollectiveMethod m = cm.best_factor_broadcast(lin.id, dp, r, &best);
+  EXPECT_EQ(best, cm.factor_broadcast(lin.id, dp, m).eval(r));
+  Cluster one = cluster3(link);
+  one.devices.resize(1);
+  one.nodes[0].devices.resize(1);
+  EXPECT_FALSE(CostModel(g, one).factor_broadcast_allowed(lin.id, dp));
+}
+
 TEST(CostModel, CollectivesArePricedByCollectiveTerms) {
   const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
   Graph g = small_graph();
