@@ -440,6 +440,24 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
   }
 }
 
+// The tiny GPT's dp-cp program (batch 7 x 6, dropout 0.1, per-block segments), edited by `edit`:
+// 3 AdamW steps match one device.
+void expect_edited_dp_cp_gpt_matches_one_device(
+    const std::function<void(const synth::Graph&, synth::DistributedProgram&)>& edit) {
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.1);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const double lr = 3e-3;
+  const int steps = 3;
+  compare_with_one_device(
+      g, synth::Strategy::DpCp, synth::SegmentMode::PerBlock, ref,
+      [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
+      testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
+      [&](synth::DistributedProgram& plan) { edit(g, plan); });
+}
+
 // ZeRO storage (synth::SearchSpace::zero_storage): the dp-cp program with its parameters stored
 // Sharded(0), all-gathered before use (the copies kept for backward, or not kept and gathered
 // again there, also inside segments recomputed in backward), their gradients reduce-scattered
@@ -449,18 +467,8 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
        {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
     SCOPED_TRACE(std::string(regather ? "gathered again in backward" : "gathered copies kept") +
                  (recompute ? ", every segment recomputed" : ""));
-    const int64_t B = 7, T = 6;
-    const nn::GPTConfig cfg = tiny_gpt(0.1);
-    nn::GPT ref(cfg);
-    const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-    const synth::Graph g = gpt_graph(cfg, B, T);
-    const double lr = 3e-3;
-    const int steps = 3;
-    compare_with_one_device(
-        g, synth::Strategy::DpCp, synth::SegmentMode::PerBlock, ref,
-        [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
-        testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
-        [&](synth::DistributedProgram& plan) {
+    expect_edited_dp_cp_gpt_matches_one_device(
+        [&](const synth::Graph& g, synth::DistributedProgram& plan) {
           EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
           if (recompute) plan.recompute.assign(plan.ratios.size(), true);
         });
@@ -477,18 +485,8 @@ TEST(Executor, FactorBroadcastMatchesOneDevice) {
                                    std::pair{synth::CollectiveMethod::Grouped, true}}) {
     SCOPED_TRACE(std::string(synth::method_name(method)) +
                  (recompute ? ", every segment recomputed" : ""));
-    const int64_t B = 7, T = 6;
-    const nn::GPTConfig cfg = tiny_gpt(0.1);
-    nn::GPT ref(cfg);
-    const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-    const synth::Graph g = gpt_graph(cfg, B, T);
-    const double lr = 3e-3;
-    const int steps = 3;
-    compare_with_one_device(
-        g, synth::Strategy::DpCp, synth::SegmentMode::PerBlock, ref,
-        [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
-        testing::close_parameters_with_attention(lr, steps), {}, std::nullopt,
-        [&](synth::DistributedProgram& plan) {
+    expect_edited_dp_cp_gpt_matches_one_device(
+        [&](const synth::Graph& g, synth::DistributedProgram& plan) {
           if (plan.ratios.at(0).size() < 2) return;  // one rank: nothing is sharded
           EXPECT_GE(test_util::apply_factor_broadcast(g, plan, method), 4);
           if (recompute) plan.recompute.assign(plan.ratios.size(), true);
