@@ -67,14 +67,14 @@ def make_plans(build, common, tmp):
              "--set", f"parallel.strategy={strategy}", "--json", paths[name]])
     with open(paths["dp-cp"]) as f:
         plan = json.load(f)
-    params = linear_params(build, common)
-    broadcast = {n: ps for n, ps in params.items()}
+    linears = linear_params(build, common)
+    params = {t for ps in linears.values() for t in ps}
     out, changed = [], 0
     for ins in plan["instructions"]:
-        if ins["kind"] == "grad_all_reduce" and any(ins["tensor"] in ps for ps in broadcast.values()):
+        if ins["kind"] == "grad_all_reduce" and ins["tensor"] in params:
             continue  # computed whole from the factors instead
         out.append(ins)
-        if ins["kind"] == "compute" and ins["node"] in broadcast:
+        if ins["kind"] == "compute" and ins["node"] in linears:
             out.append({"kind": "factor_broadcast", "node": ins["node"],
                         "signature": ins["signature"], "segment": ins["segment"],
                         "method": METHOD, "cost_s": 0.0})

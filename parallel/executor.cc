@@ -473,12 +473,13 @@ void Executor::factors(const synth::GraphNode& n, const NodeContext& ctx,
   autograd::gather_factors(
       outs[0], std::move(whole),
       [this, in_held, out_held, method](const std::vector<autograd::Node::Factor>& factors) {
+        auto held = [&](size_t k) -> const Held& {
+          return factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
+        };
         std::vector<Tensor> made(factors.size());
         std::vector<size_t> sharded;
         for (size_t k = 0; k < factors.size(); ++k) {
-          const Held& h =
-              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
-          if (h.prop.kind == ops::PropKind::Sharded)
+          if (held(k).prop.kind == ops::PropKind::Sharded)
             sharded.push_back(k);
           else
             made[k] = factors[k].local;
@@ -486,62 +487,46 @@ void Executor::factors(const synth::GraphNode& n, const NodeContext& ctx,
         if (sharded.empty()) return made;
         // Shards of one length per rank and one dtype travel in one all-gather: each moved to
         // [rows, rest] (its sharded dim first), side by side, split again after.
-        const Held& first = factors[sharded[0]].grad ? out_held.at(factors[sharded[0]].index)
-                                                     : in_held.at(factors[sharded[0]].index);
-        bool together = true;
-        for (size_t k : sharded) {
-          const Held& h =
-              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
-          together = together && h.lengths == first.lengths &&
+        bool together = sharded.size() > 1;
+        for (size_t k : sharded)
+          together = together && held(k).lengths == held(sharded[0]).lengths &&
                      factors[k].local.dtype() == factors[sharded[0]].local.dtype();
-        }
-        auto front = [](const Tensor& t, int64_t dim) {  // dim first, the rest flattened
-          std::vector<int64_t> perm = {dim};
-          for (int64_t d = 0; d < t.dim(); ++d)
-            if (d != dim) perm.push_back(d);
-          int64_t rest = 1;
-          for (int64_t d = 0; d < t.dim(); ++d)
-            if (d != dim) rest *= t.shape()[static_cast<size_t>(d)];
-          return reshape(permute(t, perm), {t.shape()[static_cast<size_t>(dim)], rest});
-        };
-        if (!together || sharded.size() == 1) {
-          for (size_t k : sharded) {
-            const Held& h =
-                factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
-            made[k] =
-                all_gather(comm_, factors[k].local.contiguous(), h.prop.dim, h.lengths, method);
-          }
+        if (!together) {
+          for (size_t k : sharded)
+            made[k] = all_gather(comm_, factors[k].local.contiguous(), held(k).prop.dim,
+                                 held(k).lengths, method);
           return made;
         }
         std::vector<Tensor> packed;
-        std::vector<int64_t> widths;
         for (size_t k : sharded) {
-          const Held& h =
-              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
-          packed.push_back(front(factors[k].local, h.prop.dim));
-          widths.push_back(packed.back().shape()[1]);
+          const Tensor& t = factors[k].local;
+          const int64_t dim = held(k).prop.dim;
+          std::vector<int64_t> perm = {dim};
+          int64_t rest = 1;
+          for (int64_t d = 0; d < t.dim(); ++d)
+            if (d != dim) {
+              perm.push_back(d);
+              rest *= t.shape()[static_cast<size_t>(d)];
+            }
+          packed.push_back(reshape(permute(t, perm), {t.shape()[static_cast<size_t>(dim)], rest}));
         }
         const Tensor whole =
-            all_gather(comm_, concat(packed, 1).contiguous(), 0, first.lengths, method);
-        const int64_t rows = whole.shape()[0];
+            all_gather(comm_, concat(packed, 1).contiguous(), 0, held(sharded[0]).lengths, method);
         int64_t at = 0;
         for (size_t j = 0; j < sharded.size(); ++j) {
-          const size_t k = sharded[j];
-          const Held& h =
-              factors[k].grad ? out_held.at(factors[k].index) : in_held.at(factors[k].index);
-          const Tensor& local = factors[k].local;
+          const Tensor& local = factors[sharded[j]].local;
+          const int64_t dim = held(sharded[j]).prop.dim, width = packed[j].shape()[1];
           // Back to the local tensor's layout with the whole length in its sharded dim.
-          Shape moved = {rows};
+          Shape moved = {whole.shape()[0]};
           std::vector<int64_t> inverse(static_cast<size_t>(local.dim()));
-          inverse[static_cast<size_t>(h.prop.dim)] = 0;
           for (int64_t d = 0, i = 1; d < local.dim(); ++d)
-            if (d != h.prop.dim) {
+            if (d != dim) {
               moved.push_back(local.shape()[static_cast<size_t>(d)]);
               inverse[static_cast<size_t>(d)] = i++;
             }
-          made[k] =
-              contiguous(permute(reshape(slice(whole, 1, at, at + widths[j]), moved), inverse));
-          at += widths[j];
+          made[sharded[j]] =
+              contiguous(permute(reshape(slice(whole, 1, at, at + width), moved), inverse));
+          at += width;
         }
         return made;
       });
