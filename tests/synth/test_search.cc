@@ -352,6 +352,26 @@ SearchSpace zero_dp_space(bool zero) {
   return s;
 }
 
+// The best-first search against the exhaustive one under `space`: both find no program, or the
+// same cost with the search's lower bound below it. Returns the best-first program (none where
+// neither finds one).
+std::optional<SearchResult> best_first_matching_exhaustive(
+    const CostModel& cm, const std::vector<std::vector<double>>& r, const std::vector<int>& seg,
+    const SearchSpace& space, const std::string& what) {
+  SearchResult b;
+  try {
+    b = exhaustive_search(cm, r, seg, space);
+  } catch (const Error&) {
+    EXPECT_THROW(search_program(cm, r, seg, space), Error) << what;
+    return std::nullopt;
+  }
+  SearchResult a = search_program(cm, r, seg, space);
+  EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s)) << what << "\n"
+                                                                   << cm.graph().str();
+  EXPECT_LE(search_lower_bound(cm, r, seg, space), b.cost_s * (1 + 1e-12)) << what;
+  return a;
+}
+
 // With ZeRO storage in the space (its two variants at every first read of a parameter), the
 // best-first search still finds the exhaustive optimum (its lower bound stays below it), with
 // and without a binding memory limit, in hap's space and in data parallelism's.
@@ -373,18 +393,12 @@ TEST(Search, WithZeroStorageBestFirstFindsTheExhaustiveOptimum) {
       for (double fraction : {1.0, 0.8, 0.6}) {
         const Cluster c = make_cluster(devices, seed * 19, std::floor(peak * fraction));
         const CostModel cm(g, c);
-        SearchResult b;
-        try {
-          b = exhaustive_search(cm, r, seg, space);
-        } catch (const Error&) {
-          EXPECT_THROW(search_program(cm, r, seg, space), Error) << "seed " << seed;
-          continue;
-        }
-        const SearchResult a = search_program(cm, r, seg, space);
-        EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
-            << "seed " << seed << (dp ? " dp" : " hap") << " memory " << fraction << "\n"
-            << g.str();
-        EXPECT_LE(search_lower_bound(cm, r, seg, space), b.cost_s * (1 + 1e-12)) << seed;
+        const std::optional<SearchResult> found =
+            best_first_matching_exhaustive(cm, r, seg, space,
+                                           "seed " + std::to_string(seed) + (dp ? " dp" : " hap") +
+                                               " memory " + std::to_string(fraction));
+        if (!found) continue;
+        const SearchResult& a = *found;
         for (size_t d = 0; d < a.device_memory_bytes.size(); ++d)
           EXPECT_LE(a.device_memory_bytes[d], static_cast<double>(c.devices[d].memory_bytes));
         for (const Instruction& in : a.instructions)
@@ -430,18 +444,12 @@ TEST(Search, WithFactorBroadcastBestFirstFindsTheExhaustiveOptimum) {
       for (double fraction : {1.0, 0.7}) {
         const Cluster c = make_cluster(devices, seed * 29, std::ceil(peak * fraction), latency);
         const CostModel cm(g, c);
-        SearchResult b;
-        try {
-          b = exhaustive_search(cm, r, seg, space);
-        } catch (const Error&) {
-          EXPECT_THROW(search_program(cm, r, seg, space), Error) << "seed " << seed;
-          continue;
-        }
-        const SearchResult a = search_program(cm, r, seg, space);
-        EXPECT_NEAR(a.cost_s, b.cost_s, 1e-12 * std::max(1.0, b.cost_s))
-            << "seed " << seed << " space " << variant << " memory " << fraction << "\n"
-            << g.str();
-        EXPECT_LE(search_lower_bound(cm, r, seg, space), b.cost_s * (1 + 1e-12)) << seed;
+        const std::optional<SearchResult> found = best_first_matching_exhaustive(
+            cm, r, seg, space,
+            "seed " + std::to_string(seed) + " space " + std::to_string(variant) + " memory " +
+                std::to_string(fraction));
+        if (!found) continue;
+        const SearchResult& a = *found;
         bool broadcast = false;
         for (const Instruction& in : a.instructions) {
           if (in.kind != InstrKind::FactorBroadcast) continue;
