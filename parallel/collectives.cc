@@ -231,6 +231,121 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
   return padded ? out.clone() : out;
 }
 
+namespace {
+
+// The block layout of a collective over several tensors: rank r's block holds its rows of every
+// tensor in turn. Returns the layout and, per rank and tensor, where that piece starts in its
+// block.
+BlockLayout many_layout(const Communicator& comm, const std::vector<Shape>& wholes,
+                        const std::vector<ShardOf>& shards, CollectiveMethod method,
+                        std::vector<std::vector<int64_t>>* at, const char* op) {
+  HAP_CHECK(wholes.size() == shards.size(), op, ": ", wholes.size(), " tensors but ", shards.size(),
+            " shard specs");
+  check_method(method, op);
+  const size_t P = static_cast<size_t>(comm.size());
+  std::vector<int64_t> numels(P, 0);
+  at->assign(P, std::vector<int64_t>(wholes.size(), 0));
+  for (size_t k = 0; k < wholes.size(); ++k) {
+    const ShardOf& s = shards[k];
+    check_lengths(comm, s.lengths, op);
+    HAP_CHECK(s.dim >= 0 && s.dim < static_cast<int64_t>(wholes[k].size()), op, ": tensor ", k,
+              " of shape ", shape_str(wholes[k]), " has no dim ", s.dim);
+    HAP_CHECK(wholes[k][s.dim] == sum_of(s.lengths), op, ": tensor ", k, " has size ",
+              wholes[k][s.dim], " in dim ", s.dim, " but the shard lengths ",
+              lengths_str(s.lengths), " sum to ", sum_of(s.lengths));
+    const int64_t row = shape_numel(with_dim(wholes[k], s.dim, 1));
+    for (size_t r = 0; r < P; ++r) {
+      (*at)[r][k] = numels[r];
+      numels[r] += s.lengths[r] * row;
+    }
+  }
+  return make_layout(method, numels, max_of(numels));
+}
+
+}  // namespace
+
+std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
+                                    const std::vector<ShardOf>& shards, CollectiveMethod method) {
+  const char* op = "all_gather_many";
+  std::vector<Tensor> out;
+  if (locals.empty()) return out;
+  const int me = comm.rank();
+  std::vector<Shape> wholes;
+  double bytes = 0;
+  for (size_t k = 0; k < locals.size(); ++k) {
+    check_tensor(comm, locals[k], op);
+    HAP_CHECK(locals[k].dtype() == locals[0].dtype(), op, ": tensor ", k, " is ",
+              dtype_name(locals[k].dtype()), ", tensor 0 ", dtype_name(locals[0].dtype()));
+    HAP_CHECK(k < shards.size() && shards[k].dim >= 0 && shards[k].dim < locals[k].dim() &&
+                  static_cast<int>(shards[k].lengths.size()) == comm.size() &&
+                  locals[k].size(shards[k].dim) == shards[k].lengths[me],
+              op, ": rank ", me, "'s shard ", k, " ", locals[k].str(),
+              " does not match its shard spec");
+    wholes.push_back(with_dim(locals[k].shape(), shards[k].dim, sum_of(shards[k].lengths)));
+    bytes += static_cast<double>(shape_numel(wholes.back())) * dtype_size(locals[k].dtype());
+  }
+  const Timed timed(CollectiveStat::AllGather, bytes);
+  std::vector<std::vector<int64_t>> at;
+  const BlockLayout l = many_layout(comm, wholes, shards, method, &at, op);
+  const bool padded = method == CollectiveMethod::Padded;
+  Tensor send = new_buffer(padded ? l.counts[0] : l.counts[me], locals[0], padded);
+  for (size_t k = 0; k < locals.size(); ++k)
+    block_view(send, locals[k].shape(), at[me][k]).copy_from(locals[k]);
+  Tensor recv = new_buffer(l.total(), locals[0], false);
+  comm.backend().all_gather(send, recv, l);
+  for (size_t k = 0; k < locals.size(); ++k) {
+    Tensor whole = Tensor::empty(
+        wholes[k], TensorOptions{}.with_dtype(locals[k].dtype()).with_device(locals[k].device()));
+    const std::vector<int64_t> offsets = shard_offsets(shards[k].lengths);
+    for (size_t r = 0; r < offsets.size(); ++r)
+      narrow_view(whole, shards[k].dim, offsets[r], shards[k].lengths[r])
+          .copy_from(block_view(recv, with_dim(wholes[k], shards[k].dim, shards[k].lengths[r]),
+                                l.displs[r] + at[r][k]));
+    out.push_back(std::move(whole));
+  }
+  return out;
+}
+
+ManyScatter pack_reduce_scatter_many(const Communicator& comm, const std::vector<Tensor>& partials,
+                                     const std::vector<ShardOf>& shards, CollectiveMethod method) {
+  const char* op = "reduce_scatter_many";
+  HAP_CHECK(!partials.empty(), op, ": no tensors");
+  std::vector<Shape> wholes;
+  for (size_t k = 0; k < partials.size(); ++k) {
+    check_tensor(comm, partials[k], op);
+    check_reducible(partials[k].dtype(), op);
+    HAP_CHECK(partials[k].dtype() == partials[0].dtype(), op, ": tensor ", k, " is ",
+              dtype_name(partials[k].dtype()), ", tensor 0 ", dtype_name(partials[0].dtype()));
+    wholes.push_back(partials[k].shape());
+  }
+  ManyScatter m;
+  std::vector<std::vector<int64_t>> at;
+  m.layout = many_layout(comm, wholes, shards, method, &at, op);
+  const bool padded = method == CollectiveMethod::Padded;
+  m.send = new_buffer(m.layout.total(), partials[0], padded);
+  for (size_t k = 0; k < partials.size(); ++k) {
+    const std::vector<int64_t> offsets = shard_offsets(shards[k].lengths);
+    for (size_t r = 0; r < offsets.size(); ++r) {
+      const Shape piece = with_dim(wholes[k], shards[k].dim, shards[k].lengths[r]);
+      block_view(m.send, piece, m.layout.displs[r] + at[r][k])
+          .copy_from(narrow_view(partials[k], shards[k].dim, offsets[r], shards[k].lengths[r]));
+    }
+    m.local_shapes.push_back(with_dim(wholes[k], shards[k].dim, shards[k].lengths[comm.rank()]));
+  }
+  m.recv = new_buffer(m.layout.counts[comm.rank()], partials[0], false);
+  return m;
+}
+
+std::vector<Tensor> unpack_reduce_scatter_many(const ManyScatter& m) {
+  std::vector<Tensor> out;
+  int64_t at = 0;
+  for (const Shape& s : m.local_shapes) {
+    out.push_back(block_view(m.recv, s, at).clone());
+    at += shape_numel(s);
+  }
+  return out;
+}
+
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
   // The backend's all-reduce moves even blocks: padded and grouped move the same bytes.
   // Hierarchical runs over the communicator's node groups (parallel/hierarchical.h).

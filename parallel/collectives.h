@@ -52,6 +52,35 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
                   const std::vector<int64_t>& lengths_concat,
                   CollectiveMethod method = CollectiveMethod::Grouped);
 
+// ---- several tensors in one collective (the executor's parameter buckets) ----
+// How a tensor is split over the ranks: Sharded(dim) with these lengths.
+struct ShardOf {
+  int64_t dim = 0;
+  std::vector<int64_t> lengths;
+};
+
+// all_gather of several shards at once, in one collective: block r holds rank r's shards of
+// every tensor back to back (padded: every block in a slot the size of the largest). Returns
+// the logical tensors, bitwise what one all_gather each gives.
+std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
+                                    const std::vector<ShardOf>& shards, CollectiveMethod method);
+
+// reduce_scatter of several Partial tensors at once, in one collective (the same block layout
+// as all_gather_many), split in three so that the collective itself can run nonblocking
+// (Backend::start_reduce_scatter) between pack and unpack:
+//   ManyScatter m = pack_reduce_scatter_many(comm, partials, shards, method);
+//   comm.backend().reduce_scatter(m.send, m.layout, m.recv);   // or start_reduce_scatter
+//   std::vector<Tensor> mine = unpack_reduce_scatter_many(comm, m);
+// The shards are bitwise what one reduce_scatter each gives.
+struct ManyScatter {
+  Tensor send, recv;
+  BlockLayout layout;
+  std::vector<Shape> local_shapes;  // this rank's shard of each tensor
+};
+ManyScatter pack_reduce_scatter_many(const Communicator& comm, const std::vector<Tensor>& partials,
+                                     const std::vector<ShardOf>& shards, CollectiveMethod method);
+std::vector<Tensor> unpack_reduce_scatter_many(const ManyScatter& m);
+
 // Time spent in each collective on this rank since the last reset (a collective called inside
 // another, as all_reduce's two phases, counts as the outer one only): what `hap-train --profile`
 // reports next to the kernels' time.

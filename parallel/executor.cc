@@ -16,6 +16,7 @@
 #include "parallel/autograd_collectives.h"
 #include "parallel/hierarchical.h"
 #include "parallel/shard.h"
+#include "synth/cost_model.h"
 
 namespace hap::parallel {
 
@@ -140,6 +141,25 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
               in.signature);
     factor_method_[in.node] = in.method;
   }
+  // The bucketed parameter all-gathers, in program order of each parameter's first.
+  {
+    std::set<int> seen;
+    int64_t bytes = 0;
+    for (const Instruction& in : program.instructions) {
+      if (!bucketed_gather(in) || !seen.insert(in.tensor).second) continue;
+      const synth::GraphTensor& gt = graph.tensors[in.tensor];
+      const int64_t b = shape_numel(gt.shape) * static_cast<int64_t>(dtype_size(gt.dtype));
+      const int first = gather_buckets_.empty() ? -1 : gather_buckets_.back().front();
+      if (gather_buckets_.empty() || gather_methods_.back() != in.method ||
+          graph.tensors[first].dtype != gt.dtype || bytes + b > options.bucket_bytes) {
+        gather_buckets_.emplace_back();
+        gather_methods_.push_back(in.method);
+        bytes = 0;
+      }
+      gather_buckets_.back().push_back(in.tensor);
+      bytes += b;
+    }
+  }
   bool hierarchical = false;
   for (const Instruction& in : program.instructions)
     hierarchical = hierarchical || in.method == CollectiveMethod::Hierarchical;
@@ -148,6 +168,31 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
               "executor: the program has hierarchical all-reduces but names the nodes of ",
               program.nodes.size(), " of its ", comm_.size(), " ranks");
     comm_ = comm_.with_node_groups(group_by_node(comm_, program.nodes));
+  }
+}
+
+bool Executor::bucketed_gather(const Instruction& in) const {
+  // (As the cost model prices it, gathering from how the parameter is stored.)
+  return options_.bucket_parameter_gathers && synth::bucketed_parameter_gather(graph_, in) &&
+         program_.storage[in.tensor] == in.from;
+}
+
+void Executor::gather_parameters() {
+  whole_.clear();
+  for (size_t b = 0; b < gather_buckets_.size(); ++b) {
+    std::vector<Tensor> locals;
+    std::vector<ShardOf> shards;
+    for (int t : gather_buckets_[b]) {
+      const Prop p = program_.storage[t];
+      locals.push_back(param_local_.at(t).detach());
+      shards.push_back({p.dim, lengths(t, p, param_segment_.count(t) ? param_segment_.at(t) : 0)});
+    }
+    NoGradGuard no_grad;
+    std::vector<Tensor> wholes = all_gather_many(comm_, locals, shards, gather_methods_[b]);
+    for (size_t k = 0; k < wholes.size(); ++k) {
+      wholes[k].set_requires_grad(param_local_.at(gather_buckets_[b][k]).requires_grad());
+      whole_[gather_buckets_[b][k]] = wholes[k];
+    }
   }
 }
 
@@ -195,6 +240,9 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
   const synth::GraphTensor& gt = graph_.tensors[t];
   if (gt.role == synth::TensorRole::Parameter) {
     HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
+    // The whole copy of a parameter stored Sharded that this forward gathered in a bucket.
+    if (auto w = whole_.find(t); w != whole_.end() && p.kind == ops::PropKind::Replicated)
+      return w->second;
     HAP_ASSERT(program_.storage[t] == p, "parameter ", gt.name, " stored ",
                program_.storage[t].str(), " but read as ", p.str());
     // A Replicated parameter's replicas are one tensor: its Partial gradient is all-reduced by
@@ -285,6 +333,9 @@ std::vector<Executor::Key> Executor::reads(const Instruction& in) const {
         keys.push_back(
             {n.inputs[k], prop_key(in.signature < 0 ? Prop::replicated()
                                                     : sigs_[n.id][in.signature].inputs[k])});
+  } else if (bucketed_gather(in)) {
+    // Its whole copy, gathered at the start of forward(), is a leaf (a recomputed run's input).
+    keys.push_back({in.tensor, prop_key(Prop::replicated())});
   } else if (forward_instruction(in)) {
     keys.push_back({in.tensor, prop_key(in.from)});
   }
@@ -393,6 +444,11 @@ void Executor::run_instruction(const Instruction& in, Values& values, Segments& 
   }
   if (!forward_instruction(in)) return;
   const int t = in.tensor;
+  if (bucketed_gather(in)) {  // gathered at the start of forward()
+    values[t][prop_key(in.to)] = value(t, in.to, in.segment);
+    segments[t][prop_key(in.to)] = in.segment;
+    return;
+  }
   Tensor x = value(t, in.from, in.segment), y;
   const CollectiveMethod m = in.method;
   switch (in.kind) {
@@ -570,8 +626,10 @@ void Executor::run_recomputed(const Region& r, const TensorSource& inputs,
 }
 
 Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
+  HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
   values_.assign(graph_.tensors.size(), {});
   value_segment_.assign(graph_.tensors.size(), {});
+  gather_parameters();
   // Copies gathered again in backward are dropped after their last forward reader.
   auto release = [&](size_t first, size_t end) {
     for (size_t j = first; j < end; ++j)
@@ -599,30 +657,62 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
 
 void Executor::plan_buckets() {
   // Reverse program order: the backward pass completes the last layers' gradients first. A
-  // bucket holds one method and one dtype (a gradient has its parameter's dtype).
+  // bucket holds one collective (all-reduces of Replicated parameters' gradients, or
+  // reduce-scatters of those of parameters gathered in buckets, each at its first gather), one
+  // method and one dtype (a gradient has its parameter's dtype). The two collectives fill
+  // buckets of their own side by side (interleaved parameters do not split each other's), which
+  // run in the order the backward pass completes them (synth::step_time prices them so).
   buckets_.clear();
   bucket_methods_.clear();
-  CollectiveMethod method = CollectiveMethod::Grouped;
-  DType dtype = DType::F32;
-  int64_t bytes = 0;
-  for (auto it = program_.instructions.rbegin(); it != program_.instructions.rend(); ++it) {
-    const Instruction& in = *it;
-    if (in.kind != InstrKind::GradAllReduce) continue;
+  bucket_scatters_.clear();
+  std::map<int, size_t> first_gather;
+  for (size_t i = program_.instructions.size(); i-- > 0;)
+    if (bucketed_gather(program_.instructions[i]))
+      first_gather[program_.instructions[i].tensor] = i;
+  struct Filling {
+    std::vector<int> tensors;
+    CollectiveMethod method = CollectiveMethod::Grouped;
+    DType dtype = DType::F32;
+    int64_t bytes = 0;
+    size_t ready = 0;  // the instruction whose backward completes it (its earliest member)
+    bool scatter = false;
+  };
+  std::vector<Filling> done;
+  std::optional<Filling> open[2];  // all-reduce, reduce-scatter
+  for (size_t i = program_.instructions.size(); i-- > 0;) {
+    const Instruction& in = program_.instructions[i];
+    const bool gather = bucketed_gather(in) && first_gather.at(in.tensor) == i;
+    if (in.kind != InstrKind::GradAllReduce && !gather) continue;
     auto p = param_local_.find(in.tensor);
-    HAP_ASSERT(p != param_local_.end(), "grad_all_reduce of %", in.tensor,
+    HAP_ASSERT(p != param_local_.end(), instr_name(in.kind), " of %", in.tensor,
                ", which is not a parameter");
-    const Tensor& param = p->second;
-    const int64_t b = param.numel() * static_cast<int64_t>(dtype_size(param.dtype()));
-    if (buckets_.empty() || param.dtype() != dtype || in.method != method ||
-        bytes + b > options_.bucket_bytes) {
-      buckets_.emplace_back();
-      bucket_methods_.push_back(in.method);
-      bytes = 0;
+    if (!p->second.requires_grad()) continue;
+    const synth::GraphTensor& gt = graph_.tensors[in.tensor];
+    const int64_t b = shape_numel(gt.shape) * static_cast<int64_t>(dtype_size(p->second.dtype()));
+    std::optional<Filling>& f = open[gather ? 1 : 0];
+    if (f && (p->second.dtype() != f->dtype || in.method != f->method ||
+              f->bytes + b > options_.bucket_bytes)) {
+      done.push_back(std::move(*f));
+      f.reset();
     }
-    method = in.method;
-    dtype = param.dtype();
-    buckets_.back().push_back(in.tensor);
-    bytes += b;
+    if (!f) {
+      f.emplace();
+      f->scatter = gather;
+      f->method = in.method;
+      f->dtype = p->second.dtype();
+    }
+    f->tensors.push_back(in.tensor);
+    f->bytes += b;
+    f->ready = i;
+  }
+  for (auto& f : open)
+    if (f) done.push_back(std::move(*f));
+  std::stable_sort(done.begin(), done.end(),
+                   [](const Filling& a, const Filling& b) { return a.ready > b.ready; });
+  for (Filling& f : done) {
+    bucket_scatters_.push_back(f.scatter);
+    buckets_.push_back(std::move(f.tensors));
+    bucket_methods_.push_back(f.method);
   }
   buckets_planned_ = true;
 }
@@ -635,7 +725,16 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
     remaining_.reserve(ex.buckets_.size());
     for (size_t b = 0; b < ex.buckets_.size(); ++b) {
       remaining_.push_back(static_cast<int>(ex.buckets_[b].size()));
-      for (int t : ex.buckets_[b]) bucket_of_[ex.param_local_.at(t).impl()] = b;
+      for (int t : ex.buckets_[b]) {
+        // A reduce-scatter's leaf is the whole copy forward() gathered (none: it was not read).
+        const Tensor* leaf = &ex.param_local_.at(t);
+        if (ex.bucket_scatters_[b]) {
+          auto w = ex.whole_.find(t);
+          if (w == ex.whole_.end()) continue;
+          leaf = &w->second;
+        }
+        bucket_of_[leaf->impl()] = b;
+      }
     }
   }
 
@@ -658,17 +757,29 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
         {
           std::optional<timeline::Scope> span;  // in --trace timelines
           if (timeline::recording())
-            span.emplace("collective", "AllReduce", std::to_string(in_bytes()) + " bytes");
+            span.emplace("collective", scatter_ ? "ReduceScatter" : "AllReduce",
+                         std::to_string(in_bytes()) + " bytes");
           inflight_->wait();
         }
-        waited_ += since(t0);
+        waited_[scatter_ ? 1 : 0] += since(t0);
         unpack();
       }
       if (next_ < ex_.buckets_.size()) launch(/*during_backward=*/false);
     }
-    // hap-train --profile: the time this rank waited on its gradient all-reduces.
-    add_collective_stat(CollectiveStat::AllReduce, static_cast<uint64_t>(stats.buckets), bytes_,
-                        waited_);
+    // hap-train --profile: the time this rank waited on its gradient all-reduces (and
+    // reduce-scatters).
+    add_collective_stat(CollectiveStat::AllReduce,
+                        static_cast<uint64_t>(stats.buckets - stats.scatter_buckets), bytes_[0],
+                        waited_[0]);
+    if (stats.scatter_buckets > 0)
+      add_collective_stat(CollectiveStat::ReduceScatter,
+                          static_cast<uint64_t>(stats.scatter_buckets), bytes_[1], waited_[1]);
+    NoGradGuard no_grad;
+    for (const auto& [shard, part] : scattered_) {
+      const Tensor g = shard.grad();
+      shard.set_grad(g.defined() ? hap::add(g, part) : part);
+    }
+    scattered_.clear();
   }
 
   BackwardStats stats;
@@ -680,7 +791,7 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
       if (inflight_) {
         const auto t0 = std::chrono::steady_clock::now();
         const bool done = inflight_->test();
-        waited_ += since(t0);
+        waited_[scatter_ ? 1 : 0] += since(t0);
         if (!done) return;
         unpack();
       }
@@ -690,8 +801,39 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
   }
 
   void launch(bool during_backward) {
-    const std::vector<int>& bucket = ex_.buckets_[next_++];
+    const size_t b = next_++;
+    const std::vector<int>& bucket = ex_.buckets_[b];
     members_.clear();
+    scatter_ = ex_.bucket_scatters_[b];
+    if (scatter_) {
+      // The whole copies' Partial gradients, each reduce-scattered to how its parameter is
+      // stored: one collective for the bucket.
+      std::vector<Tensor> partials;
+      std::vector<ShardOf> shards;
+      for (int t : bucket) {
+        auto w = ex_.whole_.find(t);
+        if (w == ex_.whole_.end() || !w->second.grad().defined()) continue;
+        const Prop p = ex_.program_.storage[t];
+        const int seg = ex_.param_segment_.count(t) ? ex_.param_segment_.at(t) : 0;
+        members_.push_back({ex_.param_local_.at(t), Shape{}});
+        partials.push_back(w->second.grad().contiguous());
+        shards.push_back({p.dim, ex_.lengths(t, p, seg)});
+        w->second.zero_grad();
+      }
+      if (partials.empty()) return;
+      NoGradGuard no_grad;
+      scatter_buffers_ = pack_reduce_scatter_many(comm_, partials, shards, ex_.bucket_methods_[b]);
+      in_ = scatter_buffers_.send;
+      bytes_[1] += static_cast<double>(in_bytes());
+      const auto t0 = std::chrono::steady_clock::now();
+      inflight_ = comm_.backend().start_reduce_scatter(
+          scatter_buffers_.send, scatter_buffers_.layout, scatter_buffers_.recv);
+      waited_[1] += since(t0);
+      ++stats.buckets;
+      ++stats.scatter_buckets;
+      if (during_backward) ++stats.started_during_backward;
+      return;
+    }
     std::vector<Tensor> flat;
     for (int t : bucket) {
       const Tensor& param = ex_.param_local_.at(t);
@@ -705,12 +847,12 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
     in_ = flat.size() == 1 ? flat[0].contiguous() : hap::concat(flat, 0);
     out_ = Tensor::empty(in_.shape(),
                          TensorOptions{}.with_dtype(in_.dtype()).with_device(in_.device()));
-    bytes_ += static_cast<double>(in_bytes());
+    bytes_[0] += static_cast<double>(in_bytes());
     const auto t0 = std::chrono::steady_clock::now();
-    inflight_ = ex_.bucket_methods_[next_ - 1] == CollectiveMethod::Hierarchical
+    inflight_ = ex_.bucket_methods_[b] == CollectiveMethod::Hierarchical
                     ? start_hierarchical_all_reduce(comm_.node_groups(), in_, out_)
                     : comm_.backend().start_all_reduce(in_, out_);
-    waited_ += since(t0);
+    waited_[0] += since(t0);
     ++stats.buckets;
     if (during_backward) ++stats.started_during_backward;
   }
@@ -718,11 +860,21 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
   void unpack() {
     inflight_.reset();
     NoGradGuard no_grad;
-    std::vector<int64_t> sizes;
-    for (const auto& [param, shape] : members_) sizes.push_back(shape_numel(shape));
-    std::vector<Tensor> parts = hap::split(out_, sizes, 0);
-    for (size_t i = 0; i < members_.size(); ++i)
-      members_[i].first.set_grad(hap::reshape(parts[i], members_[i].second).contiguous());
+    if (scatter_) {
+      // Each stored shard's gradient: its rows of the sum.
+      // (Added once the backward pass is over, in bucket order, to what it accumulated into
+      // the shard itself, a read of the stored shard: the same order whenever the bucket ends.)
+      std::vector<Tensor> parts = unpack_reduce_scatter_many(scatter_buffers_);
+      for (size_t i = 0; i < members_.size(); ++i)
+        scattered_.push_back({members_[i].first, parts[i]});
+      scatter_buffers_ = ManyScatter{};
+    } else {
+      std::vector<int64_t> sizes;
+      for (const auto& [param, shape] : members_) sizes.push_back(shape_numel(shape));
+      std::vector<Tensor> parts = hap::split(out_, sizes, 0);
+      for (size_t i = 0; i < members_.size(); ++i)
+        members_[i].first.set_grad(hap::reshape(parts[i], members_[i].second).contiguous());
+    }
     members_.clear();
     in_ = out_ = Tensor();
   }
@@ -734,12 +886,15 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
 
   Executor& ex_;
   const Communicator& comm_;
-  double bytes_ = 0, waited_ = 0;
+  double bytes_[2] = {0, 0}, waited_[2] = {0, 0};  // all-reduces, reduce-scatters
   std::unordered_map<const TensorImpl*, size_t> bucket_of_;
   std::vector<int> remaining_;  // per bucket: gradients not yet complete
   size_t next_ = 0;             // the next bucket to start
   std::unique_ptr<PendingCollective> inflight_;
-  std::vector<std::pair<Tensor, Shape>> members_;  // the bucket in flight's (parameter, shape)
+  std::vector<std::pair<Tensor, Shape>> members_;     // the bucket in flight's (parameter, shape)
+  bool scatter_ = false;                              // it is a reduce-scatter
+  ManyScatter scatter_buffers_;                       // its buffers, then
+  std::vector<std::pair<Tensor, Tensor>> scattered_;  // (stored shard, its rows of the sum)
   Tensor in_, out_;
 };
 
@@ -765,6 +920,7 @@ void Executor::backward(const Tensor& local_loss) {
   }
   buckets.finish();
   backward_stats_ = buckets.stats;
+  whole_.clear();  // (the forward's values still hold them until the next forward)
 }
 
 void Executor::update(const std::function<void(const std::vector<Tensor>& params)>& step) const {

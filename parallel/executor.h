@@ -51,11 +51,19 @@ struct ExecutorOptions {
   bool overlap_grad_comm = true;
   // The most bytes of one bucket (synth::kGradBucketBytes, which the cost model assumes).
   int64_t bucket_bytes = synth::kGradBucketBytes;
+  // true: the all-gathers of parameters stored Sharded and kept for backward (ZeRO storage,
+  // synth::Instruction::regather false) run in buckets at the start of forward(), one
+  // collective per bucket, and their gradients' reduce-scatters in backward()'s buckets beside
+  // the all-reduces (overlapped like them); false: one differentiable all-gather each where the
+  // program reads the parameter, its reduce-scatter where the backward pass reaches it. The
+  // results are the same, bit for bit.
+  bool bucket_parameter_gathers = true;
 };
 
 // What the last backward() did with its gradient buckets (for tests and the run log).
 struct BackwardStats {
-  int buckets = 0;                  // all-reduces started
+  int buckets = 0;                  // all-reduces and reduce-scatters started
+  int scatter_buckets = 0;          // of them, reduce-scatters of parameters stored Sharded
   int started_during_backward = 0;  // of them, started before the backward pass had ended
 };
 
@@ -147,6 +155,11 @@ class Executor {
   int param_tensor(const std::string& name) const;
   class GradBuckets;
   void plan_buckets();
+  // Whether the executor runs this instruction's all-gather in a bucket (ExecutorOptions::
+  // bucket_parameter_gathers): a parameter's, from how it is stored to Replicated, kept.
+  bool bucketed_gather(const synth::Instruction& in) const;
+  // The bucketed all-gathers, at the start of forward(): every such parameter whole in whole_.
+  void gather_parameters();
 
   const synth::Graph& graph_;
   const synth::DistributedProgram& program_;
@@ -156,6 +169,16 @@ class Executor {
   // Gradient buckets, in launch order: each a list of parameter tensors (graph ids).
   std::vector<std::vector<int>> buckets_;
   std::vector<ops::CollectiveMethod> bucket_methods_;  // per bucket: its all-reduce's form
+  // Per bucket: a reduce-scatter of parameters stored Sharded (their whole_ copies' gradients)
+  // rather than an all-reduce of Replicated ones.
+  std::vector<bool> bucket_scatters_;
+  // The bucketed all-gathers (bucketed_gather), in program order of their first gather: buckets
+  // of parameter tensors, each with its method.
+  std::vector<std::vector<int>> gather_buckets_;
+  std::vector<ops::CollectiveMethod> gather_methods_;
+  // The whole copies the last forward() read of those parameters (leaves that require grad:
+  // backward() reduce-scatters their gradients into the stored shards' and drops them).
+  std::map<int, Tensor> whole_;
   bool buckets_planned_ = false;
   BackwardStats backward_stats_;
   synth::ShardLayout layout_;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/split.h"
 #include "ops/op.h"
@@ -198,6 +199,12 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
   if (P <= 1) return c;
   double B = static_cast<double>(graph_.tensors[tensor].bytes());
   bool grad = requires_grad_[tensor];
+  // (A parameter's all-gather kept for backward runs in a bucket with the others at the start of
+  // the forward pass, and its gradient's reduce-scatter in a bucket of the backward pass,
+  // parallel::Executor, yet pays its own latencies here: a share of one bucket's, as a gradient
+  // all-reduce pays, made ZeRO storage so cheap in the search, whose pricing has no overlap,
+  // that more memory often gave slower plans, Synthesizer.MoreMemoryNeverYieldsASlowerPlan.
+  // step_time puts its reduce-scatter on the buckets' channel.)
   // Terms whose bytes scale with the largest share become per-device LP coefficients (the share
   // is r[d]); the rest is constant. Each pass is priced with its own collective's link figures.
   auto add = [&](double times, Collective over) {
@@ -539,6 +546,12 @@ double CostModel::backward_fraction(int node) const {
   return 0.0;
 }
 
+bool bucketed_parameter_gather(const Graph& graph, const Instruction& in) {
+  return in.kind == InstrKind::AllGather && !in.regather && in.to.kind == PropKind::Replicated &&
+         in.from.kind == PropKind::Sharded &&
+         graph.tensors[static_cast<size_t>(in.tensor)].role == TensorRole::Parameter;
+}
+
 StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) {
   const Graph& graph = cm.graph();
   const size_t n = instrs.size();
@@ -563,11 +576,18 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         for (int t : graph.nodes[in.node].inputs)
           if (t >= 0) first_use[t] = std::min(first_use[t], i);
         break;
-      default:
-        // A collective's backward adjoint costs about what its forward does.
-        backward[i] = cm.requires_grad(in.tensor) ? 0.5 * in.cost_s : 0.0;
+      default: {
+        // A collective's backward adjoint costs about what its forward does; a bucketed
+        // parameter gather's (its gradient's reduce-scatter) goes to the buckets below.
+        const double adjoint = cm.requires_grad(in.tensor) ? 0.5 * in.cost_s : 0.0;
         first_use[in.tensor] = std::min(first_use[in.tensor], i);
+        if (bucketed_parameter_gather(graph, in)) {
+          forward_s += in.cost_s - adjoint;
+          continue;
+        }
+        backward[i] = adjoint;
         break;
+      }
     }
     forward_s += in.cost_s - backward[i];
   }
@@ -580,36 +600,52 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
     done[i] = t;
   }
   const double backward_end = t;
-  // The executor's buckets (parallel::Executor::plan_buckets) on one channel.
-  double channel = cm.overlap_grad_comm() ? forward_s : backward_end;
-  double grads_s = 0;
-  double bucket_ready = 0, bucket_cost = 0, bucket_bytes = 0;
-  bool open = false;
-  CollectiveMethod method = CollectiveMethod::None;
-  DType dtype = DType::F32;
-  auto close = [&]() {
-    if (!open) return;
-    channel = std::max(channel, cm.overlap_grad_comm() ? bucket_ready : backward_end) + bucket_cost;
-    open = false;
-    bucket_ready = bucket_cost = bucket_bytes = 0;
+  // The executor's buckets (parallel::Executor::plan_buckets) on one channel: gradient
+  // all-reduces, and the reduce-scatters of bucketed parameter gathers (at each parameter's
+  // first gather), filled side by side, one collective, method and dtype per bucket, run in the
+  // order the backward pass completes them.
+  struct Bucket {
+    double ready = 0, cost = 0, bytes = 0;
+    CollectiveMethod method = CollectiveMethod::None;
+    DType dtype = DType::F32;
+    size_t position = 0;  // its earliest member's instruction
   };
+  std::vector<Bucket> buckets;
+  std::optional<Bucket> filling[2];  // all-reduces, reduce-scatters
+  std::vector<size_t> first_gather(graph.tensors.size(), n);
+  for (size_t i = n; i-- > 0;)
+    if (bucketed_parameter_gather(graph, instrs[i]) && cm.requires_grad(instrs[i].tensor))
+      first_gather[instrs[i].tensor] = i;
   for (size_t i = n; i-- > 0;) {
     const Instruction& in = instrs[i];
-    if (in.kind != InstrKind::GradAllReduce) continue;
+    const bool gather = in.tensor >= 0 && first_gather[in.tensor] == i;
+    if (in.kind != InstrKind::GradAllReduce && !gather) continue;
     const GraphTensor& p = graph.tensors[in.tensor];
     const double bytes = static_cast<double>(shape_numel(p.shape)) * dtype_size(p.dtype);
-    if (open && (p.dtype != dtype || in.method != method ||
-                 bucket_bytes + bytes > static_cast<double>(kGradBucketBytes)))
-      close();
-    open = true;
-    method = in.method;
-    dtype = p.dtype;
-    bucket_bytes += bytes;
-    bucket_cost += in.cost_s;
-    grads_s += in.cost_s;
-    bucket_ready = std::max(bucket_ready, done[std::min(first_use[in.tensor], n)]);
+    std::optional<Bucket>& b = filling[gather ? 1 : 0];
+    if (b && (p.dtype != b->dtype || in.method != b->method ||
+              b->bytes + bytes > static_cast<double>(kGradBucketBytes))) {
+      buckets.push_back(*b);
+      b.reset();
+    }
+    if (!b) {
+      b.emplace();
+      b->method = in.method;
+      b->dtype = p.dtype;
+    }
+    b->bytes += bytes;
+    const double cost = gather ? 0.5 * in.cost_s : in.cost_s;
+    b->cost += cost;
+    b->ready = std::max(b->ready, done[std::min(first_use[in.tensor], n)]);
+    b->position = i;
   }
-  close();
+  for (const auto& b : filling)
+    if (b) buckets.push_back(*b);
+  std::stable_sort(buckets.begin(), buckets.end(),
+                   [](const Bucket& a, const Bucket& b) { return a.position > b.position; });
+  double channel = cm.overlap_grad_comm() ? forward_s : backward_end;
+  for (const Bucket& b : buckets)
+    channel = std::max(channel, cm.overlap_grad_comm() ? b.ready : backward_end) + b.cost;
   StepTime st;
   st.step_s = std::max(backward_end, channel) + updates_s;
   if (!cm.overlap_grad_comm()) st.step_s = sum_s;  // the same, without rounding

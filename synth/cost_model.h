@@ -193,14 +193,22 @@ class CostModel {
   bool hierarchical_allowed_ = true;
 };
 
+// Whether an instruction is the all-gather of a parameter stored Sharded and kept for backward,
+// which the executor runs in a bucket at the start of the forward pass, its gradient's
+// reduce-scatter in a bucket of the backward pass (parallel::ExecutorOptions::
+// bucket_parameter_gathers; the executor also asks that it gathers from how the parameter is
+// stored, as every program the search makes does).
+bool bucketed_parameter_gather(const Graph& graph, const Instruction& in);
+
 // The predicted time of one training step of a costed program (instruction costs set, as by
 // synth::recost), in the executor's order: every instruction's forward part in program order,
-// then every backward part in reverse order; the gradient all-reduces go, in the executor's
-// buckets (reverse program order, one method and dtype per bucket, up to kGradBucketBytes), to a
-// channel of their own, one bucket at a time, each starting once the backward pass has completed
-// its gradients (a parameter's gradient is complete after the backward of the first instruction
-// that reads it); the optimizer's updates run after both. Without overlap the channel starts when
-// the backward pass ends, and the step is the sum of the costs.
+// then every backward part in reverse order; the gradient all-reduces (and the reduce-scatters of
+// bucketed parameter gathers, half of their cost) go, in the executor's buckets (reverse program
+// order, one collective, method and dtype per bucket, up to kGradBucketBytes), to a channel of
+// their own, one bucket at a time, each starting once the backward pass has completed its
+// gradients (a parameter's gradient is complete after the backward of the first instruction that
+// reads it); the optimizer's updates run after both. Without overlap the channel starts when the
+// backward pass ends, and the step is the sum of the costs.
 struct StepTime {
   double step_s = 0;
   double hidden_s = 0;  // gradient all-reduce time the backward pass hides

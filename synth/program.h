@@ -94,6 +94,8 @@ struct DistributedProgram {
   int search_iterations = 0;
   int64_t states_expanded = 0;
   std::string note;  // non-empty when the program is a fallback (hap over its search budget)
+  // hap: the program found without memory limits did not fit, so memory shaped this one.
+  bool memory_bound = false;
   std::vector<SynthesisStep> steps;  // how the synthesis went, in order
 };
 

@@ -721,6 +721,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   };
   DistributedProgram best;
   best.predicted_step_s = std::numeric_limits<double>::infinity();
+  bool memory_bound = false;
   if (options.strategy == Strategy::Hap) {
     // hap searches without memory limits first and keeps what it finds where that fits: where
     // memory does not bind, the search then takes one path whatever the limits are, so more
@@ -736,6 +737,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
         fits(free.instructions, free.storage, free.ratios)) {
       best = std::move(free);
     } else {
+      memory_bound = true;
       if (std::isfinite(free.predicted_step_s))
         steps.push_back({"the program found without memory limits does not fit: search under them",
                          0, -1, 0, "out of memory"});
@@ -822,6 +824,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
                                : last_error);
 
   best.strategy = strategy_name(options.strategy);
+  best.memory_bound = memory_bound;
   best.recompute = recompute;
   best.node_segment = seg;
   best.search_iterations = rounds;
@@ -951,9 +954,11 @@ bool memory_tight(const DistributedProgram& p, const Cluster& cluster, double fr
 // synthesize_on, deciding ZeRO storage: plans without it first, and with it too (a search that
 // may use it wherever it prices it cheaper) where nothing fits without, or with On always, or
 // with Auto where what fits fills some device's memory to 90% or more (memory may be what keeps
-// it from a faster program), keeping the faster by predicted step time (which the search's own
-// pricing does not see whole: the overlap of gradient all-reduces); Off where only it would fit
-// is an OptionsError (unless recomputation is tried next: recompute_next).
+// it from a faster program) or where memory shaped the program (DistributedProgram::
+// memory_bound: the one found without limits did not fit), keeping the faster by predicted step
+// time (which the search's own pricing does not see whole: the overlap of gradient
+// all-reduces); Off where only it would fit is an OptionsError (unless recomputation is tried
+// next: recompute_next).
 DistributedProgram plan_storage(
     const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
     const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
@@ -997,18 +1002,20 @@ DistributedProgram plan_storage(
     return z;
   }
   if (options.zero_storage == ZeroStorage::Off ||
-      (options.zero_storage == ZeroStorage::Auto && !memory_tight(p, cluster, 0.9)))
+      (options.zero_storage == ZeroStorage::Auto && !p.memory_bound &&
+       !memory_tight(p, cluster, 0.9)))
     return p;
   const auto t0 = std::chrono::steady_clock::now();
   try {
     DistributedProgram z = plan(with);
     if (z.predicted_step_s < p.predicted_step_s * (1 - 1e-9) &&
         zero_parameters(z, graph).first > 0) {
-      char why[200];
+      char why[320];
       std::snprintf(why, sizeof why,
                     "%sZeRO storage is faster, %.4g s per step against %.4g s without",
                     options.zero_storage == ZeroStorage::Auto
-                        ? "memory is tight (a device 90% full or more): "
+                        ? "memory binds (a device 90% full or more, or the program found "
+                          "without limits does not fit): "
                         : "",
                     z.predicted_step_s, p.predicted_step_s);
       note(z, why, t0);

@@ -364,22 +364,28 @@ struct StepResult {
   double held = 0, loss = 0;
   std::map<std::string, Tensor> grads;
   size_t recomputed_runs = 0;  // Executor::recomputed_runs
+  BackwardStats backward;      // Executor::last_backward
+  uint64_t all_gathers = 0;    // all-gather calls of the forward and backward
 };
 StepResult run_step(const synth::Graph& g, const synth::DistributedProgram& plan,
                     const std::vector<std::pair<std::string, Tensor>>& named,
-                    const std::map<std::string, Tensor>& data, uint64_t random_offset) {
+                    const std::map<std::string, Tensor>& data, uint64_t random_offset,
+                    const ExecutorOptions& options = {}) {
   const Device device = testing::test_device();
-  Executor ex(g, plan, testing::device_world());
+  Executor ex(g, plan, testing::device_world(), options);
   load_reference(ex, named, device);
   ForwardOptions fo;
   fo.random_offset = random_offset;
   StepResult r;
   r.recomputed_runs = ex.recomputed_runs();
+  reset_collective_stats();
   const size_t before = cpu_allocator_stats().allocated_bytes;
   Tensor local = forward_on(ex, data, device, fo);
   r.held = static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
   r.loss = ex.global_loss(local);
   ex.backward(local);
+  r.backward = ex.last_backward();
+  r.all_gathers = collective_stats().calls[static_cast<int>(CollectiveStat::AllGather)];
   for (const auto& [name, p] : named)
     r.grads[name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
   return r;
@@ -472,6 +478,62 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
           EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
           if (recompute) plan.recompute.assign(plan.ratios.size(), true);
         });
+  }
+}
+
+// ZeRO storage's gathers run in buckets (ExecutorOptions::bucket_parameter_gathers: one
+// all-gather per bucket at the start of the forward, the gradients' reduce-scatters in the
+// backward pass's buckets, overlapped or after it) give the loss and every gradient bit for bit
+// what one differentiable all-gather per parameter gives, padded and grouped, and gather in
+// fewer collectives.
+TEST(Executor, BucketedParameterGathersEqualOneGatherEachBitForBit) {
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.2);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const auto named = ref.named_parameters();
+  synth::SynthesisOptions opt;
+  opt.strategy = synth::Strategy::DpCp;
+  opt.select_devices = false;
+  synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+  const int zero = test_util::apply_zero_storage(g, plan, false);
+  ASSERT_GE(zero, 4);
+  for (auto [method, overlap] :
+       {std::pair{CollectiveMethod::Grouped, true}, std::pair{CollectiveMethod::Padded, true},
+        std::pair{CollectiveMethod::Grouped, false}}) {
+    SCOPED_TRACE(std::string(synth::method_name(method)) + (overlap ? ", overlapped" : ""));
+    for (synth::Instruction& in : plan.instructions)
+      if (in.kind == synth::InstrKind::AllGather) in.method = method;
+    ExecutorOptions one_each, bucketed;
+    one_each.bucket_parameter_gathers = false;
+    one_each.overlap_grad_comm = bucketed.overlap_grad_comm = overlap;
+    bucketed.bucket_bytes = 4096;  // several buckets of each kind
+    const StepResult a = run_step(g, plan, named, data, 3, one_each);
+    const StepResult b = run_step(g, plan, named, data, 3, bucketed);
+    expect_same_step(a, b, "bucketing the parameter gathers");
+    EXPECT_EQ(a.backward.scatter_buckets, 0);
+    if (world().size() > 1) {
+      EXPECT_GE(b.backward.scatter_buckets, 2);
+      EXPECT_LT(b.all_gathers, a.all_gathers);
+      EXPECT_GE(b.all_gathers, 2u);
+      if (overlap) {
+        EXPECT_GE(b.backward.started_during_backward, 1);
+      }
+    }
+  }
+  // With the default bucket size (every parameter fits one), one all-gather gathers them all
+  // (one each before: the other all-gathers are the program's own, of activations), and the
+  // parameters whose all-reduces sit between the gathered ones (the q, k, v stacks, read through
+  // views) do not split the reduce-scatters: one bucket of each.
+  ExecutorOptions one_each;
+  one_each.bucket_parameter_gathers = false;
+  const StepResult a = run_step(g, plan, named, data, 3, one_each);
+  const StepResult c = run_step(g, plan, named, data, 3);
+  if (world().size() > 1) {
+    EXPECT_EQ(c.all_gathers, a.all_gathers - static_cast<uint64_t>(zero) + 1);
+    EXPECT_EQ(c.backward.scatter_buckets, 1);
+    EXPECT_EQ(c.backward.buckets, 2);
   }
 }
 

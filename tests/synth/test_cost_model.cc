@@ -360,6 +360,56 @@ TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
   }
 }
 
+// A parameter stored Sharded and gathered whole, kept for backward (ZeRO storage), is gathered
+// in a bucket at the start of the forward pass and its gradient reduce-scattered in a bucket of
+// the backward pass (parallel::Executor): step_time puts the reduce-scatter (half of the
+// instruction's cost) on the buckets' channel, where the backward pass hides it, as it does a
+// gradient all-reduce. Gathered again in backward, its backward half runs in the backward pass.
+// Worked by hand on x -> matmul(w1) -> matmul(w2) -> mean with w2 stored Sharded(0).
+TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackwardPass) {
+  const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  const TwoProducts m = two_products(4, 1100, 1024);
+  const Graph& g = m.graph;
+  const Cluster c = cluster3(link);
+  Instruction gather;
+  gather.kind = InstrKind::AllGather;
+  gather.tensor = tensor_named(g, "w2");
+  gather.from = Prop::sharded(0);
+  gather.to = Prop::replicated();
+  gather.method = CollectiveMethod::Grouped;
+  gather.cost_s = 2;
+  ASSERT_TRUE(bucketed_parameter_gather(g, gather));
+  auto compute = [](int node, double cost) {
+    Instruction in;
+    in.kind = InstrKind::Compute;
+    in.node = node;
+    in.cost_s = cost;
+    return in;
+  };
+  Instruction grad;
+  grad.kind = InstrKind::GradAllReduce;
+  grad.tensor = tensor_named(g, "w1");
+  grad.from = Prop::partial();
+  grad.to = Prop::replicated();
+  grad.method = CollectiveMethod::Grouped;
+  grad.cost_s = 2;
+  std::vector<Instruction> instrs = {compute(m.mm[0], 3), grad, gather, compute(m.mm[1], 3),
+                                     compute(m.mean_node, 0)};
+  // Forward 1.5 + 1 (the gather) + 1; backward: the second product 3.5 -> 5.5, the first
+  // 5.5 -> 7. w2's reduce-scatter (1) from 5.5 to 6.5, w1's all-reduce (2) from 7 to 9.
+  StepTime st = step_time(CostModel(g, c), instrs);
+  EXPECT_NEAR(st.step_s, 9, 1e-12);
+  EXPECT_NEAR(st.hidden_s, 1, 1e-12);
+  EXPECT_NEAR(step_time(CostModel(g, c, 2, false), instrs).step_s, 10, 1e-12);
+  // Gathered again in backward: its backward half runs in the backward pass (6.5 -> 8 for the
+  // first product), w1's all-reduce from 8 to 10.
+  instrs[2].regather = true;
+  ASSERT_FALSE(bucketed_parameter_gather(g, instrs[2]));
+  st = step_time(CostModel(g, c), instrs);
+  EXPECT_NEAR(st.step_s, 10, 1e-12);
+  EXPECT_NEAR(st.hidden_s, 0, 1e-12);
+}
+
 // Recomputation, worked by hand on x -> matmul(w1) -> h -> matmul(w2) -> y -> mean, the two
 // products in segments 0 and 1: recomputing segment 1 runs its product's forward once more,
 // in the backward pass (FLOPs 2 + 4 of a step of 6 -> backward 6 of 8), keeps for backward

@@ -1122,7 +1122,7 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
   }
 }
 
-// ZeRO storage auto: where memory is tight, hap's plan with it is never predicted slower than
+// ZeRO storage auto: where memory binds, hap's plan with it is never predicted slower than
 // without it (off), and on some of these random models and clusters it is what fits, or what is
 // faster (the report's first step says so); with ample memory auto plans as off does, and on is
 // never predicted slower than off. Where only it fits, off is an OptionsError naming the key.
