@@ -446,6 +446,24 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
   }
 }
 
+// The tiny GPT (batch 7 x 6, dropout 0.2): its parameters, a batch, its graph and its dp-cp
+// program on this world's ranks.
+struct TinyDpCpGpt {
+  nn::GPTConfig cfg = tiny_gpt(0.2);
+  nn::GPT ref{cfg};
+  std::vector<std::pair<std::string, Tensor>> named = ref.named_parameters();
+  std::map<std::string, Tensor> data = tiny_batch(cfg, 7, 6);
+  synth::Graph graph = gpt_graph(cfg, 7, 6);
+  synth::DistributedProgram plan = dp_cp_plan(graph);
+
+  static synth::DistributedProgram dp_cp_plan(const synth::Graph& g) {
+    synth::SynthesisOptions opt;
+    opt.strategy = synth::Strategy::DpCp;
+    opt.select_devices = false;
+    return synth::synthesize(g, cluster_for(world().size()), opt);
+  }
+};
+
 // The tiny GPT's dp-cp program (batch 7 x 6, dropout 0.1, per-block segments), edited by `edit`:
 // 3 AdamW steps match one device.
 void expect_edited_dp_cp_gpt_matches_one_device(
@@ -487,16 +505,11 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
 // what one differentiable all-gather per parameter gives, padded and grouped, and gather in
 // fewer collectives.
 TEST(Executor, BucketedParameterGathersEqualOneGatherEachBitForBit) {
-  const int64_t B = 7, T = 6;
-  const nn::GPTConfig cfg = tiny_gpt(0.2);
-  nn::GPT ref(cfg);
-  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-  const synth::Graph g = gpt_graph(cfg, B, T);
-  const auto named = ref.named_parameters();
-  synth::SynthesisOptions opt;
-  opt.strategy = synth::Strategy::DpCp;
-  opt.select_devices = false;
-  synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+  const TinyDpCpGpt m;
+  const synth::Graph& g = m.graph;
+  const auto& named = m.named;
+  const auto& data = m.data;
+  synth::DistributedProgram plan = m.plan;
   const int zero = test_util::apply_zero_storage(g, plan, false);
   ASSERT_GE(zero, 4);
   for (auto [method, overlap] :
@@ -592,16 +605,11 @@ TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
 // Gathering the parameters again in backward gives the loss and every gradient bit for bit what
 // keeping the gathered copies gives, and keeps less alive after the forward pass (the copies).
 TEST(Executor, ZeroStorageGatheredAgainKeepsLessAndGivesTheSameGradients) {
-  const int64_t B = 7, T = 6;
-  const nn::GPTConfig cfg = tiny_gpt(0.2);
-  nn::GPT ref(cfg);
-  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-  const synth::Graph g = gpt_graph(cfg, B, T);
-  const auto named = ref.named_parameters();
-  synth::SynthesisOptions opt;
-  opt.strategy = synth::Strategy::DpCp;
-  opt.select_devices = false;
-  const synth::DistributedProgram dp = synth::synthesize(g, cluster_for(world().size()), opt);
+  const TinyDpCpGpt m;
+  const synth::Graph& g = m.graph;
+  const auto& named = m.named;
+  const auto& data = m.data;
+  const synth::DistributedProgram& dp = m.plan;
   StepResult step[2];
   double gathered_bytes = 0;
   for (int regather = 0; regather < 2; ++regather) {

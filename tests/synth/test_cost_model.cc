@@ -311,6 +311,25 @@ TwoProducts two_products(int64_t rows, int64_t a, int64_t b) {
   return m;
 }
 
+// A computation of `node` and a gradient all-reduce of `tensor`, costed by hand.
+Instruction compute(int node, double cost) {
+  Instruction in;
+  in.kind = InstrKind::Compute;
+  in.node = node;
+  in.cost_s = cost;
+  return in;
+}
+Instruction grad(int tensor, double cost) {
+  Instruction in;
+  in.kind = InstrKind::GradAllReduce;
+  in.tensor = tensor;
+  in.from = Prop::partial();
+  in.to = Prop::replicated();
+  in.method = CollectiveMethod::Grouped;
+  in.cost_s = cost;
+  return in;
+}
+
 // step_time: the gradient all-reduces run on a channel of their own, one bucket at a time, each
 // from the moment the backward pass has completed its gradient; worked by hand on two products
 // whose weights (4.5 MB each) fill a bucket each. x -> matmul(w1) -> matmul(w2) -> mean.
@@ -321,23 +340,6 @@ TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
   const int mean_node = m.mean_node;
   ASSERT_GT(g.tensors[tensor_named(g, "w1")].bytes(), kGradBucketBytes);
   Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
-  auto compute = [](int node, double cost) {
-    Instruction in;
-    in.kind = InstrKind::Compute;
-    in.node = node;
-    in.cost_s = cost;
-    return in;
-  };
-  auto grad = [](int tensor, double cost) {
-    Instruction in;
-    in.kind = InstrKind::GradAllReduce;
-    in.tensor = tensor;
-    in.from = Prop::partial();
-    in.to = Prop::replicated();
-    in.method = CollectiveMethod::Grouped;
-    in.cost_s = cost;
-    return in;
-  };
   const std::vector<Instruction> instrs = {compute(mm[0], 3), compute(mm[1], 3),
                                            compute(mean_node, 0), grad(tensor_named(g, "w1"), 2),
                                            grad(tensor_named(g, "w2"), 2)};
@@ -379,22 +381,8 @@ TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackward
   gather.method = CollectiveMethod::Grouped;
   gather.cost_s = 2;
   ASSERT_TRUE(bucketed_parameter_gather(g, gather));
-  auto compute = [](int node, double cost) {
-    Instruction in;
-    in.kind = InstrKind::Compute;
-    in.node = node;
-    in.cost_s = cost;
-    return in;
-  };
-  Instruction grad;
-  grad.kind = InstrKind::GradAllReduce;
-  grad.tensor = tensor_named(g, "w1");
-  grad.from = Prop::partial();
-  grad.to = Prop::replicated();
-  grad.method = CollectiveMethod::Grouped;
-  grad.cost_s = 2;
-  std::vector<Instruction> instrs = {compute(m.mm[0], 3), grad, gather, compute(m.mm[1], 3),
-                                     compute(m.mean_node, 0)};
+  std::vector<Instruction> instrs = {compute(m.mm[0], 3), grad(tensor_named(g, "w1"), 2), gather,
+                                     compute(m.mm[1], 3), compute(m.mean_node, 0)};
   // Forward 1.5 + 1 (the gather) + 1; backward: the second product 3.5 -> 5.5, the first
   // 5.5 -> 7. w2's reduce-scatter (1) from 5.5 to 6.5, w1's all-reduce (2) from 7 to 9.
   StepTime st = step_time(CostModel(g, c), instrs);
