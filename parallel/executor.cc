@@ -179,6 +179,8 @@ bool Executor::bucketed_gather(const Instruction& in) const {
 
 void Executor::gather_parameters() {
   whole_.clear();
+  if (!gather_buckets_.empty())
+    HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
   for (size_t b = 0; b < gather_buckets_.size(); ++b) {
     std::vector<Tensor> locals;
     std::vector<ShardOf> shards;
@@ -626,7 +628,6 @@ void Executor::run_recomputed(const Region& r, const TensorSource& inputs,
 }
 
 Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& options) {
-  HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
   values_.assign(graph_.tensors.size(), {});
   value_segment_.assign(graph_.tensors.size(), {});
   gather_parameters();
