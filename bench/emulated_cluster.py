@@ -22,8 +22,12 @@ beside their default, which may run them hierarchically.
 Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
 (measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
 
+--throttle ops runs everything under hap-emulate --throttle ops (HAP's kernels slowed to the
+quotas instead of CPU quotas; no PyTorch peer, whose kernels would run at full speed) and writes
+its profiles as bench/results/profiled-<cluster>-ops.yaml.
+
   /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--rounds 3]
-                                             [--clusters emu-mixed4,emu-2node]
+                                             [--clusters emu-mixed4,emu-2node] [--throttle ops]
 """
 import argparse
 import json
@@ -105,27 +109,33 @@ def main(argv):
     p.add_argument("--out", default="bench/results/emulated_cluster.json")
     p.add_argument("--png", default="bench/results/emulated_cluster.png")
     p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP peer")
+    p.add_argument("--throttle", choices=["cfs", "ops"], default="cfs",
+                   help="how hap-emulate slows the ranks (default cfs: CPU quotas; ops: HAP's "
+                        "kernels slowed, which leaves a PyTorch peer at full speed: no DDP peer)")
     args = p.parse_args(argv)
     if args.steps <= args.skip:
         raise SystemExit("emulated_cluster: --steps must exceed --skip")
     if args.rounds < 1:
         raise SystemExit("emulated_cluster: --rounds must be at least 1")
-    emulate = os.path.join(ROOT, "scripts", "hap-emulate")
+    emulate = [os.path.join(ROOT, "scripts", "hap-emulate"), "--throttle", args.throttle]
+    if args.throttle == "ops":
+        args.no_ddp = True  # PyTorch's kernels would run at full speed
     train = os.path.join(args.build, "hap-train")
     profile = os.path.join(args.build, "hap-profile")
     model = read_config(args.config)
     work = os.path.join(ROOT, "runs", "bench-emulated", model["name"])
     os.makedirs(work, exist_ok=True)
     results = {"config": args.config, "steps": args.steps, "skipped_warmup_steps": args.skip,
-               "rounds": args.rounds,
+               "rounds": args.rounds, "throttle": args.throttle,
                "machine_cores": len(os.sched_getaffinity(0)),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
 
     for name in args.clusters.split(","):
         declared = f"configs/clusters/{name}.yaml"
         tag = "" if model["name"] == "gpt" else f"-{model['name']}"
-        profiled = f"bench/results/profiled-{name}{tag}.yaml"
-        run([emulate, declared, "--", profile, "--config", args.config, "--out", profiled,
+        profiled = (f"bench/results/profiled-{name}{tag}" +
+                    ("" if args.throttle == "cfs" else f"-{args.throttle}") + ".yaml")
+        run(emulate + [declared, "--", profile, "--config", args.config, "--out", profiled,
              "--raw", os.path.join(work, f"profile-{name}.json")], os.path.join(work, f"profile-{name}.log"))
         entry = {"declared_cluster": declared, "profiled_cluster": profiled, "strategies": {}}
         entry["profile"] = profile_vs_quotas(args.build, profiled)
@@ -151,7 +161,7 @@ def main(argv):
                 plan = os.path.join(work, f"{name}-{label}-plan.json")
                 if os.path.exists(log):
                     os.remove(log)
-                run([emulate, declared, "--", train, "--config", args.config, "--cluster", cluster_file,
+                run(emulate + [declared, "--", train, "--config", args.config, "--cluster", cluster_file,
                      "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
                      "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
                      "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
@@ -176,7 +186,7 @@ def main(argv):
                 else:
                     peer = ["bench/torch_ddp_zoo.py", "--model",
                             json.dumps({"model": model["name"], "options": model["options"]})]
-                run([emulate, declared, "--", "/usr/bin/python3"] + peer +
+                run(emulate + [declared, "--", "/usr/bin/python3"] + peer +
                     ["--batch", str(model["batch_size"]), "--steps", str(args.steps - args.skip),
                      "--warmup", str(args.skip), "--json", out], os.path.join(work, f"{name}-ddp.log"))
                 with open(out) as f:

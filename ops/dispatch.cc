@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <ctime>
 #include <optional>
+#include <thread>
 
 #include "core/timeline.h"
 #ifdef HAP_HAVE_CUDA
@@ -109,6 +112,39 @@ const DispatchStats& dispatch_stats() { return g_stats; }
 void reset_dispatch_stats() { g_stats = DispatchStats{}; }
 void set_profiling(bool on) { g_profiling = on; }
 
+EmulatedSpeed::EmulatedSpeed(double speed) : speed_(speed) {
+  HAP_CHECK(speed > 0 && speed <= 1, "emulated speed ", speed, " is not in (0, 1]");
+}
+
+double EmulatedSpeed::owe(double cpu_s, double wall_s) {
+  debt_s_ += std::max(0.0, cpu_s) / speed_ - std::max(0.0, wall_s);
+  // (A kernel slowed by other processes past its emulated time owes nothing, but is not
+  // credited either.)
+  if (debt_s_ < -kPayAtLeastS) debt_s_ = -kPayAtLeastS;
+  return debt_s_ >= kPayAtLeastS ? debt_s_ : 0.0;
+}
+
+double emulated_speed() {
+  static const double speed = [] {
+    const char* v = std::getenv("HAP_EMULATE_SPEED");
+    if (v == nullptr || *v == '\0') return 1.0;
+    char* end = nullptr;
+    const double x = std::strtod(v, &end);
+    HAP_CHECK(end != v && *end == '\0' && x > 0 && x <= 1, "HAP_EMULATE_SPEED='", v,
+              "': expected a number in (0, 1], the share of full speed this process emulates");
+    return x;
+  }();
+  return speed;
+}
+
+namespace {
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+}  // namespace
+
 std::string profile_report(size_t top) {
   std::vector<size_t> order;
   double total = 0;
@@ -212,10 +248,26 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
 #endif
   };
   wait_for_device();
+  // An emulated slower device (HAP_EMULATE_SPEED): its CPU kernels slowed to that speed.
+  static thread_local std::optional<EmulatedSpeed> emulated;
+  const bool slowed = device.is_cpu() && emulated_speed() < 1;
+  if (slowed && !emulated) emulated.emplace(emulated_speed());
+  const double cpu0 = slowed ? thread_cpu_s() : 0;
+  const auto w0 =
+      slowed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   auto t0 =
       g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   std::vector<Tensor> outputs = kernel(ctx);
   wait_for_device();
+  if (slowed) {
+    const auto w1 = std::chrono::steady_clock::now();
+    const double sleep_s =
+        emulated->owe(thread_cpu_s() - cpu0, std::chrono::duration<double>(w1 - w0).count());
+    if (sleep_s > 0) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(sleep_s));
+      emulated->paid(std::chrono::duration<double>(std::chrono::steady_clock::now() - w1).count());
+    }
+  }
   span.reset();
   if (g_profiling)
     g_stats.kernel_s[static_cast<size_t>(kind)] +=

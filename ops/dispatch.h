@@ -88,4 +88,29 @@ void set_profiling(bool on);
 // The ops by kernel time, one per line: name, calls, seconds, share.
 std::string profile_report(size_t top = 20);
 
+// An emulated slower device (scripts/hap-emulate --throttle ops): every CPU kernel is made to
+// take its CPU time divided by `speed` (in (0, 1]) of wall time, by sleeping after it. The sleeps
+// are owed per kernel and paid once at least `kPayAtLeastS` is owed (what a sleep oversleeps is
+// credited to the next kernels), so that short kernels are slowed on average without a sleep
+// each; time spent outside kernels (waiting for a collective, say) earns no credit, unlike a CPU
+// quota, under which a rank that waited runs its next kernels at full speed.
+class EmulatedSpeed {
+ public:
+  static constexpr double kPayAtLeastS = 2e-4;
+  explicit EmulatedSpeed(double speed);
+  double speed() const { return speed_; }
+  // After a kernel that used `cpu_s` of CPU time in `wall_s`: how long to sleep now (0: not
+  // yet). Call paid() with what the sleep really took.
+  double owe(double cpu_s, double wall_s);
+  void paid(double slept_s) { debt_s_ -= slept_s; }
+  double debt_s() const { return debt_s_; }
+
+ private:
+  double speed_;
+  double debt_s_ = 0;
+};
+// The speed the process emulates: HAP_EMULATE_SPEED (read once; unset or 1: none, kernels run
+// as they are). Out of (0, 1] is an error naming the variable.
+double emulated_speed();
+
 }  // namespace hap::ops

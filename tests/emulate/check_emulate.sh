@@ -75,6 +75,25 @@ for want in "rank 0 group rank0 quota 8000 period 10000 threads 1" "rank 1 group
 done
 [ -z "$(leftovers)" ] || fail "left behind after a normal exit: $(leftovers)"
 
+# --throttle ops: every rank capped at one core, its kernels slowed to its cpu_quota of full
+# speed (HAP_EMULATE_SPEED, read by the op dispatcher); no speed without it. A bad mode is refused.
+printf '#!/bin/sh\ngroup=$(grep -E "^[0-9]+:([^:]*,)?cpu(,[^:]*)?:" /proc/self/cgroup | head -1 | cut -d: -f3)\necho "rank $OMPI_COMM_WORLD_RANK quota $(cat /sys/fs/cgroup/cpu$group/cpu.cfs_quota_us) speed ${HAP_EMULATE_SPEED:-none}"\n' > "$TMP/speed.sh"
+chmod +x "$TMP/speed.sh"
+out=$("$EMU" --hap-plan "$PLAN" --throttle ops "$SRC/configs/clusters/emu-mixed4.yaml" -- \
+      "$TMP/speed.sh" 2> "$TMP/emu.err") || fail "--throttle ops run failed: $out $(cat "$TMP/emu.err")"
+echo "$out"
+for want in "rank 0 quota 10000 speed 0.8" "rank 1 quota 10000 speed 0.4" \
+            "rank 2 quota 10000 speed 0.2" "rank 3 quota 10000 speed 0.2"; do
+  echo "$out" | grep -q "$want" || fail "--throttle ops: missing '$want'"
+done
+out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/speed.sh" \
+      2> "$TMP/emu.err") || fail "default run failed: $out $(cat "$TMP/emu.err")"
+echo "$out" | grep -q "rank 3 quota 2000 speed none" || fail "cfs mode set a speed: $out"
+"$EMU" --hap-plan "$PLAN" --throttle fast "$SRC/configs/clusters/emu-mixed4.yaml" -- true \
+  > "$TMP/bad.log" 2>&1 && fail "--throttle fast was accepted"
+grep -q "invalid choice: 'fast'" "$TMP/bad.log" || fail "--throttle fast: $(cat "$TMP/bad.log")"
+[ -z "$(leftovers)" ] || fail "left behind after the throttle runs: $(leftovers)"
+
 # The file states compute in cores: hap-emulate resolves one core's rate unthrottled (measured
 # once, then cached per machine) and hands the same figure to every rank in HAP_CORE_FLOPS.
 printf '#!/bin/sh\necho "rank $OMPI_COMM_WORLD_RANK core $HAP_CORE_FLOPS"\n' > "$TMP/core.sh"

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -435,6 +436,38 @@ TEST(DispatchStats, CountsEveryCallOfEachOp) {
   ops::reset_dispatch_stats();
   EXPECT_THROW(add(a, Tensor::zeros({4}, opts(DType::F64))), Error);
   EXPECT_EQ(ops::dispatch_stats().calls[static_cast<size_t>(ops::OpKind::Add)], 0u);
+}
+
+// An emulated slower device (ops::EmulatedSpeed, HAP_EMULATE_SPEED): a kernel owes its CPU time
+// / speed of wall time less what it took; the debt is paid by a sleep once it reaches
+// kPayAtLeastS, what the sleep took is subtracted (an oversleep is credit, up to kPayAtLeastS),
+// and time outside kernels is never credited. Worked by hand at speed 0.25.
+TEST(EmulatedSpeed, KernelsOweTheirCpuTimeOverTheSpeedAndPayInSleeps) {
+  ops::EmulatedSpeed e(0.25);
+  const double pay = ops::EmulatedSpeed::kPayAtLeastS;
+  // A short kernel: 10 us of CPU in 10 us owes 30 us, too little to sleep for.
+  EXPECT_EQ(e.owe(10e-6, 10e-6), 0.0);
+  EXPECT_NEAR(e.debt_s(), 30e-6, 1e-15);
+  // A longer one tips it over: 1 ms of CPU in 1 ms owes 3 ms more; sleep all 3.03 ms.
+  EXPECT_NEAR(e.owe(1e-3, 1e-3), 3.03e-3, 1e-12);
+  // The sleep overslept by 0.1 ms: credit for the next kernels.
+  e.paid(3.13e-3);
+  EXPECT_NEAR(e.debt_s(), -0.1e-3, 1e-12);
+  EXPECT_EQ(e.owe(10e-6, 10e-6), 0.0);
+  EXPECT_NEAR(e.debt_s(), -0.07e-3, 1e-12);
+  // A kernel slowed past its emulated time by other work (1 ms of CPU in 10 ms) earns at most
+  // kPayAtLeastS of credit.
+  EXPECT_EQ(e.owe(1e-3, 10e-3), 0.0);
+  EXPECT_NEAR(e.debt_s(), -pay, 1e-15);
+  // Full speed owes nothing; bad speeds are refused.
+  ops::EmulatedSpeed full(1.0);
+  EXPECT_EQ(full.owe(1e-3, 1e-3), 0.0);
+  EXPECT_THROW(ops::EmulatedSpeed(0.0), Error);
+  EXPECT_THROW(ops::EmulatedSpeed(1.5), Error);
+  // This process emulates no slower device unless HAP_EMULATE_SPEED says so.
+  if (std::getenv("HAP_EMULATE_SPEED") == nullptr) {
+    EXPECT_EQ(ops::emulated_speed(), 1.0);
+  }
 }
 
 // ---------------------------------------------------------------- gradcheck (f64)
