@@ -118,8 +118,8 @@ EmulatedSpeed::EmulatedSpeed(double speed) : speed_(speed) {
 
 double EmulatedSpeed::owe(double cpu_s, double wall_s) {
   debt_s_ += std::max(0.0, cpu_s) / speed_ - std::max(0.0, wall_s);
-  // (A kernel slowed by other processes past its emulated time owes nothing, but is not
-  // credited either.)
+  // (A kernel slowed by other processes past its emulated time owes nothing and earns at most
+  // kPayAtLeastS of credit: time lost to them is not made up later.)
   if (debt_s_ < -kPayAtLeastS) debt_s_ = -kPayAtLeastS;
   return debt_s_ >= kPayAtLeastS ? debt_s_ : 0.0;
 }
