@@ -264,14 +264,12 @@ BlockLayout many_layout(const Communicator& comm, const std::vector<Shape>& whol
 
 }  // namespace
 
-std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
-                                    const std::vector<ShardOf>& shards, CollectiveMethod method) {
+ManyGather pack_all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
+                                const std::vector<ShardOf>& shards, CollectiveMethod method) {
   const char* op = "all_gather_many";
-  std::vector<Tensor> out;
-  if (locals.empty()) return out;
+  HAP_CHECK(!locals.empty(), op, ": no tensors");
   const int me = comm.rank();
-  std::vector<Shape> wholes;
-  double bytes = 0;
+  ManyGather m;
   for (size_t k = 0; k < locals.size(); ++k) {
     check_tensor(comm, locals[k], op);
     HAP_CHECK(locals[k].dtype() == locals[0].dtype(), op, ": tensor ", k, " is ",
@@ -281,29 +279,42 @@ std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<
                   locals[k].size(shards[k].dim) == shards[k].lengths[me],
               op, ": rank ", me, "'s shard ", k, " ", locals[k].str(),
               " does not match its shard spec");
-    wholes.push_back(with_dim(locals[k].shape(), shards[k].dim, sum_of(shards[k].lengths)));
-    bytes += static_cast<double>(shape_numel(wholes.back())) * dtype_size(locals[k].dtype());
+    m.wholes.push_back(with_dim(locals[k].shape(), shards[k].dim, sum_of(shards[k].lengths)));
+    m.bytes += static_cast<double>(shape_numel(m.wholes.back())) * dtype_size(locals[k].dtype());
   }
-  const Timed timed(CollectiveStat::AllGather, bytes);
-  std::vector<std::vector<int64_t>> at;
-  const BlockLayout l = many_layout(comm, wholes, shards, method, &at, op);
+  m.shards = shards;
+  m.layout = many_layout(comm, m.wholes, shards, method, &m.at, op);
   const bool padded = method == CollectiveMethod::Padded;
-  Tensor send = new_buffer(padded ? l.counts[0] : l.counts[me], locals[0], padded);
+  m.send = new_buffer(padded ? m.layout.counts[0] : m.layout.counts[me], locals[0], padded);
   for (size_t k = 0; k < locals.size(); ++k)
-    block_view(send, locals[k].shape(), at[me][k]).copy_from(locals[k]);
-  Tensor recv = new_buffer(l.total(), locals[0], false);
-  comm.backend().all_gather(send, recv, l);
-  for (size_t k = 0; k < locals.size(); ++k) {
+    block_view(m.send, locals[k].shape(), m.at[me][k]).copy_from(locals[k]);
+  m.recv = new_buffer(m.layout.total(), locals[0], false);
+  return m;
+}
+
+std::vector<Tensor> unpack_all_gather_many(const ManyGather& m) {
+  std::vector<Tensor> out;
+  for (size_t k = 0; k < m.wholes.size(); ++k) {
     Tensor whole = Tensor::empty(
-        wholes[k], TensorOptions{}.with_dtype(locals[k].dtype()).with_device(locals[k].device()));
-    const std::vector<int64_t> offsets = shard_offsets(shards[k].lengths);
+        m.wholes[k], TensorOptions{}.with_dtype(m.recv.dtype()).with_device(m.recv.device()));
+    const ShardOf& s = m.shards[k];
+    const std::vector<int64_t> offsets = shard_offsets(s.lengths);
     for (size_t r = 0; r < offsets.size(); ++r)
-      narrow_view(whole, shards[k].dim, offsets[r], shards[k].lengths[r])
-          .copy_from(block_view(recv, with_dim(wholes[k], shards[k].dim, shards[k].lengths[r]),
-                                l.displs[r] + at[r][k]));
+      narrow_view(whole, s.dim, offsets[r], s.lengths[r])
+          .copy_from(block_view(m.recv, with_dim(m.wholes[k], s.dim, s.lengths[r]),
+                                m.layout.displs[r] + m.at[r][k]));
     out.push_back(std::move(whole));
   }
   return out;
+}
+
+std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
+                                    const std::vector<ShardOf>& shards, CollectiveMethod method) {
+  if (locals.empty()) return {};
+  ManyGather m = pack_all_gather_many(comm, locals, shards, method);
+  const Timed timed(CollectiveStat::AllGather, m.bytes);
+  comm.backend().all_gather(m.send, m.recv, m.layout);
+  return unpack_all_gather_many(m);
 }
 
 ManyScatter pack_reduce_scatter_many(const Communicator& comm, const std::vector<Tensor>& partials,

@@ -64,6 +64,22 @@ struct ShardOf {
 // the logical tensors, bitwise what one all_gather each gives.
 std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
                                     const std::vector<ShardOf>& shards, CollectiveMethod method);
+// all_gather_many split in three, so that the collective itself can run nonblocking
+// (Backend::start_all_gather) between pack and unpack:
+//   ManyGather m = pack_all_gather_many(comm, locals, shards, method);
+//   comm.backend().all_gather(m.send, m.recv, m.layout);   // or start_all_gather
+//   std::vector<Tensor> wholes = unpack_all_gather_many(m);
+struct ManyGather {
+  Tensor send, recv;
+  BlockLayout layout;
+  std::vector<Shape> wholes;             // each tensor's logical shape
+  std::vector<ShardOf> shards;           // and how it is split
+  std::vector<std::vector<int64_t>> at;  // per rank, per tensor: its offset in the rank's block
+  double bytes = 0;                      // of the logical tensors together
+};
+ManyGather pack_all_gather_many(const Communicator& comm, const std::vector<Tensor>& locals,
+                                const std::vector<ShardOf>& shards, CollectiveMethod method);
+std::vector<Tensor> unpack_all_gather_many(const ManyGather& m);
 
 // reduce_scatter of several Partial tensors at once, in one collective (the same block layout
 // as all_gather_many), split in three so that the collective itself can run nonblocking

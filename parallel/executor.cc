@@ -94,6 +94,8 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
   HAP_CHECK(!program.ratios.empty(), "executor: the program has no ratios");
   HAP_CHECK(options.bucket_bytes > 0, "executor: bucket_bytes must be positive, got ",
             options.bucket_bytes);
+  HAP_CHECK(options.gather_bucket_bytes > 0, "executor: gather_bucket_bytes must be positive, got ",
+            options.gather_bucket_bytes);
   HAP_CHECK(static_cast<int>(program.ratios[0].size()) == comm_.size(),
             "executor: the plan is for ", program.ratios[0].size(), " devices but the world has ",
             comm_.size(), " ranks (launch with mpirun -np ", program.ratios[0].size(), ")");
@@ -151,11 +153,12 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
       const int64_t b = shape_numel(gt.shape) * static_cast<int64_t>(dtype_size(gt.dtype));
       const int first = gather_buckets_.empty() ? -1 : gather_buckets_.back().front();
       if (gather_buckets_.empty() || gather_methods_.back() != in.method ||
-          graph.tensors[first].dtype != gt.dtype || bytes + b > options.bucket_bytes) {
+          graph.tensors[first].dtype != gt.dtype || bytes + b > options.gather_bucket_bytes) {
         gather_buckets_.emplace_back();
         gather_methods_.push_back(in.method);
         bytes = 0;
       }
+      gather_bucket_of_[in.tensor] = gather_buckets_.size() - 1;
       gather_buckets_.back().push_back(in.tensor);
       bytes += b;
     }
@@ -177,10 +180,26 @@ bool Executor::bucketed_gather(const Instruction& in) const {
          program_.storage[in.tensor] == in.from;
 }
 
+const Communicator& Executor::overlap_comm() {
+  if (!grad_comm_.valid()) {
+    grad_comm_ = comm_.split(0, comm_.rank());
+    if (comm_.node_groups())
+      grad_comm_ = grad_comm_.with_node_groups(group_by_node(grad_comm_, program_.nodes));
+  }
+  return grad_comm_;
+}
+
 void Executor::gather_parameters() {
   whole_.clear();
-  if (!gather_buckets_.empty())
-    HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
+  gathers_.clear();
+  gathers_done_ = 0;
+  gather_waited_s_ = gather_bytes_ = 0;
+  if (gather_buckets_.empty()) return;
+  HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
+  // Nonblocking (each bucket completed where it is first needed) on a communicator of its own,
+  // as backward()'s buckets; a backend without nonblocking collectives gathers them here.
+  const bool nonblocking = options_.overlap_grad_comm && comm_.backend().nonblocking_all_reduce();
+  const Communicator& comm = nonblocking ? overlap_comm() : comm_;
   for (size_t b = 0; b < gather_buckets_.size(); ++b) {
     std::vector<Tensor> locals;
     std::vector<ShardOf> shards;
@@ -190,12 +209,60 @@ void Executor::gather_parameters() {
       shards.push_back({p.dim, lengths(t, p, param_segment_.count(t) ? param_segment_.at(t) : 0)});
     }
     NoGradGuard no_grad;
-    std::vector<Tensor> wholes = all_gather_many(comm_, locals, shards, gather_methods_[b]);
-    for (size_t k = 0; k < wholes.size(); ++k) {
-      wholes[k].set_requires_grad(param_local_.at(gather_buckets_[b][k]).requires_grad());
-      whole_[gather_buckets_[b][k]] = wholes[k];
+    auto g = std::make_unique<GatherInFlight>();
+    if (!nonblocking) {
+      std::vector<Tensor> wholes = all_gather_many(comm, locals, shards, gather_methods_[b]);
+      for (size_t k = 0; k < wholes.size(); ++k) {
+        wholes[k].set_requires_grad(param_local_.at(gather_buckets_[b][k]).requires_grad());
+        whole_[gather_buckets_[b][k]] = wholes[k];
+      }
+      gathers_.push_back(std::move(g));
+      ++gathers_done_;
+      continue;
     }
+    g->buffers = pack_all_gather_many(comm, locals, shards, gather_methods_[b]);
+    gather_bytes_ += g->buffers.bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    g->op = comm.backend().start_all_gather(g->buffers.send, g->buffers.recv, g->buffers.layout);
+    gather_waited_s_ +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    gathers_.push_back(std::move(g));
   }
+}
+
+void Executor::complete_gathers(size_t through) {
+  for (; gathers_done_ < gathers_.size() && gathers_done_ <= through; ++gathers_done_) {
+    GatherInFlight& g = *gathers_[gathers_done_];
+    {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::optional<timeline::Scope> span;  // in --trace timelines
+      if (timeline::recording())
+        span.emplace("collective", "AllGather",
+                     std::to_string(static_cast<int64_t>(g.buffers.bytes)) + " bytes");
+      g.op->wait();
+      gather_waited_s_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    NoGradGuard no_grad;
+    std::vector<Tensor> wholes = unpack_all_gather_many(g.buffers);
+    const std::vector<int>& bucket = gather_buckets_[gathers_done_];
+    for (size_t k = 0; k < wholes.size(); ++k) {
+      wholes[k].set_requires_grad(param_local_.at(bucket[k]).requires_grad());
+      whole_[bucket[k]] = wholes[k];
+    }
+    g = GatherInFlight{};
+  }
+  if (gathers_done_ == gathers_.size() && gather_bytes_ > 0) {
+    // hap-train --profile: the time this rank waited on them.
+    add_collective_stat(CollectiveStat::AllGather, gathers_.size(), gather_bytes_,
+                        gather_waited_s_);
+    gather_bytes_ = 0;
+  }
+}
+
+void Executor::advance_gathers() {
+  while (gathers_done_ < gathers_.size() && gathers_[gathers_done_]->op->test())
+    complete_gathers(gathers_done_);
 }
 
 std::vector<int64_t> Executor::lengths(int tensor, const Prop& p, int segment) const {
@@ -242,9 +309,12 @@ Tensor Executor::leaf_value(int t, const Prop& p, int segment, const TensorSourc
   const synth::GraphTensor& gt = graph_.tensors[t];
   if (gt.role == synth::TensorRole::Parameter) {
     HAP_CHECK(!param_local_.empty(), "executor: forward before materialize_parameters");
-    // The whole copy of a parameter stored Sharded that this forward gathered in a bucket.
-    if (auto w = whole_.find(t); w != whole_.end() && p.kind == ops::PropKind::Replicated)
-      return w->second;
+    // The whole copy of a parameter stored Sharded that this forward gathers in a bucket.
+    if (auto b = gather_bucket_of_.find(t);
+        b != gather_bucket_of_.end() && p.kind == ops::PropKind::Replicated) {
+      complete_gathers(b->second);
+      if (auto w = whole_.find(t); w != whole_.end()) return w->second;
+    }
     HAP_ASSERT(program_.storage[t] == p, "parameter ", gt.name, " stored ",
                program_.storage[t].str(), " but read as ", p.str());
     // A Replicated parameter's replicas are one tensor: its Partial gradient is all-reduced by
@@ -646,8 +716,10 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
     }
     run_instruction(program_.instructions[i], values_, value_segment_, &inputs, options);
     release(i, i + 1);
+    advance_gathers();
     ++i;
   }
+  complete_gathers(gathers_.size());  // (a parameter no instruction read)
   if (options.training) apply_state_updates();
   const auto& lv = values_[graph_.loss];
   if (auto it = lv.find(prop_key(Prop::partial())); it != lv.end()) return it->second;
@@ -907,11 +979,7 @@ void Executor::backward(const Tensor& local_loss) {
   // once runs them at the same points of the backward pass on every rank, between its other
   // collectives, on the same communicator.
   const bool own_comm = options_.overlap_grad_comm && comm_.backend().nonblocking_all_reduce();
-  if (own_comm && !grad_comm_.valid() && !buckets_.empty()) {
-    grad_comm_ = comm_.split(0, comm_.rank());
-    if (comm_.node_groups())
-      grad_comm_ = grad_comm_.with_node_groups(group_by_node(grad_comm_, program_.nodes));
-  }
+  if (own_comm && !buckets_.empty()) overlap_comm();
   GradBuckets buckets(*this, own_comm ? grad_comm_ : comm_);
   if (options_.overlap_grad_comm) {
     autograd::ObserveBackward observe(&buckets);

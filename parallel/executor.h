@@ -11,11 +11,13 @@
 #pragma once
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#include "parallel/collectives.h"
 #include "parallel/communicator.h"
 #include "synth/graph.h"
 #include "synth/program.h"
@@ -51,10 +53,16 @@ struct ExecutorOptions {
   bool overlap_grad_comm = true;
   // The most bytes of one bucket (synth::kGradBucketBytes, which the cost model assumes).
   int64_t bucket_bytes = synth::kGradBucketBytes;
+  // The most bytes of one bucket of parameter all-gathers at the start of forward()
+  // (synth::kGatherBucketBytes): smaller than the gradients' so that the first layers' gathers
+  // end early and the later ones run while those layers compute (with overlap_grad_comm).
+  int64_t gather_bucket_bytes = synth::kGatherBucketBytes;
   // true: the all-gathers of parameters stored Sharded and kept for backward (ZeRO storage,
-  // synth::Instruction::regather false) run in buckets at the start of forward(), one
-  // collective per bucket, and their gradients' reduce-scatters in backward()'s buckets beside
-  // the all-reduces (overlapped like them); false: one differentiable all-gather each where the
+  // synth::Instruction::regather false) run in buckets started at the start of forward(), one
+  // collective per bucket (with overlap_grad_comm, nonblocking: each completes where the
+  // forward pass first reads one of its parameters, while the layers before compute), and
+  // their gradients' reduce-scatters in backward()'s buckets beside the all-reduces
+  // (overlapped like them); false: one differentiable all-gather each where the
   // program reads the parameter, its reduce-scatter where the backward pass reaches it. The
   // results are the same, bit for bit.
   bool bucket_parameter_gathers = true;
@@ -158,8 +166,15 @@ class Executor {
   // Whether the executor runs this instruction's all-gather in a bucket (ExecutorOptions::
   // bucket_parameter_gathers): a parameter's, from how it is stored to Replicated, kept.
   bool bucketed_gather(const synth::Instruction& in) const;
-  // The bucketed all-gathers, at the start of forward(): every such parameter whole in whole_.
+  // The bucketed all-gathers, started at the start of forward() (nonblocking where the backend
+  // and overlap_grad_comm allow, on the overlap communicator, one after another), each completed
+  // into whole_ where forward() first reads one of its parameters (complete_gathers) or as the
+  // forward pass goes (advance_gathers).
   void gather_parameters();
+  void complete_gathers(size_t through);  // buckets up to and including `through`
+  void advance_gathers();                 // those done by now, in order, without blocking
+  // The communicator of the collectives overlapped with computation (made once, collectively).
+  const Communicator& overlap_comm();
 
   const synth::Graph& graph_;
   const synth::DistributedProgram& program_;
@@ -176,6 +191,16 @@ class Executor {
   // of parameter tensors, each with its method.
   std::vector<std::vector<int>> gather_buckets_;
   std::vector<ops::CollectiveMethod> gather_methods_;
+  std::map<int, size_t> gather_bucket_of_;  // parameter tensor -> its gather bucket
+  // This forward's gather buckets in flight: packed buffers and the collective; the first
+  // gathers_done_ have been unpacked into whole_.
+  struct GatherInFlight {
+    ManyGather buffers;
+    std::unique_ptr<PendingCollective> op;
+  };
+  std::vector<std::unique_ptr<GatherInFlight>> gathers_;
+  size_t gathers_done_ = 0;
+  double gather_waited_s_ = 0, gather_bytes_ = 0;
   // The whole copies the last forward() read of those parameters (leaves that require grad:
   // backward() reduce-scatters their gradients into the stored shards' and drops them).
   std::map<int, Tensor> whole_;

@@ -458,6 +458,17 @@ CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMeth
   return t;
 }
 
+double CostModel::collective_latency_s(InstrKind kind, CollectiveMethod method) const {
+  if (num_devices() <= 1) return 0;
+  if (kind == InstrKind::GradAllReduce || kind == InstrKind::AllReduce)
+    return all_reduce_time(1.0, method).latency_s;
+  HAP_ASSERT(kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter,
+             "collective_latency_s() called for ", instr_name(kind));
+  const Link link = link_.for_collective(kind == InstrKind::AllGather ? Collective::AllGather
+                                                                      : Collective::ReduceScatter);
+  return collective_terms(kind, method, num_devices(), 1.0, 1.0).latency_terms * link.latency_s;
+}
+
 CollectiveMethod CostModel::grad_all_reduce_method() const {
   if (!hierarchical_available()) return CollectiveMethod::Grouped;
   const double bucket = static_cast<double>(kGradBucketBytes);
@@ -555,10 +566,19 @@ bool bucketed_parameter_gather(const Graph& graph, const Instruction& in) {
 StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) {
   const Graph& graph = cm.graph();
   const size_t n = instrs.size();
-  // The backward part of every instruction, and where each parameter's gradient is complete.
-  std::vector<double> backward(n, 0.0);
+  // The forward and backward parts of every instruction, and where each parameter's gradient is
+  // complete.
+  std::vector<double> forward(n, 0.0), backward(n, 0.0);
   std::vector<size_t> first_use(graph.tensors.size(), n);
-  double forward_s = 0, updates_s = 0, sum_s = 0;
+  // The forward pass's gather buckets (parallel::Executor: each parameter's first bucketed
+  // gather, in program order, one method and dtype per bucket, up to kGatherBucketBytes), each
+  // one latency and its members' bytes, and the bucket of each such first gather.
+  std::vector<double> gather_bucket_s;
+  std::vector<int> gather_bucket(n, -1);
+  std::vector<bool> gathered(graph.tensors.size(), false);
+  std::optional<std::pair<CollectiveMethod, DType>> open_gather;
+  double gather_bytes = 0;
+  double updates_s = 0, sum_s = 0;
   for (size_t i = 0; i < n; ++i) {
     const Instruction& in = instrs[i];
     sum_s += in.cost_s;
@@ -582,14 +602,48 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         const double adjoint = cm.requires_grad(in.tensor) ? 0.5 * in.cost_s : 0.0;
         first_use[in.tensor] = std::min(first_use[in.tensor], i);
         if (bucketed_parameter_gather(graph, in)) {
-          forward_s += in.cost_s - adjoint;
+          if (gathered[in.tensor]) {  // (read again from the whole copy)
+            forward[i] = in.cost_s - adjoint;
+            continue;
+          }
+          gathered[in.tensor] = true;
+          const GraphTensor& p = graph.tensors[in.tensor];
+          const double b = static_cast<double>(shape_numel(p.shape)) * dtype_size(p.dtype);
+          const double latency = cm.collective_latency_s(InstrKind::AllGather, in.method);
+          if (!open_gather || open_gather->first != in.method || open_gather->second != p.dtype ||
+              gather_bytes + b > static_cast<double>(kGatherBucketBytes)) {
+            open_gather.emplace(in.method, p.dtype);
+            gather_bytes = 0;
+            gather_bucket_s.push_back(latency);
+          }
+          gather_bytes += b;
+          gather_bucket_s.back() += std::max(0.0, in.cost_s - adjoint - latency);
+          gather_bucket[i] = static_cast<int>(gather_bucket_s.size()) - 1;
           continue;
         }
         backward[i] = adjoint;
         break;
       }
     }
-    forward_s += in.cost_s - backward[i];
+    forward[i] = in.cost_s - backward[i];
+  }
+  // The forward pass: with overlap, the gather buckets run one after another from its start
+  // while it computes, and an instruction that reads a bucket's parameter first waits for it;
+  // without, they run before it.
+  double forward_serial_s = 0, forward_s = 0;
+  for (double x : forward) forward_serial_s += x;
+  for (double x : gather_bucket_s) forward_serial_s += x;
+  if (cm.overlap_grad_comm()) {
+    std::vector<double> gather_done(gather_bucket_s.size());
+    double channel = 0;
+    for (size_t b = 0; b < gather_bucket_s.size(); ++b)
+      gather_done[b] = channel += gather_bucket_s[b];
+    for (size_t i = 0; i < n; ++i)
+      forward_s = gather_bucket[i] >= 0 ? std::max(forward_s, gather_done[gather_bucket[i]])
+                                        : forward_s + forward[i];
+    forward_s = std::max(forward_s, channel);
+  } else {
+    forward_s = forward_serial_s;
   }
   // done[i]: when the backward pass has finished instruction i.
   std::vector<double> done(n + 1, 0.0);
@@ -628,14 +682,18 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
       buckets.push_back(*b);
       b.reset();
     }
+    // Each member pays its bytes; the bucket one latency (a collective for all its members).
+    const InstrKind kind = gather ? InstrKind::ReduceScatter : InstrKind::GradAllReduce;
     if (!b) {
       b.emplace();
       b->method = in.method;
       b->dtype = p.dtype;
+      b->cost = cm.collective_latency_s(kind, in.method);
     }
     b->bytes += bytes;
-    const double cost = gather ? 0.5 * in.cost_s : in.cost_s;
-    b->cost += cost;
+    const double cost = gather ? 0.5 * in.cost_s - cm.collective_latency_s(kind, in.method)
+                               : in.cost_s - cm.grad_all_reduce_latency_share_s(in.method);
+    b->cost += std::max(0.0, cost);
     b->ready = std::max(b->ready, done[std::min(first_use[in.tensor], n)]);
     b->position = i;
   }
@@ -644,12 +702,17 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   std::stable_sort(buckets.begin(), buckets.end(),
                    [](const Bucket& a, const Bucket& b) { return a.position > b.position; });
   double channel = cm.overlap_grad_comm() ? forward_s : backward_end;
-  for (const Bucket& b : buckets)
+  double buckets_s = 0;
+  for (const Bucket& b : buckets) {
     channel = std::max(channel, cm.overlap_grad_comm() ? b.ready : backward_end) + b.cost;
+    buckets_s += b.cost;
+  }
   StepTime st;
-  st.step_s = std::max(backward_end, channel) + updates_s;
-  if (!cm.overlap_grad_comm()) st.step_s = sum_s;  // the same, without rounding
-  st.hidden_s = sum_s - st.step_s;
+  const double serial_s = backward_end - forward_s + forward_serial_s + buckets_s + updates_s;
+  st.step_s = cm.overlap_grad_comm() ? std::max(backward_end, channel) + updates_s : serial_s;
+  st.shared_latency_s = sum_s - serial_s;
+  if (std::abs(st.shared_latency_s) <= 1e-12 * sum_s) st.shared_latency_s = 0;  // rounding
+  st.hidden_s = serial_s - st.step_s;
   if (st.hidden_s <= 1e-12 * sum_s) st.hidden_s = 0;  // rounding, not overlap
   return st;
 }

@@ -150,6 +150,14 @@ class CostModel {
     double total_s() const { return latency_s + bytes_s; }
   };
   AllReduceTime all_reduce_time(double bytes, CollectiveMethod method) const;
+  // The latency part of one collective pass over every device (what a bucket of many tensors
+  // pays once): an all-gather's or a reduce-scatter's in `method`, or a gradient all-reduce's.
+  double collective_latency_s(InstrKind kind, CollectiveMethod method) const;
+  // The share of a gradient all-reduce's latency each parameter's GradAllReduce pays in its
+  // cost_s (communication(): all of them as if in one bucket).
+  double grad_all_reduce_latency_share_s(CollectiveMethod method) const {
+    return collective_latency_s(InstrKind::GradAllReduce, method) / std::max(1, num_params_);
+  }
   // The form of every gradient all-reduce (one per program, so that buckets are not split):
   // Hierarchical where available and cheaper for a full bucket (kGradBucketBytes), else Grouped.
   CollectiveMethod grad_all_reduce_method() const;
@@ -207,11 +215,21 @@ bool bucketed_parameter_gather(const Graph& graph, const Instruction& in);
 // order, one collective, method and dtype per bucket, up to kGradBucketBytes), to a channel of
 // their own, one bucket at a time, each starting once the backward pass has completed its
 // gradients (a parameter's gradient is complete after the backward of the first instruction that
-// reads it); the optimizer's updates run after both. Without overlap the channel starts when the
-// backward pass ends, and the step is the sum of the costs.
+// reads it); the optimizer's updates run after both. The bucketed parameter gathers (their
+// all-gather half; kGatherBucketBytes a bucket) run one after another on a channel from the
+// start of the forward pass, an instruction that first reads one of a bucket's parameters
+// waiting for that bucket. A bucket pays one latency for all of its members. Without overlap
+// the gathers run before the forward pass and the gradient channel starts when the backward
+// pass ends.
 struct StepTime {
   double step_s = 0;
-  double hidden_s = 0;  // gradient all-reduce time the backward pass hides
+  // Communication that computation hides: gradient all-reduces (and reduce-scatters) behind
+  // the backward pass, bucketed parameter gathers behind the forward pass.
+  double hidden_s = 0;
+  // Latency the instructions' costs count once per tensor that a bucket pays once for all of
+  // its members (the forward pass's parameter gathers, the backward pass's reduce-scatters and
+  // gradient all-reduces): step_s = the sum of the costs - shared_latency_s - hidden_s.
+  double shared_latency_s = 0;
 };
 StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs);
 

@@ -19,6 +19,9 @@ using ops::method_name;
 // The most bytes the executor's gradient all-reduces put in one bucket (parallel/executor.h);
 // the cost model prices the overlap of the backward pass with buckets of this size.
 constexpr int64_t kGradBucketBytes = int64_t{4} << 20;
+// The most bytes of one bucket of the parameter all-gathers the executor starts at the start of
+// the forward pass (ZeRO storage kept for backward); the cost model prices them so.
+constexpr int64_t kGatherBucketBytes = int64_t{1} << 20;
 
 enum class InstrKind : uint8_t {
   Compute,        // run graph node `node` under signature `signature` on local shards
@@ -85,9 +88,12 @@ struct DistributedProgram {
   // and recomputes them there (autograd::checkpoint); empty: none.
   std::vector<bool> recompute;
   // The step as the executor runs it (synth::step_time): compute_s + communication_s -
-  // hidden_communication_s, the gradient all-reduce time hidden behind the backward pass.
+  // shared_latency_s (latency that bucketed collectives pay once for all their members, which
+  // communication_s counts per member) - hidden_communication_s (communication hidden behind
+  // computation: gradient all-reduces behind the backward pass, parameter gathers behind the
+  // forward pass).
   double predicted_step_s = 0;
-  double compute_s = 0, communication_s = 0, hidden_communication_s = 0;
+  double compute_s = 0, communication_s = 0, hidden_communication_s = 0, shared_latency_s = 0;
   std::vector<double> device_compute_s;     // per device: its own compute time
   std::vector<double> device_memory_bytes;  // per device: predicted peak
   double synthesis_s = 0;

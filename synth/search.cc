@@ -266,6 +266,9 @@ class Expander {
             (variant == 1 || regather_param_[t])) {
           q = Prop::sharded(0);  // ZeRO storage: gathered below
           zero_used = true;
+        } else if (space_.zero_storage_everywhere && want.kind == PropKind::Replicated &&
+                   zero_param_[t]) {
+          return false;  // every parameter read whole is stored sharded
         }
         child.stored.push_back({t, q});
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t) &&
@@ -754,6 +757,16 @@ class Expander {
         in.regather = true;
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
+        // Every parameter stored sharded (ZeroStorage::All): their gathers run in buckets
+        // (bucketed_parameter_gather), each paying one latency for all of its members, which
+        // the search leaves out of their price (synth::recost prices the program whole); priced
+        // whole, the search keeps reading them in shards where step_time finds that slower.
+        if (space_.zero_storage_everywhere && kind == InstrKind::AllGather &&
+            g_.tensors[t].role == TensorRole::Parameter && q.kind == PropKind::Replicated)
+          cost = std::max(0.0, cost - cm_.collective_latency_s(InstrKind::AllGather, in.method) -
+                                   (cm_.requires_grad(t) ? cm_.collective_latency_s(
+                                                               InstrKind::ReduceScatter, in.method)
+                                                         : 0.0));
       }
       in.cost_s = cost;
       if (cost < best_cost) {

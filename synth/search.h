@@ -45,6 +45,9 @@ struct SearchSpace {
   // reads, whose views would hold the gathered copy). Needs shard_parameters; only parameters
   // with at least one row per device.
   bool zero_storage = false;
+  // With zero_storage: every parameter it may store Sharded(0) that a node reads whole is stored
+  // so (ZeRO-3 for all of them), never Replicated (nor with its factors broadcast).
+  bool zero_storage_everywhere = false;
   // Sufficient factor broadcasting: at a product whose parameters it alone reads (stored
   // Replicated), the parameters' gradients may be computed whole on every device from the
   // all-gathered input and output gradient (InstrKind::FactorBroadcast) instead of all-reducing

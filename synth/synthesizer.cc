@@ -468,6 +468,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
   space.zero_storage = options.strategy == Strategy::Hap &&
                        options.zero_storage != ZeroStorage::Off && space.shard_parameters;
+  space.zero_storage_everywhere = space.zero_storage && options.zero_storage == ZeroStorage::All;
   space.factor_broadcast =
       options.strategy == Strategy::Hap && options.factor_broadcast != FactorBroadcast::Off;
   // The rounds that steer the ratios skip the memory-aware pass (unless nothing is found
@@ -769,7 +770,9 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     best = search_rounds(cm, "", nullptr);
   }
   const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
-  if (options.strategy == Strategy::Hap) {
+  // (With every parameter stored sharded asked for, the baselines, which store them whole, are
+  // only the fallback.)
+  if (options.strategy == Strategy::Hap && (options.zero_storage != ZeroStorage::All || fallback)) {
     // The baselines' programs (each a program of hap's space, found in a far smaller one) are
     // candidates too: hap's alternation of search and ratio LP is a local search, and where
     // memory binds its search is exact only within the bounded pass above; and they are the
@@ -852,7 +855,9 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
       best.communication_s += in.cost_s;
     }
   }
-  best.hidden_communication_s = step_time(cm, best.instructions).hidden_s;
+  const StepTime st = step_time(cm, best.instructions);
+  best.hidden_communication_s = st.hidden_s;
+  best.shared_latency_s = st.shared_latency_s;
   best.device_memory_bytes = program_memory(cm, best.instructions, best.storage, best.ratios);
   record_nodes(best, cluster);
   best.steps = std::move(steps);
@@ -951,6 +956,19 @@ bool memory_tight(const DistributedProgram& p, const Cluster& cluster, double fr
   return false;
 }
 
+// Puts first in p's report why it stores what it stores sharded (ZeRO storage).
+void note_storage(DistributedProgram& p, const Graph& graph, const std::string& why,
+                  std::chrono::steady_clock::time_point t0) {
+  const auto [stored, again] = zero_parameters(p, graph);
+  SynthesisStep step;
+  step.what = why + ": " + std::to_string(stored) +
+              " parameters stored sharded and gathered for use, " + std::to_string(again) +
+              " of them gathered again in backward";
+  step.cost_s = p.predicted_step_s;
+  step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.steps.insert(p.steps.begin(), step);
+}
+
 // synthesize_on, deciding ZeRO storage: plans without it first, and with it too (a search that
 // may use it wherever it prices it cheaper) where nothing fits without, or with On always, or
 // with Auto where what fits fills some device's memory to 90% or more (memory may be what keeps
@@ -959,7 +977,7 @@ bool memory_tight(const DistributedProgram& p, const Cluster& cluster, double fr
 // time (which the search's own pricing does not see whole: the overlap of gradient
 // all-reduces); Off where only it would fit is an OptionsError (unless recomputation is tried
 // next: recompute_next).
-DistributedProgram plan_storage(
+DistributedProgram plan_storage_choice(
     const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
     const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
   if (options.strategy != Strategy::Hap) return plan(options);
@@ -968,16 +986,7 @@ DistributedProgram plan_storage(
   SynthesisOptions with = options;
   with.zero_storage = ZeroStorage::On;
   auto note = [&](DistributedProgram& p, const std::string& why,
-                  std::chrono::steady_clock::time_point t0) {
-    const auto [stored, again] = zero_parameters(p, graph);
-    SynthesisStep step;
-    step.what = why + ": " + std::to_string(stored) +
-                " parameters stored sharded and gathered for use, " + std::to_string(again) +
-                " of them gathered again in backward";
-    step.cost_s = p.predicted_step_s;
-    step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    p.steps.insert(p.steps.begin(), step);
-  };
+                  std::chrono::steady_clock::time_point t0) { note_storage(p, graph, why, t0); };
   DistributedProgram p;
   try {
     p = plan(without);
@@ -1028,6 +1037,77 @@ DistributedProgram plan_storage(
   } catch (const Error& e) {
     if (no_program_reason(e) != "out of memory") throw;
   }
+  return p;
+}
+
+// Whether some devices are slower than others (FLOP/s, or the optimizer step per parameter):
+// there every device updating a whole Replicated parameter waits for the slowest, where shards
+// in proportion to speed (ZeRO storage) would balance the updates.
+bool devices_differ(const Cluster& cluster) {
+  for (const Device& d : cluster.devices)
+    if (d.flops_per_s != cluster.devices[0].flops_per_s ||
+        d.update_s_per_param != cluster.devices[0].update_s_per_param)
+      return true;
+  return false;
+}
+
+// plan_storage_choice, and (Auto: on a cluster whose devices differ in speed, or where memory
+// shaped the program or fills a device to 90%; On: always) the program with every parameter
+// read whole stored sharded (ZeroStorage::All: the updates, gradient norms and optimizer state
+// in shards by each segment's ratios, paid with bucketed all-gathers in forward and
+// reduce-scatters in backward, both overlapped) too, the faster by predicted step time kept
+// (the search's own pricing, which sees neither buckets nor overlap, may miss it); with All
+// only that one. Not where hap fell back to a baseline over its budget.
+DistributedProgram plan_storage(
+    const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
+    const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
+  if (options.strategy != Strategy::Hap || options.zero_storage == ZeroStorage::All)
+    return plan(options);
+  DistributedProgram p = plan_storage_choice(graph, cluster, options, plan, recompute_next);
+  if (options.zero_storage == ZeroStorage::Off || cluster.size() < 2 || !p.note.empty() ||
+      !(options.zero_storage == ZeroStorage::On || devices_differ(cluster) || p.memory_bound ||
+        memory_tight(p, cluster, 0.9)))
+    return p;
+  const auto t0 = std::chrono::steady_clock::now();
+  SynthesisOptions all = options;
+  all.zero_storage = ZeroStorage::All;
+  // The log keeps the first program's rounds and ends with this candidate (its states, its step
+  // time, whether it was kept).
+  SynthesisStep step;
+  try {
+    DistributedProgram z = plan(all);
+    const auto [stored, again] = zero_parameters(z, graph);
+    const bool faster =
+        z.note.empty() && stored > 0 && z.predicted_step_s < p.predicted_step_s * (1 - 1e-9);
+    char what[400];
+    std::snprintf(what, sizeof what,
+                  "every parameter read whole stored sharded (%d, %d of "
+                  "them gathered again in backward; each device updates its share) %s, %.4g s "
+                  "per step against %.4g s",
+                  stored, again, faster ? "is faster, kept" : "is not faster", z.predicted_step_s,
+                  p.predicted_step_s);
+    step.what = what;
+    step.states = z.states_expanded;
+    step.cost_s = z.predicted_step_s;
+    if (faster) {
+      z.steps = std::move(p.steps);
+      z.states_expanded += p.states_expanded;
+      p = std::move(z);
+    } else {
+      p.states_expanded += z.states_expanded;
+    }
+  } catch (const SearchBudgetError& e) {
+    // (A candidate over the budget is left out; the program found stands.)
+    step.what = std::string(
+                    "every parameter read whole stored sharded: "
+                    "over the search budget (") +
+                e.what() + ")";
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+    step.what = "every parameter read whole stored sharded: does not fit";
+  }
+  step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.steps.push_back(step);
   return p;
 }
 

@@ -37,8 +37,12 @@ enum class Recompute { Auto, Off, All };
 // again there) and their gradients reduce-scattered. Auto: where no program fits in memory
 // without it (tried before recomputation), or where the plan without it fills a device to 90%
 // and the plan with it is predicted faster; On: planned with it too wherever, the faster kept;
-// Off: never (where only that would fit, the error says so).
-enum class ZeroStorage { Auto, Off, On };
+// Off: never (where only that would fit, the error says so); All: every parameter that a node
+// reads whole stored so (SearchSpace::zero_storage_everywhere). On a cluster whose devices
+// differ in speed, Auto and On also plan with All and keep that where predicted faster: each
+// device then updates (and takes the gradient norm of) its share of those parameters instead
+// of all of them at its own speed.
+enum class ZeroStorage { Auto, Off, On, All };
 
 // Sufficient factor broadcasting (SearchSpace::factor_broadcast, InstrKind::FactorBroadcast),
 // hap only. Auto: the search may choose it; where its program does, the program without it is

@@ -86,10 +86,11 @@ constexpr std::array<Choice<synth::Recompute>, 3> kRecomputeModes = {
     {{"auto", synth::Recompute::Auto},
      {"off", synth::Recompute::Off},
      {"all", synth::Recompute::All}}};
-constexpr std::array<Choice<synth::ZeroStorage>, 3> kZeroStorageModes = {
+constexpr std::array<Choice<synth::ZeroStorage>, 4> kZeroStorageModes = {
     {{"auto", synth::ZeroStorage::Auto},
      {"off", synth::ZeroStorage::Off},
-     {"on", synth::ZeroStorage::On}}};
+     {"on", synth::ZeroStorage::On},
+     {"all", synth::ZeroStorage::All}}};
 constexpr std::array<Choice<synth::FactorBroadcast>, 2> kFactorBroadcastModes = {
     {{"auto", synth::FactorBroadcast::Auto}, {"off", synth::FactorBroadcast::Off}}};
 constexpr std::array<Choice<CommBackend>, 3> kCommBackends = {

@@ -135,7 +135,9 @@ struct ParallelConfig {
   // and optimizer state, all-gathered for use (and again in backward where that saves the
   // memory) and their gradients reduce-scattered. auto where no program fits without it (tried
   // before recomputation) or a device is 90% full and it is predicted faster; on tried in every
-  // plan, kept where predicted faster; off never.
+  // plan, kept where predicted faster; off never; all for every parameter read whole. On
+  // clusters whose devices differ in speed, auto and on also try all (each device then updates
+  // its share), kept where predicted faster.
   synth::ZeroStorage zero_storage = synth::ZeroStorage::Auto;
   // Sufficient factor broadcasting (synth::FactorBroadcast), hap only: a product's weight
   // gradient computed whole on every device from its all-gathered input and output gradient

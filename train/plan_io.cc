@@ -103,6 +103,7 @@ nlohmann::json plan_to_json(const synth::CostModel& cm, const synth::Distributed
               {"compute_s", p.compute_s},
               {"communication_s", p.communication_s},
               {"hidden_communication_s", p.hidden_communication_s},
+              {"shared_latency_s", p.shared_latency_s},
               {"compute_lower_bound_s", cm.compute_lower_bound_s()},
               {"device_compute_s", p.device_compute_s},
               {"device_memory_bytes", p.device_memory_bytes},
@@ -468,7 +469,9 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
     for (const synth::Instruction& x : p.instructions)
       (x.kind == InstrKind::Compute || x.kind == InstrKind::Update ? p.compute_s
                                                                    : p.communication_s) += x.cost_s;
-    p.hidden_communication_s = synth::step_time(priced, p.instructions).hidden_s;
+    const synth::StepTime st = synth::step_time(priced, p.instructions);
+    p.hidden_communication_s = st.hidden_s;
+    p.shared_latency_s = st.shared_latency_s;
     return p;
   } catch (const nlohmann::json::exception& e) {
     throw ConfigError(path + ": malformed plan (" + e.what() + ")");

@@ -294,9 +294,11 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
 
   os << "\npredicted step time: " << fmt_s(p.predicted_step_s) << " (compute " << fmt_s(p.compute_s)
      << ", communication " << fmt_s(p.communication_s);
+  if (p.shared_latency_s > 0)
+    os << ", less " << fmt_s(p.shared_latency_s)
+       << " of latency that buckets pay once for all their members";
   if (p.hidden_communication_s > 0)
-    os << ", of which " << fmt_s(p.hidden_communication_s)
-       << " of gradient all-reduce hidden behind the backward pass";
+    os << ", of which " << fmt_s(p.hidden_communication_s) << " hidden behind computation";
   os << ")\n";
   if (!p.note.empty()) os << "note: " << p.note << "\n";
   os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())

@@ -500,8 +500,9 @@ TEST(Executor, ZeroStorageMatchesOneDevice) {
 }
 
 // ZeRO storage's gathers run in buckets (ExecutorOptions::bucket_parameter_gathers: one
-// all-gather per bucket at the start of the forward, the gradients' reduce-scatters in the
-// backward pass's buckets, overlapped or after it) give the loss and every gradient bit for bit
+// all-gather per bucket started at the start of the forward, with overlap nonblocking and
+// completed where first read, the gradients' reduce-scatters in the backward pass's buckets,
+// overlapped or after it) give the loss and every gradient bit for bit
 // what one differentiable all-gather per parameter gives, padded and grouped, and gather in
 // fewer collectives.
 TEST(Executor, BucketedParameterGathersEqualOneGatherEachBitForBit) {
@@ -522,6 +523,9 @@ TEST(Executor, BucketedParameterGathersEqualOneGatherEachBitForBit) {
     one_each.bucket_parameter_gathers = false;
     one_each.overlap_grad_comm = bucketed.overlap_grad_comm = overlap;
     bucketed.bucket_bytes = 4096;  // several buckets of each kind
+    // Several gather buckets too: with overlap, in flight together, each completed where the
+    // forward pass first reads one of its parameters.
+    bucketed.gather_bucket_bytes = 4096;
     const StepResult a = run_step(g, plan, named, data, 3, one_each);
     const StepResult b = run_step(g, plan, named, data, 3, bucketed);
     expect_same_step(a, b, "bucketing the parameter gathers");

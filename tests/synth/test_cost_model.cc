@@ -350,24 +350,32 @@ TEST(CostModel, StepTimeHidesGradientAllReducesBehindTheRestOfTheBackwardPass) {
     ASSERT_NEAR(cm.backward_fraction(mm[0]), 1.0 / 2, 1e-12);
     ASSERT_NEAR(cm.backward_fraction(mm[1]), 2.0 / 3, 1e-12);
     const StepTime st = step_time(cm, instrs);
+    // Each bucket pays a ring all-reduce's latency, 2 (P - 1) link latencies, where each
+    // instruction's cost counts half of it (one share per parameter): L more in all.
+    const double L = 2 * (3 - 1) * 1e-6;
+    ASSERT_DOUBLE_EQ(cm.collective_latency_s(InstrKind::GradAllReduce, CollectiveMethod::Grouped),
+                     L);
+    EXPECT_NEAR(st.shared_latency_s, -L, 1e-12);
     if (!overlap) {
-      EXPECT_DOUBLE_EQ(st.step_s, 10.0);
+      EXPECT_NEAR(st.step_s, 10.0 + L, 1e-12);
       EXPECT_DOUBLE_EQ(st.hidden_s, 0.0);
       continue;
     }
     // Forward 1.5 + 1; backward of the second product ends at 4.5, of the first at 6. w2's
-    // gradient is reduced over [4.5, 6.5], w1's over [6.5, 8.5]: 1.5 s hidden.
-    EXPECT_NEAR(st.step_s, 8.5, 1e-12);
+    // gradient is reduced over [4.5, 6.5 + L/2], w1's over [6.5 + L/2, 8.5 + L]: 1.5 s hidden.
+    EXPECT_NEAR(st.step_s, 8.5 + L, 1e-12);
     EXPECT_NEAR(st.hidden_s, 1.5, 1e-12);
   }
 }
 
 // A parameter stored Sharded and gathered whole, kept for backward (ZeRO storage), is gathered
-// in a bucket at the start of the forward pass and its gradient reduce-scattered in a bucket of
-// the backward pass (parallel::Executor): step_time puts the reduce-scatter (half of the
-// instruction's cost) on the buckets' channel, where the backward pass hides it, as it does a
-// gradient all-reduce. Gathered again in backward, its backward half runs in the backward pass.
-// Worked by hand on x -> matmul(w1) -> matmul(w2) -> mean with w2 stored Sharded(0).
+// in a bucket started at the start of the forward pass and its gradient reduce-scattered in a
+// bucket of the backward pass (parallel::Executor): step_time puts the all-gather (half of the
+// instruction's cost) on a channel that runs while the forward pass computes what comes before
+// the parameter's first reader, and the reduce-scatter (the other half) on the buckets'
+// channel, where the backward pass hides it, as it does a gradient all-reduce. Gathered again
+// in backward, both halves run in the passes. Worked by hand on x -> matmul(w1) -> matmul(w2)
+// -> mean with w2 stored Sharded(0).
 TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackwardPass) {
   const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
   const TwoProducts m = two_products(4, 1100, 1024);
@@ -383,18 +391,30 @@ TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackward
   ASSERT_TRUE(bucketed_parameter_gather(g, gather));
   std::vector<Instruction> instrs = {compute(m.mm[0], 3), grad(tensor_named(g, "w1"), 2), gather,
                                      compute(m.mm[1], 3), compute(m.mean_node, 0)};
-  // Forward 1.5 + 1 (the gather) + 1; backward: the second product 3.5 -> 5.5, the first
-  // 5.5 -> 7. w2's reduce-scatter (1) from 5.5 to 6.5, w1's all-reduce (2) from 7 to 9.
-  StepTime st = step_time(CostModel(g, c), instrs);
-  EXPECT_NEAR(st.step_s, 9, 1e-12);
-  EXPECT_NEAR(st.hidden_s, 1, 1e-12);
-  EXPECT_NEAR(step_time(CostModel(g, c, 2, false), instrs).step_s, 10, 1e-12);
-  // Gathered again in backward: its backward half runs in the backward pass (6.5 -> 8 for the
-  // first product), w1's all-reduce from 8 to 10.
+  // The gather's bucket and the reduce-scatter's each pay one latency (P log2 P link latencies
+  // in the grouped form), which the instruction's halves count too: they cost 1 each. w1's
+  // all-reduce bucket pays a ring's latency L, its cost half of it (one share of two
+  // parameters).
+  const CostModel cm(g, c);
+  const double L = cm.collective_latency_s(InstrKind::GradAllReduce, CollectiveMethod::Grouped);
+  ASSERT_DOUBLE_EQ(L, 2 * (3 - 1) * 3e-6);
+  ASSERT_DOUBLE_EQ(cm.collective_latency_s(InstrKind::AllGather, CollectiveMethod::Grouped),
+                   3 * 2 * 3e-6);
+  // Forward: w2's gather (1) from 0 to 1 while the first product computes (1.5), then the
+  // second product (1): 2.5. Backward: the second product 2.5 -> 4.5, the first 4.5 -> 6. w2's
+  // reduce-scatter (1) from 4.5 to 5.5, w1's all-reduce (2 + L/2) from 6 to 8 + L/2.
+  StepTime st = step_time(cm, instrs);
+  EXPECT_NEAR(st.step_s, 8 + L / 2, 1e-12);
+  EXPECT_NEAR(st.hidden_s, 2, 1e-12);
+  EXPECT_NEAR(st.shared_latency_s, -L / 2, 1e-12);
+  EXPECT_NEAR(step_time(CostModel(g, c, 2, false), instrs).step_s, 10 + L / 2, 1e-12);
+  // Gathered again in backward: its forward half runs in the forward pass (1.5 + 1 + 1), its
+  // backward half in the backward pass (5.5 -> 6.5, then the first product to 8), w1's
+  // all-reduce from 8 to 10 + L/2.
   instrs[2].regather = true;
   ASSERT_FALSE(bucketed_parameter_gather(g, instrs[2]));
-  st = step_time(CostModel(g, c), instrs);
-  EXPECT_NEAR(st.step_s, 10, 1e-12);
+  st = step_time(cm, instrs);
+  EXPECT_NEAR(st.step_s, 10 + L / 2, 1e-12);
   EXPECT_NEAR(st.hidden_s, 0, 1e-12);
 }
 

@@ -604,9 +604,14 @@ TEST(Ratios, LinearProgramNeverIncreasesTheCostOfAFixedProgram) {
     }
     EXPECT_NEAR(s, 1.0, 1e-9);
     std::vector<Instruction> copy = a.instructions;
-    // CLP solves to a feasibility tolerance of 1e-7 and the shares are renormalised afterwards,
-    // so an optimum equal to the start can come back a few ulps of the LP worse.
-    EXPECT_LE(recost(cm, copy, r), a.cost_s * (1 + 1e-5)) << "seed " << seed;
+    // The LP's objective is the search's pricing, the sum of the instructions' costs (step_time
+    // differs: overlap, and the latency of each gradient bucket). CLP solves to a feasibility
+    // tolerance of 1e-7 and the shares are renormalised afterwards, so an optimum equal to the
+    // start can come back a few ulps of the LP worse.
+    recost(cm, copy, r);
+    double sum = 0;
+    for (const Instruction& in : copy) sum += in.cost_s;
+    EXPECT_LE(sum, a.cost_s * (1 + 1e-5)) << "seed " << seed;
   }
 }
 
@@ -1122,12 +1127,22 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
   }
 }
 
+// The parameters a program stores Sharded and all-gathers for use (ZeRO storage).
+int zero_stored(const DistributedProgram& p, const Graph& g) {
+  int n = 0;
+  for (const Instruction& in : p.instructions)
+    n += in.kind == InstrKind::AllGather && g.tensors[in.tensor].role == TensorRole::Parameter;
+  return n;
+}
+
 // ZeRO storage auto: where memory binds, hap's plan with it is never predicted slower than
 // without it (off), and on some of these random models and clusters it is what fits, or what is
-// faster (the report's first step says so); with ample memory auto plans as off does, and on is
-// never predicted slower than off. Where only it fits, off is an OptionsError naming the key.
+// faster (the report's first step says so); with ample memory auto plans as off does unless
+// storing every parameter read whole sharded is predicted faster (the log's last step says so),
+// and on is never predicted slower than off. Where only it fits, off is an OptionsError naming the
+// key.
 TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight) {
-  int compared = 0, helped = 0, only = 0;
+  int compared = 0, helped = 0, only = 0, all_kept = 0;
   for (uint64_t seed = 1; seed <= 24; ++seed) {
     const Graph g = random_graph(seed + 4200, 4 + static_cast<int>(seed % 3));
     const int devices = 2 + static_cast<int>(seed % 2);
@@ -1141,7 +1156,18 @@ TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight)
     const DistributedProgram roomy_off = synthesize(g, make_cluster(devices, seed * 29), off);
     const DistributedProgram roomy_auto =
         synthesize(g, make_cluster(devices, seed * 29), automatic);
-    EXPECT_EQ(program_hash(roomy_auto), program_hash(roomy_off)) << "seed " << seed;
+    // With ample memory auto plans as off does, unless (devices that differ in speed) the plan
+    // with every parameter read whole stored sharded is faster, which the log's last step says.
+    if (program_hash(roomy_auto) != program_hash(roomy_off)) {
+      ++all_kept;
+      EXPECT_LT(roomy_auto.predicted_step_s, roomy_off.predicted_step_s) << "seed " << seed;
+      ASSERT_FALSE(roomy_auto.steps.empty());
+      EXPECT_NE(roomy_auto.steps.back().what.find("stored sharded"), std::string::npos)
+          << roomy_auto.steps.back().what;
+      EXPECT_NE(roomy_auto.steps.back().what.find("is faster, kept"), std::string::npos)
+          << roomy_auto.steps.back().what;
+      EXPECT_GT(zero_stored(roomy_auto, g), 0) << "seed " << seed;
+    }
     SynthesisOptions on = off;
     on.zero_storage = ZeroStorage::On;  // tried in every plan, kept where faster
     EXPECT_LE(synthesize(g, make_cluster(devices, seed * 29), on).predicted_step_s,
@@ -1190,6 +1216,33 @@ TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight)
   EXPECT_GE(compared, 20);
   EXPECT_GE(helped, 5) << "ZeRO storage rarely fitted or helped: the test exercises little";
   EXPECT_GE(only, 1) << "no case where only ZeRO storage fits";
+  std::printf("ZeRO storage for every parameter kept with ample memory on %d of 24\n", all_kept);
+}
+
+// ZeroStorage::All (parallel.zero_storage: all) stores every parameter it may sharded: on random
+// models and clusters no parameter with a row per device keeps a whole copy whose gradient is
+// all-reduced; each is gathered for use instead.
+TEST(Synthesizer, ZeroStorageAllStoresEveryParameterItMaySharded) {
+  int sharded = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    const Graph g = random_graph(seed + 4300, 4 + static_cast<int>(seed % 3));
+    const int devices = 2 + static_cast<int>(seed % 2);
+    SynthesisOptions o;
+    o.segments = SegmentMode::Single;
+    o.select_devices = false;
+    o.recompute = Recompute::Off;
+    o.zero_storage = ZeroStorage::All;
+    const DistributedProgram p = synthesize(g, make_cluster(devices, seed * 37), o);
+    for (const Instruction& in : p.instructions) {
+      if (in.kind != InstrKind::GradAllReduce) continue;
+      const GraphTensor& t = g.tensors[in.tensor];
+      if (t.role != TensorRole::Parameter) continue;
+      EXPECT_TRUE(t.shape.empty() || t.shape[0] < devices)
+          << "seed " << seed << ": " << t.name << " stored whole";
+    }
+    sharded += zero_stored(p, g);
+  }
+  EXPECT_GE(sharded, 8);
 }
 
 // Sufficient factor broadcasting auto: on random models and clusters hap's plan is never
@@ -1280,7 +1333,7 @@ TEST(Synthesizer, HapIsNoSlowerThanTheBestWholeRowSplitOfASmallBatch) {
 // - once the plan is the one found with plenty (memory no longer binds), more memory keeps it,
 //   exactly: hap keeps the program it finds without memory limits wherever that fits;
 // - where memory binds, hap searches under the limits, a local search: more memory may find a
-//   slightly slower plan. Over these 48 seeds, 6 of 473 such steps do, by 3.2% at most (before,
+//   slightly slower plan. Over these 48 seeds, 11 of 520 such steps do, by 3.2% at most (before,
 //   a little more memory on one device could make a plan 1.6x or 300x slower). Over 200 seeds,
 //   3 of 2027 are more than 5% slower, one by 24%: the program search prices gradient
 //   all-reduces in full, and the program it finds under tighter limits happens to hide more of

@@ -613,8 +613,8 @@ TEST(ParallelSection, RecomputationIsAutoByDefaultAndReachesTheSynthesizer) {
   EXPECT_NE(m.find("parallel.recompute"), std::string::npos) << m;
 }
 
-// parallel.zero_storage: auto by default, off and on reach the synthesizer, anything else is a
-// ConfigError naming the key.
+// parallel.zero_storage: auto by default, off, on and all reach the synthesizer, anything else is
+// a ConfigError naming the key.
 TEST(ParallelSection, ZeroStorageIsAutoByDefaultAndReachesTheSynthesizer) {
   const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
   EXPECT_EQ(load_run_config(path, {}).parallel.zero_storage, synth::ZeroStorage::Auto);
@@ -623,6 +623,9 @@ TEST(ParallelSection, ZeroStorageIsAutoByDefaultAndReachesTheSynthesizer) {
   const RunConfig off = load_run_config(path, {"parallel.zero_storage=off"});
   EXPECT_EQ(synthesis_options(off).zero_storage, synth::ZeroStorage::Off);
   EXPECT_EQ(to_json(off)["parallel"]["zero_storage"], "off");
+  const RunConfig all = load_run_config(path, {"parallel.zero_storage=all"});
+  EXPECT_EQ(synthesis_options(all).zero_storage, synth::ZeroStorage::All);
+  EXPECT_EQ(to_json(all)["parallel"]["zero_storage"], "all");
   const std::string m = load_error(path, {"parallel.zero_storage=always"});
   EXPECT_NE(m.find("parallel.zero_storage"), std::string::npos) << m;
 }
