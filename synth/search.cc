@@ -755,18 +755,11 @@ class Expander {
         if (kind != InstrKind::AllGather) return;
         in.method = regather_method(t, in.segment, &cost);
         in.regather = true;
+      } else if (space_.zero_storage_everywhere && kind == InstrKind::AllGather &&
+                 g_.tensors[t].role == TensorRole::Parameter && q.kind == PropKind::Replicated) {
+        in.method = bucketed_gather_method(t, in.segment, &cost);
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
-        // Every parameter stored sharded (ZeroStorage::All): their gathers run in buckets
-        // (bucketed_parameter_gather), each paying one latency for all of its members, which
-        // the search leaves out of their price (synth::recost prices the program whole); priced
-        // whole, the search keeps reading them in shards where step_time finds that slower.
-        if (space_.zero_storage_everywhere && kind == InstrKind::AllGather &&
-            g_.tensors[t].role == TensorRole::Parameter && q.kind == PropKind::Replicated)
-          cost = std::max(0.0, cost - cm_.collective_latency_s(InstrKind::AllGather, in.method) -
-                                   (cm_.requires_grad(t) ? cm_.collective_latency_s(
-                                                               InstrKind::ReduceScatter, in.method)
-                                                         : 0.0));
       }
       in.cost_s = cost;
       if (cost < best_cost) {
@@ -900,6 +893,31 @@ class Expander {
     if (it == comm_cache_.end())
       it = comm_cache_.emplace(k, std::make_pair(CollectiveMethod::None, 0.0)).first,
       it->second.first = cm_.best_method(kind, t, ratios_[seg], &it->second.second);
+    *cost = it->second.second;
+    return it->second.first;
+  }
+
+  // The all-gather of a parameter kept for backward where every parameter is stored sharded
+  // (SearchSpace::zero_storage_everywhere): such gathers run in buckets (bucketed_parameter_
+  // gather), each paying one latency for all of its members, so the form and the price here are
+  // the bytes' alone (synth::recost prices the program whole; priced whole per parameter, the
+  // search kept reading parameters in shards where step_time finds that 2x slower, and chose
+  // forms by their latency).
+  CollectiveMethod bucketed_gather_method(int t, int seg, double* cost) const {
+    uint64_t k = (static_cast<uint64_t>(0xFE) << 56) | (static_cast<uint64_t>(seg) << 32) |
+                 static_cast<uint64_t>(t);
+    auto it = comm_cache_.find(k);
+    if (it == comm_cache_.end()) {
+      std::pair<CollectiveMethod, double> best{CollectiveMethod::None, kInf};
+      for (CollectiveMethod m : {CollectiveMethod::Grouped, CollectiveMethod::Padded}) {
+        const double c =
+            cm_.communication(InstrKind::AllGather, t, m).eval(ratios_[seg]) -
+            cm_.collective_latency_s(InstrKind::AllGather, m) -
+            (cm_.requires_grad(t) ? cm_.collective_latency_s(InstrKind::ReduceScatter, m) : 0.0);
+        if (c < best.second) best = {m, std::max(0.0, c)};
+      }
+      it = comm_cache_.emplace(k, best).first;
+    }
     *cost = it->second.second;
     return it->second.first;
   }
