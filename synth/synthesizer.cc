@@ -1051,13 +1051,56 @@ bool devices_differ(const Cluster& cluster) {
   return false;
 }
 
+// A quick estimate of storing every parameter read whole sharded: p itself with each gradient
+// all-reduce of a parameter with a row per device replaced by the bucketed all-gather of its
+// shard (by bytes, the cheaper form) and its update made the shard's, priced by step_time
+// (memory not checked: an estimate, not a program).
+double zero_all_estimate_s(const DistributedProgram& p, const Graph& graph, const Cluster& cluster,
+                           const SynthesisOptions& options) {
+  CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
+  cm.set_hierarchical(options.hierarchical_collectives);
+  cm.set_recompute(p.node_segment, p.recompute);
+  std::vector<Instruction> instrs = p.instructions;
+  std::vector<bool> sharded(graph.tensors.size(), false);
+  for (Instruction& in : instrs) {
+    if (in.kind != InstrKind::GradAllReduce) continue;
+    const GraphTensor& t = graph.tensors[in.tensor];
+    if (t.role != TensorRole::Parameter || t.shape.empty() || t.shape[0] < cluster.size()) continue;
+    const std::vector<double>& r = p.ratios[static_cast<size_t>(in.segment)];
+    double best = std::numeric_limits<double>::infinity();
+    for (CollectiveMethod m : {CollectiveMethod::Grouped, CollectiveMethod::Padded}) {
+      const double c = cm.communication(InstrKind::AllGather, in.tensor, m).eval(r);
+      if (c < best) {
+        best = c;
+        in.method = m;
+      }
+    }
+    in.kind = InstrKind::AllGather;
+    in.from = Prop::sharded(0);
+    in.to = Prop::replicated();
+    in.from_segment = in.segment;
+    in.regather = false;
+    in.cost_s = best;
+    sharded[in.tensor] = true;
+  }
+  for (Instruction& in : instrs)
+    if (in.kind == InstrKind::Update && sharded[in.tensor]) {
+      in.from = in.to = Prop::sharded(0);
+      in.cost_s = cm.update(in.tensor, in.to).eval(p.ratios[static_cast<size_t>(in.segment)]);
+    }
+  return step_time(cm, instrs).step_s;
+}
+
 // plan_storage_choice, and (Auto: on a cluster whose devices differ in speed, or where memory
 // shaped the program or fills a device to 90%; On: always) the program with every parameter
 // read whole stored sharded (ZeroStorage::All: the updates, gradient norms and optimizer state
 // in shards by each segment's ratios, paid with bucketed all-gathers in forward and
 // reduce-scatters in backward, both overlapped) too, the faster by predicted step time kept
 // (the search's own pricing, which sees neither buckets nor overlap, may miss it); with All
-// only that one. Not where hap fell back to a baseline over its budget.
+// only that one. Not where hap fell back to a baseline over its budget, nor (Auto, memory not
+// binding) where p with its parameters so stored (zero_all_estimate_s) is not predicted faster
+// than p: the second search costs as much as the first (on GPT-2 across V100s and P100s, 2-3x
+// the synthesis time) and mostly finds nothing faster where the estimate does not either.
 DistributedProgram plan_storage(
     const Graph& graph, const Cluster& cluster, const SynthesisOptions& options,
     const std::function<DistributedProgram(const SynthesisOptions&)>& plan, bool recompute_next) {
@@ -1067,6 +1110,10 @@ DistributedProgram plan_storage(
   if (options.zero_storage == ZeroStorage::Off || cluster.size() < 2 || !p.note.empty() ||
       !(options.zero_storage == ZeroStorage::On || devices_differ(cluster) || p.memory_bound ||
         memory_tight(p, cluster, 0.9)))
+    return p;
+  if (options.zero_storage == ZeroStorage::Auto && !p.memory_bound &&
+      !memory_tight(p, cluster, 0.9) &&
+      zero_all_estimate_s(p, graph, cluster, options) >= p.predicted_step_s)
     return p;
   const auto t0 = std::chrono::steady_clock::now();
   SynthesisOptions all = options;
