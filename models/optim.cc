@@ -92,19 +92,19 @@ const Optimizer::ParamState* Optimizer::state(const Tensor& param) const {
   return const_cast<Optimizer*>(this)->state(param);
 }
 
-void Optimizer::step() { step_where(nullptr); }
+void Optimizer::step(double grad_scale) { step_where(nullptr, grad_scale); }
 
-void Optimizer::step(const std::vector<Tensor>& params) {
+void Optimizer::step(const std::vector<Tensor>& params, double grad_scale) {
   std::unordered_set<const TensorImpl*> wanted;
   for (const Tensor& p : params) {
     HAP_CHECK(state(p) != nullptr, name_, ": step() of a parameter (", p.str(),
               ") it does not hold");
     wanted.insert(p.impl());
   }
-  step_where(&wanted);
+  step_where(&wanted, grad_scale);
 }
 
-void Optimizer::step_where(const std::unordered_set<const TensorImpl*>* only) {
+void Optimizer::step_where(const std::unordered_set<const TensorImpl*>* only, double grad_scale) {
   std::vector<Update> updates;
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     ParamGroup& group = groups_[gi];
@@ -122,7 +122,7 @@ void Optimizer::step_where(const std::unordered_set<const TensorImpl*>* only) {
   }
   if (updates.empty()) return;
   NoGradGuard no_grad;
-  apply(updates);
+  apply(updates, grad_scale);
 }
 
 void Optimizer::check_update(const ParamGroup& group, size_t index, const Tensor& p,
@@ -150,8 +150,9 @@ SGD::SGD(std::vector<ParamGroup> groups, SGDOptions options)
 SGD::SGD(std::vector<Tensor> params, SGDOptions options)
     : SGD(single_group(std::move(params)), options) {}
 
-void SGD::apply(const std::vector<Update>& updates) {
+void SGD::apply(const std::vector<Update>& updates, double grad_scale) {
   ops::OptimizerAttrs a;
+  a.grad_scale = grad_scale;
   a.momentum = options_.momentum;
   a.nesterov = options_.nesterov;
   std::vector<Tensor> inputs;
@@ -181,8 +182,9 @@ AdamW::AdamW(std::vector<ParamGroup> groups, AdamWOptions options)
 AdamW::AdamW(std::vector<Tensor> params, AdamWOptions options)
     : AdamW(single_group(std::move(params)), options) {}
 
-void AdamW::apply(const std::vector<Update>& updates) {
+void AdamW::apply(const std::vector<Update>& updates, double grad_scale) {
   ops::OptimizerAttrs a;
+  a.grad_scale = grad_scale;
   a.beta1 = options_.betas.first;
   a.beta2 = options_.betas.second;
   a.eps = options_.eps;

@@ -47,11 +47,14 @@ class Optimizer {
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
 
-  // One update of every parameter that has a gradient.
-  void step();
+  // One update of every parameter that has a gradient. Each gradient is used multiplied by
+  // `grad_scale`, in its dtype: global-norm clipping's coefficient, as multiplying the gradients
+  // first (torch's clip_grad_norm_ then step()) without a pass that writes them; the same bits
+  // for AdamW, and for SGD up to where the compiler fuses the product into a multiply-add.
+  void step(double grad_scale = 1);
   // One update of the given parameters (each one this optimizer holds) that have a gradient:
   // what a distributed program's update instructions name.
-  void step(const std::vector<Tensor>& params);
+  void step(const std::vector<Tensor>& params, double grad_scale = 1);
   // Drops every parameter's gradient.
   void zero_grad();
   // Sets the learning rate of every group (what a schedule does each step).
@@ -82,11 +85,12 @@ class Optimizer {
     Tensor grad;
     ParamState* state;
   };
-  // Applies one update to each of `updates` (all of one call, fused) and advances their steps.
-  virtual void apply(const std::vector<Update>& updates) = 0;
+  // Applies one update to each of `updates` (all of one call, fused; the gradients times
+  // `grad_scale`) and advances their steps.
+  virtual void apply(const std::vector<Update>& updates, double grad_scale) = 0;
 
  private:
-  void step_where(const std::unordered_set<const TensorImpl*>* only);
+  void step_where(const std::unordered_set<const TensorImpl*>* only, double grad_scale);
   void check_update(const ParamGroup& group, size_t index, const Tensor& p, const Tensor& g) const;
 
   std::vector<ParamGroup> groups_;
@@ -113,7 +117,7 @@ class SGD : public Optimizer {
   const SGDOptions& options() const { return options_; }
 
  private:
-  void apply(const std::vector<Update>& updates) override;
+  void apply(const std::vector<Update>& updates, double grad_scale) override;
   SGDOptions options_;
 };
 
@@ -135,7 +139,7 @@ class AdamW : public Optimizer {
   const AdamWOptions& options() const { return options_; }
 
  private:
-  void apply(const std::vector<Update>& updates) override;
+  void apply(const std::vector<Update>& updates, double grad_scale) override;
   AdamWOptions options_;
 };
 

@@ -134,6 +134,10 @@ struct OptimizerAttrs {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // AdamW
   double momentum = 0;                            // SGD
   bool nesterov = false;                          // SGD
+  // Every gradient is used multiplied by it, in its dtype (global-norm clipping's coefficient:
+  // what scaling the gradients first would give, without writing them; SGD's product with weight
+  // decay may fuse it into a multiply-add); 1 changes nothing, bit for bit.
+  double grad_scale = 1;
 };
 
 using Attrs =

@@ -149,8 +149,10 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     opt->zero_grad();
     loss.backward();
     auto t1 = Clock::now();
-    hap::nn::clip_grad_norm_(params, config.train.grad_clip > 0 ? config.train.grad_clip : 1e30);
-    opt->step();
+    // As the trainer: the norm, then the update with clipping's coefficient.
+    const double norm = hap::nn::grad_norm(params);
+    const double clip = config.train.grad_clip > 0 ? config.train.grad_clip / (norm + 1e-6) : 1.0;
+    opt->step(clip < 1 ? clip : 1.0);
     auto t2 = Clock::now();
     graph_s += std::chrono::duration<double>(t1 - t0).count();
     update_s += std::chrono::duration<double>(t2 - t1).count();

@@ -31,9 +31,8 @@ class Engine {
   virtual void backward() = 0;
   // The L2 norm of all gradients of the logical parameters.
   virtual double grad_norm() const = 0;
-  virtual void scale_grads(double factor) = 0;
-  // One optimizer update of what this rank stores.
-  virtual void update(optim::Optimizer& optimizer) = 0;
+  // One optimizer update of what this rank stores, its gradients times `grad_scale` (clipping).
+  virtual void update(optim::Optimizer& optimizer, double grad_scale) = 0;
   // The global loss of validation batch `index`, without dropout or gradients; random ops that
   // stay on in evaluation (a masked-LM's masking) draw from (seed, step 0's streams).
   virtual double eval_loss(uint64_t index, uint64_t random_seed) = 0;

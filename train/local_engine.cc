@@ -69,16 +69,9 @@ class LocalEngine : public Engine {
 
   double grad_norm() const override { return nn::grad_norm(model_->parameters()); }
 
-  void scale_grads(double factor) override {
-    NoGradGuard no_grad;
-    for (const auto& [name, p] : params_) {
-      Tensor g = p.grad();
-      if (g.defined())
-        p.set_grad(ops::call1(ops::OpKind::MulScalar, {g}, ops::ScalarAttrs{factor}));
-    }
+  void update(optim::Optimizer& optimizer, double grad_scale) override {
+    optimizer.step(grad_scale);
   }
-
-  void update(optim::Optimizer& optimizer) override { optimizer.step(); }
 
   double eval_loss(uint64_t index, uint64_t random_seed) override {
     NoGradGuard no_grad;

@@ -130,9 +130,9 @@ class SpmdEngine : public Engine {
   }
 
   double grad_norm() const override { return executor_->global_grad_norm(); }
-  void scale_grads(double factor) override { executor_->scale_grads(factor); }
-  void update(optim::Optimizer& optimizer) override {
-    executor_->update([&](const std::vector<Tensor>& params) { optimizer.step(params); });
+  void update(optim::Optimizer& optimizer, double grad_scale) override {
+    executor_->update(
+        [&](const std::vector<Tensor>& params) { optimizer.step(params, grad_scale); });
   }
 
   double eval_loss(uint64_t index, uint64_t random_seed) override {

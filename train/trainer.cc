@@ -528,11 +528,10 @@ TrainSummary Trainer::fit(const FitOptions& options) {
     const double norm = engine_->grad_norm();
     HAP_CHECK(std::isfinite(norm), "training diverged: the gradient norm is ", norm, " at step ",
               step);
-    // torch.nn.utils.clip_grad_norm_'s rule.
-    if (t.grad_clip > 0 && t.grad_clip / (norm + 1e-6) < 1)
-      engine_->scale_grads(t.grad_clip / (norm + 1e-6));
+    // torch.nn.utils.clip_grad_norm_'s rule; the optimizer multiplies each gradient as it reads it.
+    const double clip = t.grad_clip > 0 ? t.grad_clip / (norm + 1e-6) : 1.0;
     phase.emplace("phase", "update");
-    engine_->update(*optimizer_);
+    engine_->update(*optimizer_, clip < 1 ? clip : 1.0);
     phase.reset();
     step_span.reset();
     // The slowest rank sets the pace: a step takes its time.

@@ -44,16 +44,17 @@ __device__ int find_tensor(const Update<T>* u, int count, int64_t chunk) {
   return lo;
 }
 
-// torch.optim.AdamW, element by element as ops/defs/optim.cc adamw_kernel.
+// torch.optim.AdamW, element by element as ops/defs/optim.cc adamw_kernel (the gradient times
+// `scale`).
 template <typename T>
 __global__ void adamw_kernel(const Update<T>* table, int count, int64_t chunks, T b1,
-                             T one_minus_b1, T b2, T one_minus_b2, T eps) {
+                             T one_minus_b1, T b2, T one_minus_b2, T eps, T scale) {
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const Update<T>& u = table[find_tensor(table, count, chunk)];
     const int64_t begin = (chunk - u.first_chunk) * kChunk;
     const int64_t end = begin + kChunk < u.n ? begin + kChunk : u.n;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      const T gi = u.g[i];
+      const T gi = u.g[i] * scale;
       const T mi = u.s1[i] * b1 + gi * one_minus_b1;
       const T vi = u.s2[i] * b2 + gi * gi * one_minus_b2;
       u.s1[i] = mi;
@@ -67,13 +68,13 @@ __global__ void adamw_kernel(const Update<T>* table, int count, int64_t chunks, 
 // torch.optim.SGD with dampening 0, as ops/defs/optim.cc sgd_kernel.
 template <typename T>
 __global__ void sgd_kernel(const Update<T>* table, int count, int64_t chunks, T momentum,
-                           bool nesterov) {
+                           bool nesterov, T scale) {
   for (int64_t chunk = blockIdx.x; chunk < chunks; chunk += gridDim.x) {
     const Update<T>& u = table[find_tensor(table, count, chunk)];
     const int64_t begin = (chunk - u.first_chunk) * kChunk;
     const int64_t end = begin + kChunk < u.n ? begin + kChunk : u.n;
     for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
-      T d = u.g[i];
+      T d = u.g[i] * scale;
       if (u.b != T(0)) d += u.b * u.p[i];
       if (u.s1) {
         const T buf = u.first_step ? d : momentum * u.s1[i] + d;
@@ -141,7 +142,8 @@ void adamw(const KernelContext& c) {
       [&](const Update<T>* table, int count, int64_t chunks, int blocks) {
         adamw_kernel<<<blocks, kThreads>>>(table, count, chunks, static_cast<T>(a.beta1),
                                            static_cast<T>(1.0 - a.beta1), static_cast<T>(a.beta2),
-                                           static_cast<T>(1.0 - a.beta2), static_cast<T>(a.eps));
+                                           static_cast<T>(1.0 - a.beta2), static_cast<T>(a.eps),
+                                           static_cast<T>(a.grad_scale));
       });
 }
 
@@ -163,7 +165,7 @@ void sgd(const KernelContext& c) {
       },
       [&](const Update<T>* table, int count, int64_t chunks, int blocks) {
         sgd_kernel<<<blocks, kThreads>>>(table, count, chunks, static_cast<T>(a.momentum),
-                                         a.nesterov);
+                                         a.nesterov, static_cast<T>(a.grad_scale));
       });
 }
 

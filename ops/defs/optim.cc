@@ -2,7 +2,9 @@
 // updates every parameter, in place: parameters and state slots are inputs the kernel writes,
 // and the op returns nothing), and the sum of squares behind global-norm clipping. Being
 // registry ops, they get a kernel per device like every other op.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/cpu/loops.h"
 #include "ops/cpu/multiversion.h"
@@ -39,13 +41,14 @@ T* writable(const Tensor& t, const char* op) {
   return t.data<T>();
 }
 
-// torch.optim.SGD with dampening 0: g = grad + wd p; buf = momentum buf + g (g at the first
-// step); g = nesterov ? g + momentum buf : buf; p -= lr g.
+// torch.optim.SGD with dampening 0 (grad: the gradient times grad_scale): g = grad + wd p; buf =
+// momentum buf + g (g at the first step); g = nesterov ? g + momentum buf : buf; p -= lr g.
 template <typename T>
 HAP_MULTIVERSION void sgd_kernel_clones(const KernelContext& c) {
   const OptimizerAttrs& a = attr<OptimizerAttrs>(c.attrs);
   const size_t group = a.momentum != 0 ? 3 : 2;
   const T mom = static_cast<T>(a.momentum);
+  const T scale = static_cast<T>(a.grad_scale);
   for (size_t k = 0; k < a.lr.size(); ++k) {
     T* p = writable<T>(c.inputs[group * k], "sgd_update");
     const Tensor g_c = c.inputs[group * k + 1].contiguous();
@@ -56,7 +59,7 @@ HAP_MULTIVERSION void sgd_kernel_clones(const KernelContext& c) {
     const int64_t n = c.inputs[group * k].numel();
 #pragma omp parallel for if (n >= kParallelMinElements)
     for (int64_t i = 0; i < n; ++i) {
-      T d = g[i];
+      T d = g[i] * scale;  // x * 1 is x, bit for bit
       if (wd != T(0)) d += wd * p[i];
       if (buf) {
         T b = first ? d : mom * buf[i] + d;
@@ -73,12 +76,13 @@ void sgd_kernel(const KernelContext& c) {
   ::hap::cpu::clone_call (&sgd_kernel_clones<T>)(c);
 }
 
-// torch.optim.AdamW at step t: p *= 1 - lr wd; m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
-// p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). Scalars in double, as torch
-// computes them in Python; the update itself in T.
+// torch.optim.AdamW at step t (g: the gradient times grad_scale): p *= 1 - lr wd; m = b1 m + (1 -
+// b1) g; v = b2 v + (1 - b2) g^2; p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
+// Scalars in double, as torch computes them in Python; the update itself in T.
 template <typename T>
 HAP_MULTIVERSION void adamw_kernel_clones(const KernelContext& c) {
   const OptimizerAttrs& a = attr<OptimizerAttrs>(c.attrs);
+  const T scale = static_cast<T>(a.grad_scale);
   for (size_t k = 0; k < a.lr.size(); ++k) {
     T* p = writable<T>(c.inputs[4 * k], "adamw_update");
     const Tensor g_c = c.inputs[4 * k + 1].contiguous();
@@ -97,7 +101,7 @@ HAP_MULTIVERSION void adamw_kernel_clones(const KernelContext& c) {
     const int64_t n = c.inputs[4 * k].numel();
 #pragma omp parallel for if (n >= kParallelMinElements)
     for (int64_t i = 0; i < n; ++i) {
-      const T gi = g[i];
+      const T gi = g[i] * scale;
       const T mi = m[i] * b1 + gi * one_minus_b1;
       const T vi = v[i] * b2 + gi * gi * one_minus_b2;
       m[i] = mi;
@@ -113,20 +117,50 @@ void adamw_kernel(const KernelContext& c) {
   ::hap::cpu::clone_call (&adamw_kernel_clones<T>)(c);
 }
 
-// The sum of x^2 over every element of every input, in double; each tensor's sum is
-// deterministic for a given thread count, and the tensors are added in order.
+// The sum of x^2 over every element of every input, in double, in an order fixed by the size
+// alone (the same bits on any number of threads): each block of kSquaresBlock elements is summed
+// in kSquaresLanes running sums (lane j takes elements j, j + kSquaresLanes, ...; independent,
+// so they vectorize), added lane by lane; the blocks' sums are added in order, and the tensors in
+// input order. The block's helper is inlined into each clone, so it vectorizes at its level.
+constexpr int64_t kSquaresBlock = 4096;
+constexpr int kSquaresLanes = 16;
+
+template <typename T>
+[[gnu::always_inline]] inline double squares_of_block(const T* p, int64_t n) {
+  double lane[kSquaresLanes] = {};
+  int64_t i = 0;
+  for (; i + kSquaresLanes <= n; i += kSquaresLanes)
+    for (int j = 0; j < kSquaresLanes; ++j) {
+      const double v = static_cast<double>(p[i + j]);
+      lane[j] += v * v;
+    }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double v = static_cast<double>(p[i]);
+    lane[j] += v * v;
+  }
+  double total = 0;
+  for (double l : lane) total += l;
+  return total;
+}
+
 HAP_MULTIVERSION double sum_of_squares_of_clones(const Tensor& x_in) {
   const Tensor x = x_in.contiguous();
-  double total = 0;
   const int64_t n = x.numel();
+  const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  double total = 0;
   dispatch_float(x.dtype(), "sum_of_squares", [&](auto tag) {
     using T = decltype(tag);
     const T* p = x.data<T>();
-#pragma omp parallel for reduction(+ : total) schedule(static) if (n >= kParallelMinElements)
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = static_cast<double>(p[i]);
-      total += v * v;
+    if (blocks <= 1) {
+      total = squares_of_block(p, n);
+      return;
     }
+    std::vector<double> sums(static_cast<size_t>(blocks));
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+    for (int64_t b = 0; b < blocks; ++b)
+      sums[static_cast<size_t>(b)] =
+          squares_of_block(p + b * kSquaresBlock, std::min(kSquaresBlock, n - b * kSquaresBlock));
+    for (double s : sums) total += s;
   });
   return total;
 }

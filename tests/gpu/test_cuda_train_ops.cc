@@ -195,6 +195,7 @@ TEST(CudaTrainOps, FusedOptimizerUpdatesAndSumOfSquaresMatchTheCpu) {
     a.lr = {1e-2, 3e-3, 1e-3};
     a.weight_decay = {0.1, 0.0, 0.1};
     a.step = {1, 7, 3};
+    a.grad_scale = 0.37;  // clipping's coefficient, folded into the update
     ops::call(OpKind::AdamWUpdate, cpu_in, a);
     ops::call(OpKind::AdamWUpdate, gpu_in, a);
     for (size_t i = 0; i < cpu_in.size(); ++i)
@@ -212,6 +213,7 @@ TEST(CudaTrainOps, FusedOptimizerUpdatesAndSumOfSquaresMatchTheCpu) {
     s.step = {0, 3, 1};
     s.momentum = 0.9;
     s.nesterov = true;
+    s.grad_scale = 0.61;
     ops::call(OpKind::SgdUpdate, sc, s);
     ops::call(OpKind::SgdUpdate, sg, s);
     for (size_t i = 0; i < sc.size(); ++i)

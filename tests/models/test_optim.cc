@@ -2,8 +2,11 @@
 // global-norm clipping and the warmup + cosine learning-rate schedule.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numbers>
+#include <string>
 #include <vector>
 
 #include "model_test_util.h"
@@ -175,6 +178,54 @@ TEST(SGD, ThreeStepsWithMomentumNesterovAndWeightDecay) {
   EXPECT_NEAR(p.item_at(0), 1.0 - 0.1 * (0.5 + 0.7 - 0.12), 1e-14);
   EXPECT_HAS(error_of([&] { SGD({param({1.0}, {1})}, {.lr = 0.1, .nesterov = true}); }),
              "nesterov needs a momentum > 0");
+}
+
+// step(grad_scale), what the trainer's clipping does, against clip_grad_norm_ then step(): the
+// same parameters and state over three steps, the gradients left unscaled. Bit for bit for
+// AdamW; SGD adds the scaled gradient to another product (weight decay, momentum), which the
+// compiler may fuse into one multiply-add: there, within a few ulp.
+TEST(Optimizers, StepWithAGradScaleIsClippingThenStepping) {
+  for (DType d : {DType::F32, DType::F64})
+    for (bool adamw : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + (adamw ? " AdamW" : " SGD"));
+      const double ulp = d == DType::F32 ? 0x1p-23 : 0x1p-52;
+      auto expect_same = [&](const Tensor& got, const Tensor& want, int step) {
+        const std::vector<double> g = got.to_vector(), w = want.to_vector();
+        ASSERT_EQ(g.size(), w.size());
+        for (size_t i = 0; i < g.size(); ++i) {
+          if (adamw) {
+            EXPECT_EQ(g[i], w[i]) << "step " << step << " element " << i;
+          } else {
+            EXPECT_NEAR(g[i], w[i], 8 * ulp * std::max(1.0, std::abs(w[i])))
+                << "step " << step << " element " << i;
+          }
+        }
+      };
+      Tensor a = param(kInit, {4}, d), b = param(kInit, {2, 2}, d);
+      Tensor a2 = param(kInit, {4}, d), b2 = param(kInit, {2, 2}, d);
+      auto make = [&](std::vector<Tensor> ps) -> std::unique_ptr<Optimizer> {
+        if (adamw)
+          return std::make_unique<AdamW>(std::move(ps),
+                                         AdamWOptions{.lr = 0.1, .weight_decay = 0.1});
+        return std::make_unique<SGD>(
+            std::move(ps),
+            SGDOptions{.lr = 0.1, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true});
+      };
+      auto clipped = make({a, b}), folded = make({a2, b2});
+      for (int s = 0; s < 3; ++s) {
+        for (const Tensor& p : {a, b, a2, b2}) set_grad(p, kGrads[s]);
+        const double norm = nn::clip_grad_norm_({a, b}, 0.5);
+        ASSERT_GT(norm, 0.5);  // clipping scales
+        clipped->step();
+        folded->step(0.5 / (nn::grad_norm({a2, b2}) + 1e-6));
+        expect_same(a2, a, s);
+        expect_same(b2, b, s);
+        for (size_t k = 0; k < clipped->state(a)->slots.size(); ++k)
+          expect_same(folded->state(a2)->slots[k], clipped->state(a)->slots[k], s);
+        EXPECT_EQ(a2.grad().to_vector(),
+                  Tensor::from_vector(kGrads[s], {4}, TensorOptions{}.with_dtype(d)).to_vector());
+      }
+    }
 }
 
 TEST(ClipGradNorm, ReturnsTheGlobalNormAndScalesOnlyAboveMax) {

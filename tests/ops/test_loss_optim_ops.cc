@@ -3,6 +3,7 @@
 // cross_entropy, and the optimizer-update and sum-of-squares ops against the formulas.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -13,6 +14,7 @@
 #include "models/optim.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
+#include "ops/threads.h"
 #include "tests/test_util.h"
 
 namespace hap {
@@ -132,6 +134,86 @@ TEST(SumOfSquares, AddsEveryTensorInOrderInDouble) {
   EXPECT_EQ(sum_of_squares(std::vector<Tensor>{a, b}), 14.0 + 16.25);
   EXPECT_EQ(sum_of_squares(std::vector<Tensor>{}), 0.0);
   EXPECT_EQ(ops::call1(OpKind::SumOfSquares, {a}).dtype(), DType::F64);
+}
+
+// The sum runs in an order fixed by the size alone (blocks of 4096 in 16 lanes): the same bits on
+// one thread and on two, across block and lane boundaries, and within a few ulp of the exact sum
+// (a long double reference; every term is positive, so the relative error is bounded by the
+// number of additions times the rounding unit).
+TEST(SumOfSquares, TheSameBitsOnAnyThreadCountAndCloseToTheExactSum) {
+  const int threads = num_threads();
+  for (DType d : {DType::F32, DType::F64})
+    for (int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{4095},
+                      int64_t{4096}, int64_t{4097}, int64_t{3 * 4096 + 5}, int64_t{100003}}) {
+      const Tensor x = randn({n}, 70 + static_cast<uint64_t>(n), 0, f64()).to(d);
+      long double exact = 0;
+      for (double v : x.to_vector()) exact += static_cast<long double>(v) * v;
+      set_num_threads(1);
+      const double one = sum_of_squares(x);
+      set_num_threads(2);
+      const double two = sum_of_squares(x);
+      set_num_threads(threads);
+      EXPECT_EQ(one, two) << dtype_name(d) << " n " << n;
+      EXPECT_NEAR(one, static_cast<double>(exact), 1e-13 * static_cast<double>(exact))
+          << dtype_name(d) << " n " << n;
+    }
+  // Strided views are summed in logical order as the contiguous copy.
+  const Tensor m = randn({300, 41}, 5, 0, f64());
+  const Tensor t = m.as_strided({41, 300}, {1, 41}, 0);
+  EXPECT_EQ(sum_of_squares(t), sum_of_squares(t.contiguous()));
+}
+
+// The optimizers' grad_scale (clipping folded into the update) gives the bits of scaling the
+// gradients first (mul_scalar, as clip_grad_norm_ does) and then updating, and leaves the
+// gradients as they were. SGD with weight decay adds the scaled gradient to wd * p, and the
+// compiler may fuse either product into one multiply-add (-ffp-contract): there, one rounding
+// of the scaled gradient may differ.
+TEST(OptimizerOps, GradScaleEqualsScalingTheGradientsFirstBitForBit) {
+  for (DType d : {DType::F32, DType::F64})
+    for (OpKind kind : {OpKind::AdamWUpdate, OpKind::SgdUpdate}) {
+      SCOPED_TRACE(std::string(dtype_name(d)) + (kind == OpKind::SgdUpdate ? " sgd" : " adamw"));
+      const size_t group = kind == OpKind::AdamWUpdate ? 4 : 3;
+      std::vector<Tensor> folded, scaled;
+      std::vector<Tensor> grads;
+      uint64_t seed = 90;
+      for (const Shape& s : {Shape{37, 5}, Shape{9001}}) {
+        for (size_t j = 0; j < group; ++j) {
+          Tensor x = randn(s, seed++, 0, f64()).to(d);
+          if (j == 3) x = ops::call1(OpKind::Mul, {x, x});  // AdamW's second moment is >= 0
+          folded.push_back(x.clone());
+          scaled.push_back(x.clone());
+          if (j == 1) grads.push_back(x.clone());
+        }
+      }
+      const double coef = 0.3712345678901;
+      for (size_t k = 0; k < grads.size(); ++k)
+        scaled[group * k + 1] =
+            ops::call1(OpKind::MulScalar, {scaled[group * k + 1]}, ops::ScalarAttrs{coef});
+      ops::OptimizerAttrs a;
+      a.lr = {1e-2, 3e-3};
+      a.weight_decay = {0.1, 0.0};
+      a.step = {2, 7};
+      a.momentum = kind == OpKind::SgdUpdate ? 0.9 : 0.0;
+      a.nesterov = kind == OpKind::SgdUpdate;
+      ops::call(kind, scaled, a);
+      a.grad_scale = coef;
+      ops::call(kind, folded, a);
+      for (size_t i = 0; i < folded.size(); ++i) {
+        if (i % group == 1) continue;  // the gradients: the folded ones are unchanged
+        const std::vector<double> f = folded[i].to_vector(), s = scaled[i].to_vector();
+        ASSERT_EQ(f.size(), s.size());
+        size_t differ = 0;
+        for (size_t e = 0; e < f.size(); ++e) {
+          differ += f[e] != s[e];
+          const double ulp = d == DType::F32 ? 0x1p-23 : 0x1p-52;
+          EXPECT_NEAR(f[e], s[e], 4 * ulp * std::max(1.0, std::abs(s[e])))
+              << "input " << i << " element " << e;
+        }
+        if (kind == OpKind::AdamWUpdate) EXPECT_EQ(differ, 0u) << "input " << i;
+      }
+      for (size_t k = 0; k < grads.size(); ++k)
+        EXPECT_EQ(folded[group * k + 1].to_vector(), grads[k].to_vector()) << "gradient " << k;
+    }
 }
 
 // One AdamW step through the fused op, against the formula written out.
