@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""Train a zoo model (vgg19, vit, bert) with PyTorch DistributedDataParallel (gloo, CPU): the peer
-for hap-train on an emulated cluster, as bench/torch_ddp_gpt.py is for GPT.
+"""Train a zoo model (vgg19, vit, bert, bert_moe) with PyTorch DistributedDataParallel (gloo,
+CPU): the peer for hap-train on an emulated cluster, as bench/torch_ddp_gpt.py is for GPT.
 
 The model is the PyTorch twin of tests/oracle/model_oracle.py (the same forward and parameter
 names as HAP's model), wrapped in an nn.Module; started by mpirun (usually through
@@ -31,8 +31,14 @@ class ZooModule(torch.nn.Module):
 
     def __init__(self, name, options, generator):
         super().__init__()
-        shapes_of, self.loss_of, self.inputs_of = MODELS[name]
+        shapes_of, self.loss_of, self.inputs_of, buffer_shapes_of = MODELS[name]
         self.options = options
+        # Running statistics (VGG with batch norm): means 0, variances 1, as HAP starts them; DDP
+        # broadcasts rank 0's buffers before each forward.
+        self.buffer_names = list(buffer_shapes_of(options))
+        for n, shape in buffer_shapes_of(options).items():
+            init = torch.ones(shape) if n.endswith("running_var") else torch.zeros(shape)
+            self.register_buffer(n.replace(".", "__"), init)
         self.names = list(shapes_of(options))
         params = {}
         for n, shape in shapes_of(options).items():
@@ -47,7 +53,9 @@ class ZooModule(torch.nn.Module):
         self.store = torch.nn.ParameterDict(params)
 
     def forward(self, inputs):
-        return self.loss_of({n: self.store[n.replace(".", "__")] for n in self.names}, inputs, self.options)
+        buffers = {n: getattr(self, n.replace(".", "__")) for n in self.buffer_names}
+        return self.loss_of({n: self.store[n.replace(".", "__")] for n in self.names}, inputs,
+                            self.options, buffers, True)
 
 
 def draw_inputs(name, o, rows, gen):

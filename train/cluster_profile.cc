@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -59,6 +60,34 @@ struct ComputeResult {
   int64_t batch_rows = 0;
 };
 
+// `total` rows split in proportion to `rates` in whole rows (largest remainders), each at least
+// one where there are enough: the split proportional data parallelism gives each device.
+std::vector<int64_t> proportional_rows(int64_t total, const std::vector<double>& rates) {
+  const size_t P = rates.size();
+  double sum = 0;
+  for (double r : rates) sum += r;
+  std::vector<int64_t> rows(P, 0);
+  if (P == 0 || !(sum > 0)) return rows;
+  std::vector<std::pair<double, size_t>> remainders;
+  int64_t given = 0;
+  for (size_t d = 0; d < P; ++d) {
+    const double exact = static_cast<double>(total) * rates[d] / sum;
+    rows[d] = static_cast<int64_t>(std::floor(exact));
+    given += rows[d];
+    remainders.push_back({exact - static_cast<double>(rows[d]), d});
+  }
+  std::stable_sort(remainders.begin(), remainders.end(),
+                   [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (size_t i = 0; given < total; ++i, ++given) ++rows[remainders[i % P].second];
+  if (total >= static_cast<int64_t>(P))
+    for (size_t d = 0; d < P; ++d)
+      while (rows[d] == 0) {
+        ++rows[d];
+        --*std::max_element(rows.begin(), rows.end());
+      }
+  return rows;
+}
+
 class Progress {
  public:
   Progress(bool lead, int total) : lead_(lead), total_(total) {}
@@ -85,11 +114,11 @@ std::string format_bytes(double b) {
   return buf;
 }
 
-// GEMM rates, and the config's model's training step on this rank's share of the batch: mean
-// seconds per step over a time window, and its FLOPs.
-// `window_s` > 0 replaces the default window; `gemms` false skips the GEMM rates.
+// GEMM rates, and the config's model's training step on this rank's share of the batch (`rows`
+// examples; 0: an even share, ceil(batch / world)): mean seconds per step over a time window,
+// and its FLOPs. `window_s` > 0 replaces the default window; `gemms` false skips the GEMM rates.
 ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Progress& progress,
-                              bool gemms = true, double window = 0) {
+                              bool gemms = true, double window = 0, int64_t rows = 0) {
   ComputeResult r;
   const std::vector<int64_t> sizes = !gemms  ? std::vector<int64_t>{}
                                      : quick ? std::vector<int64_t>{128, 256}
@@ -103,7 +132,8 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   // copies) mostly by the bytes it moves: the kernel profiler splits the step's time between them.
   double product_flops = 0, product_bytes = 0, other_flops = 0, other_bytes = 0;
   RunConfig config = base;
-  r.batch_rows = std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
+  r.batch_rows =
+      rows > 0 ? rows : std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
   config.train.batch_size = r.batch_rows;
   {
     synth::Graph graph = trace_model(*build_model(config, /*shapes_only=*/true), r.batch_rows,
@@ -388,7 +418,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   for (size_t n = 0; n < nodes.size(); ++n)
     group_sizes.push_back(
         static_cast<int>(std::count(node_index.begin(), node_index.end(), static_cast<int>(n))));
-  const int sizes_compute = opt.quick ? 3 : 5;
+  // GEMMs, the model's step on an even share, then on the proportional share (several ranks).
+  const int sizes_compute = (opt.quick ? 3 : 5) + (P > 1 ? 1 : 0);
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
@@ -400,8 +431,28 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     std::fflush(stderr);
   }
 
-  const ComputeResult compute = profile_compute(config, P, opt.quick, progress);
-  const std::vector<double> rates = world.allgather(compute.flops_per_s);
+  ComputeResult compute = profile_compute(config, P, opt.quick, progress);
+  std::vector<double> rates = world.allgather(compute.flops_per_s);
+  // The rates at the operating point: each rank's step again on the rows a split of the batch in
+  // proportion to those rates gives it (dp-cp's split, about what a plan gives it), where that
+  // is not the even share. A device's kernels on fewer rows run at a lower rate (fixed costs per
+  // kernel, smaller products) and on more at a higher one: on emu-mixed4 under --throttle ops
+  // the 0.2-core ranks, rated at 4 rows and run at 2, measured 10% slower than predicted and the
+  // 0.8-core rank, run at 8, 11% faster.
+  std::vector<int64_t> rows = world.allgather(compute.batch_rows);
+  if (P > 1) {
+    const std::vector<int64_t> share = proportional_rows(config.train.batch_size, rates);
+    if (share != rows) {
+      ComputeResult at = profile_compute(config, P, opt.quick, progress, /*gemms=*/false, 0,
+                                         share[static_cast<size_t>(me)]);
+      at.gemm = std::move(compute.gemm);
+      compute = std::move(at);
+      rates = world.allgather(compute.flops_per_s);
+      rows = share;
+    } else {
+      progress.step("compute: the split in proportion to the rates is the even one");
+    }
+  }
   const std::vector<int64_t> memory =
       world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
   const int reps = opt.quick ? 2 : 5;
@@ -448,6 +499,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   const std::vector<std::string> types = allgather_strings(world, dev_type);
   const std::vector<std::string> quotas = allgather_strings(world, quota);
   const std::vector<double> step_s = world.allgather(compute.step_s);
+  const std::vector<double> step_flops = world.allgather(compute.step_flops);
   const std::vector<double> update_s = world.allgather(compute.update_s_per_param);
   const std::vector<double> mem_bw = world.allgather(compute.memory_bandwidth_bytes_per_s);
   std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
@@ -464,9 +516,11 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
     << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
   y << "# flops_per_s: the mean training step (" << (opt.quick ? "0.3" : "2")
-    << " s window) of the " << config.model.name << " model in " << config.source_file << " on "
-    << compute.batch_rows << " examples per rank (" << number(compute.step_flops)
-    << " FLOPs, forward + backward), one thread per rank;\n"
+    << " s window) of the " << config.model.name << " model in " << config.source_file
+    << " on each rank's share of the batch of " << config.train.batch_size
+    << " (forward + backward), one thread per rank: where several ranks differ in speed, the\n"
+       "# share a split in proportion to their rates on an even share gives them (a device's\n"
+       "# rate depends on its rows);\n"
     << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per "
        "parameter;\n"
     << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
@@ -475,7 +529,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   for (size_t i = 0; i < compute.gemm.size(); ++i) y << (i ? ", " : "") << compute.gemm[i].n;
   y << "):\n";
   for (int r = 0; r < P; ++r) {
-    y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms; GEMM";
+    y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms on " << rows[r]
+      << " examples; GEMM";
     for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
     y << "\n#     " << cpu_gemm[r] << "\n";
   }
@@ -530,7 +585,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
       raw["ranks"].push_back({{"rank", r},
                               {"node", node_of[r]},
                               {"model_step_s", step_s[r]},
-                              {"model_step_flops", compute.step_flops},
+                              {"batch_rows", rows[r]},
+                              {"model_step_flops", step_flops[r]},
                               {"flops_per_s", rates[r]},
                               {"update_s_per_param", update_s[r]},
                               {"memory_bandwidth_bytes_per_s", mem_bw[r]},

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
-# positive rates, per-collective link fits); one rank profiles compute only and says so; an
+# positive rates, per-collective link fits); ranks of different speeds are rated on the rows a
+# proportional split gives them; one rank profiles compute only and says so; an
 # interrupted profile leaves no file behind; bad input exits 2.
 # Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
 set -u
@@ -31,6 +32,23 @@ print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["dev
 EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/two.yaml" > "$TMP/plan.log" 2>&1 \
   || fail "hap-plan cannot plan on the profiled file: $(cat "$TMP/plan.log")"
+
+# Two ranks of different speeds (rank 1's kernels slowed to a quarter): each rank's rate is
+# measured again on the rows a split of the batch in proportion to the first rates gives it (the
+# operating point), and the file says how many each ran.
+"$MPIEXEC" --allow-run-as-root --oversubscribe -np 1 -x HAP_EMULATE_SPEED=1 "$PROFILE" --quick \
+  --config "$CFG" --out "$TMP/mixed.yaml" : -np 1 -x HAP_EMULATE_SPEED=0.25 "$PROFILE" --quick \
+  --config "$CFG" --out "$TMP/mixed.yaml" > "$TMP/mixed.log" 2>&1 \
+  || fail "mixed-speed profile failed: $(cat "$TMP/mixed.log")"
+python3 - "$TMP/mixed.yaml" <<'EOF' || fail "mixed-speed profile: $(cat "$TMP/mixed.yaml")"
+import re, sys
+text = open(sys.argv[1]).read()
+rows = [int(n) for n in re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples", text)]
+assert len(rows) == 2 and sum(rows) == 4 and rows[0] > rows[1] >= 1, rows
+print("mixed-speed profile: rows per rank", rows)
+EOF
+"$PLAN" --config "$CFG" --cluster "$TMP/mixed.yaml" > "$TMP/mixed-plan.log" 2>&1 \
+  || fail "hap-plan cannot plan on the mixed-speed file: $(cat "$TMP/mixed-plan.log")"
 
 # One rank: compute only, said so, and still a valid file.
 run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP/one.yaml" > "$TMP/one.log" 2>&1 \
