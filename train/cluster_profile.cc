@@ -442,7 +442,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   std::vector<int64_t> rows = world.allgather(compute.batch_rows);
   if (P > 1) {
     const std::vector<int64_t> share = proportional_rows(config.train.batch_size, rates);
-    if (share != rows) {
+    // (A batch smaller than the ranks leaves some with no row: the even share stands then.)
+    if (share != rows && *std::min_element(share.begin(), share.end()) > 0) {
       ComputeResult at = profile_compute(config, P, opt.quick, progress, /*gemms=*/false, 0,
                                          share[static_cast<size_t>(me)]);
       at.gemm = std::move(compute.gemm);
@@ -450,7 +451,9 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
       rates = world.allgather(compute.flops_per_s);
       rows = share;
     } else {
-      progress.step("compute: the split in proportion to the rates is the even one");
+      progress.step(
+          "compute: the split in proportion to the rates is the even one (or leaves a "
+          "rank no row)");
     }
   }
   const std::vector<int64_t> memory =
