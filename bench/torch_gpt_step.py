@@ -1,9 +1,13 @@
 #!/usr/bin/python3
-"""Time one PyTorch (float32) GPT training step on the CPU or a GPU: the peer HAP's step is measured against.
+"""Time one PyTorch GPT training step on the CPU or a GPU: the peer HAP's step is measured against.
 
 A step is forward, backward, AdamW step and zero_grad, on the same GPT-2 (tied head, no dropout)
 that tests/oracle/gpt_oracle.py defines; the model code is imported from there so the peer and
 the oracle can never drift apart. Each step gets a fresh random batch, drawn outside the timer.
+By default float32 and the oracle's own attention (scores materialised, as HAP's own kernels);
+a tuned PyTorch: --autocast-bf16 (torch.autocast to bfloat16 around the loss), --sdpa (the
+attention through F.scaled_dot_product_attention, causal: flash or memory-efficient kernels on a
+GPU) and --compile (torch.compile of the loss).
 
 Example:
   /usr/bin/python3 bench/torch_gpt_step.py --n-layer 4 --n-head 4 --n-embd 256 --vocab 256 \
@@ -61,6 +65,11 @@ def parse_args(argv):
     parser.add_argument("--warmup", type=non_negative, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--iters", type=positive, default=10, help="timed steps (default 10)")
     parser.add_argument("--json", required=True, metavar="OUT.json", help="where to write the results")
+    parser.add_argument("--autocast-bf16", action="store_true",
+                        help="torch.autocast(dtype=torch.bfloat16) around the forward and loss")
+    parser.add_argument("--sdpa", action="store_true",
+                        help="attention through F.scaled_dot_product_attention (is_causal)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the loss")
     parser.add_argument("--device", default="cpu",
                         help="cpu or cuda[:N] (float32 with TF32 off, fused AdamW on a GPU)")
     args = parser.parse_args(argv)
@@ -154,8 +163,37 @@ def main(argv):
         sync()
         return idx, targets
 
+    if args.sdpa:
+        import gpt_oracle
+
+        if not hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+            print(f"torch_gpt_step: error: --sdpa needs PyTorch 2.0 or later (this is "
+                  f"{torch.__version__})", file=sys.stderr)
+            return 2
+
+        def sdpa_attention(x, params_, prefix, n_head, mixed=False):
+            B, T, C = x.shape
+            w = params_[prefix + "qkv.weight"].reshape(3 * C, C)
+            b = params_[prefix + "qkv.bias"].reshape(3 * C)
+            q, k, v = torch.nn.functional.linear(x, w, b).split(C, dim=2)
+            q, k, v = (t.view(B, T, n_head, C // n_head).transpose(1, 2) for t in (q, k, v))
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            y = y.transpose(1, 2).contiguous().view(B, T, C)
+            return torch.nn.functional.linear(y, params_[prefix + "proj.weight"],
+                                              params_[prefix + "proj.bias"])
+
+        gpt_oracle.causal_self_attention = sdpa_attention  # gpt_loss looks it up at call time
+
+    def plain_loss(idx, targets):
+        if args.autocast_bf16:
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                return gpt_loss(params, idx, targets, cfg)
+        return gpt_loss(params, idx, targets, cfg)
+
+    loss_of = torch.compile(plain_loss) if args.compile else plain_loss
+
     def step(idx, targets):
-        loss = gpt_loss(params, idx, targets, cfg)
+        loss = loss_of(idx, targets)
         loss.backward()
         optimizer.step()
         # set_to_none is what a tuned PyTorch loop does (and the default from 2.0 on).
@@ -189,7 +227,9 @@ def main(argv):
             "block_size": args.block_size,
             "batch": args.batch,
             "seq": args.seq,
-            "dtype": "float32",
+            "dtype": "bfloat16 autocast" if args.autocast_bf16 else "float32",
+            "attention": "scaled_dot_product_attention" if args.sdpa else "oracle (scores materialised)",
+            "compiled": args.compile,
             "n_params": n_params,
             "warmup": args.warmup,
             "iters": args.iters,
