@@ -209,7 +209,9 @@ TEST(OptimizerOps, GradScaleEqualsScalingTheGradientsFirstBitForBit) {
           EXPECT_NEAR(f[e], s[e], 4 * ulp * std::max(1.0, std::abs(s[e])))
               << "input " << i << " element " << e;
         }
-        if (kind == OpKind::AdamWUpdate) EXPECT_EQ(differ, 0u) << "input " << i;
+        if (kind == OpKind::AdamWUpdate) {
+          EXPECT_EQ(differ, 0u) << "input " << i;
+        }
       }
       for (size_t k = 0; k < grads.size(); ++k)
         EXPECT_EQ(folded[group * k + 1].to_vector(), grads[k].to_vector()) << "gradient " << k;
