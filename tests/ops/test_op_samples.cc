@@ -63,6 +63,13 @@ void expect_near_all(const Tensor& got, const Tensor& want, double rtol, double 
   }
 }
 
+// What a run of `s` on `in` is judged by: its outputs, or for the in-place updates the inputs
+// they wrote.
+std::vector<Tensor> results(const OpSample& s, const std::vector<Tensor>& in) {
+  std::vector<Tensor> out = ops::call(s.kind, in, s.attrs);
+  return s.in_place ? in : out;
+}
+
 TEST(OpSamples, EveryOpKindHasASample) {
   ASSERT_EQ(all_kinds().size(), ops::kNumOps);
   std::vector<std::string> missing;
@@ -148,12 +155,8 @@ TEST(OpSamples, NonContiguousViewsGiveTheContiguousResult) {
     for (DType d : {DType::F64, DType::F32}) {
       if (d == DType::F32 && !s.f32) continue;
       SCOPED_TRACE(dtype_name(d));
-      const std::vector<Tensor> a = materialize(s, d, false), b = materialize(s, d, true);
-      const std::vector<Tensor> ya = ops::call(s.kind, a, s.attrs),
-                                yb = ops::call(s.kind, b, s.attrs);
-      // In-place ops: compare what they updated.
-      const std::vector<Tensor>& wa = s.in_place ? a : ya;
-      const std::vector<Tensor>& wb = s.in_place ? b : yb;
+      const std::vector<Tensor> wa = results(s, materialize(s, d, false)),
+                                wb = results(s, materialize(s, d, true));
       ASSERT_EQ(wa.size(), wb.size());
       for (size_t i = 0; i < wa.size(); ++i) {
         if (!wa[i].defined()) continue;
@@ -179,12 +182,8 @@ TEST(OpSamples, F32AgreesWithF64) {
   for (const OpSample& s : every_sample()) {
     if (!s.f32) continue;
     SCOPED_TRACE(label(s));
-    const std::vector<Tensor> a = materialize(s, DType::F64, false),
-                              b = materialize(s, DType::F32, false);
-    const std::vector<Tensor> ya = ops::call(s.kind, a, s.attrs),
-                              yb = ops::call(s.kind, b, s.attrs);
-    const std::vector<Tensor>& wa = s.in_place ? a : ya;
-    const std::vector<Tensor>& wb = s.in_place ? b : yb;
+    const std::vector<Tensor> wa = results(s, materialize(s, DType::F64, false)),
+                              wb = results(s, materialize(s, DType::F32, false));
     ASSERT_EQ(wa.size(), wb.size());
     for (size_t i = 0; i < wa.size(); ++i) {
       if (!wa[i].defined()) continue;
