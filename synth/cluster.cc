@@ -146,6 +146,9 @@ void Cluster::validate() const {
     HAP_CHECK(std::isfinite(d.update_s_per_param) && d.update_s_per_param >= 0, device,
               ": update_s_per_param: expected a finite number >= 0, got ",
               number_text(d.update_s_per_param));
+    HAP_CHECK(std::isfinite(d.kernel_overhead_s) && d.kernel_overhead_s >= 0, device,
+              ": kernel_overhead_s: expected a finite number >= 0, got ",
+              number_text(d.kernel_overhead_s));
   }
 
   auto check_link = [](const std::string& owner, const Link& link) {

@@ -58,6 +58,11 @@ struct Device {
   // Sustained memory bandwidth (profiled): the cost model adds each op's bytes at this rate to
   // its FLOPs at flops_per_s. 0: not modelled (FLOPs only).
   double memory_bandwidth_bytes_per_s = 0;
+  // Seconds every kernel call costs on this device whatever its size (dispatch, launch, the
+  // parts of a kernel that do not shrink with its rows), profiled: the cost model charges each
+  // op's forward and backward calls this much besides their FLOPs and bytes at the rates above.
+  // 0: not modelled (a kernel's time is proportional to its work).
+  double kernel_overhead_s = 0;
 };
 
 struct Node {

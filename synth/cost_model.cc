@@ -39,7 +39,8 @@ const char* instr_name(InstrKind k) {
 
 double LinearCost::eval(const std::vector<double>& r) const {
   double m = 0;
-  for (size_t d = 0; d < coef.size(); ++d) m = std::max(m, coef[d] * r[d]);
+  for (size_t d = 0; d < coef.size(); ++d)
+    m = std::max(m, coef[d] * r[d] + (d < fixed.size() && r[d] > 0 ? fixed[d] : 0.0));
   return m + constant_s;
 }
 
@@ -64,6 +65,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
   sigs_.resize(graph.nodes.size());
   step_flops_.resize(graph.nodes.size());
   step_bytes_.resize(graph.nodes.size());
+  kernel_calls_.resize(graph.nodes.size());
   for (const GraphNode& n : graph.nodes) {
     const ops::OpDef& def = ops::op_def(n.kind);
     int grad_inputs = 0;
@@ -82,7 +84,14 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
     // Memory traffic: a backward reads the output gradient and what it saved and writes the
     // input gradients, about twice the forward's bytes.
     step_bytes_[n.id] = n.bytes * (differentiable ? 3.0 : 1.0);
+    kernel_calls_[n.id] = differentiable ? 2 : 1;
   }
+}
+
+int CostModel::step_kernel_calls() const {
+  int calls = 0;
+  for (const GraphNode& n : graph_.nodes) calls += kernel_calls(n.id);
+  return calls;
 }
 
 Prop CostModel::input_prop(int node, int sig, size_t input) const {
@@ -101,10 +110,17 @@ bool CostModel::splits_work(int node, int sig) const {
 LinearCost CostModel::compute(int node, int sig) const {
   LinearCost c;
   if (splits_work(node, sig)) {
-    for (int d = 0; d < num_devices(); ++d) c.coef.push_back(device_compute_s(node, d));
+    bool overheads = false;
+    for (int d = 0; d < num_devices(); ++d) {
+      c.coef.push_back(device_compute_s(node, d));
+      c.fixed.push_back(fixed_compute_s(node, d));
+      overheads = overheads || c.fixed.back() > 0;
+    }
+    if (!overheads) c.fixed.clear();
   } else {
     double worst = 0;
-    for (int d = 0; d < num_devices(); ++d) worst = std::max(worst, device_compute_s(node, d));
+    for (int d = 0; d < num_devices(); ++d)
+      worst = std::max(worst, device_compute_s(node, d) + fixed_compute_s(node, d));
     c.constant_s = worst;
   }
   return c;
@@ -149,6 +165,20 @@ std::vector<double> CostModel::compute_shares(int node, int sig, const std::vect
 double CostModel::compute_s(int node, int sig, const std::vector<double>& r,
                             int64_t granule) const {
   return compute(node, sig).eval(compute_shares(node, sig, r, granule));
+}
+
+std::vector<double> CostModel::compute_device_s(int node, int sig, const std::vector<double>& r,
+                                                int64_t granule) const {
+  std::vector<double> t(static_cast<size_t>(num_devices()));
+  if (!splits_work(node, sig)) {
+    for (int d = 0; d < num_devices(); ++d)
+      t[d] = device_compute_s(node, d) + fixed_compute_s(node, d);
+    return t;
+  }
+  const std::vector<double> share = compute_shares(node, sig, r, granule);
+  for (int d = 0; d < num_devices(); ++d)
+    t[d] = device_compute_s(node, d) * share[d] + (share[d] > 0 ? fixed_compute_s(node, d) : 0.0);
+  return t;
 }
 
 CollectiveTerms collective_terms(InstrKind kind, CollectiveMethod method, int num_devices,

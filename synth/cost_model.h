@@ -12,11 +12,14 @@
 
 namespace hap::synth {
 
-// A cost that is linear in one segment's ratio vector r: max_d (coef[d] * r[d]) + constant_s.
-// Compute on shards and padded collectives have this form; replicated compute and grouped
-// collectives are constants. The LP over ratios reads these terms.
+// A cost that is affine in one segment's ratio vector r per device:
+// max_d (coef[d] * r[d] + fixed[d] where r[d] > 0) + constant_s. Compute on shards and padded
+// collectives have this form (compute's `fixed` the device's kernel overheads, paid by a device
+// that gets any of the work); replicated compute and grouped collectives are constants. The LP
+// over ratios reads these terms.
 struct LinearCost {
-  std::vector<double> coef;  // per device; empty for a constant
+  std::vector<double> coef;   // per device; empty for a constant
+  std::vector<double> fixed;  // per device, with coef; empty for none
   double constant_s = 0;
   double eval(const std::vector<double>& r) const;
 };
@@ -75,6 +78,17 @@ class CostModel {
   int recomputed_segment(int tensor) const {
     return dropped_.empty() || !dropped_[tensor] ? -1 : dropped_segment_[tensor];
   }
+  // Kernel calls of a node in one step: its forward, its backward where a gradient flows through
+  // it, and its forward again where it is recomputed. Each costs the device's kernel_overhead_s.
+  int kernel_calls(int node) const { return kernel_calls_[node] + (recomputed(node) ? 1 : 0); }
+  // The kernel calls of the whole graph in one step (what hap-profile divides a step's fixed
+  // time by).
+  int step_kernel_calls() const;
+  // The part of a node's time on a device that does not shrink with its share: its kernel calls
+  // at the device's kernel_overhead_s.
+  double fixed_compute_s(int node, int device) const {
+    return kernel_calls(node) * cluster_.devices[device].kernel_overhead_s;
+  }
   // FLOPs of forward + backward of a node.
   double step_flops(int node) const { return step_flops_[node]; }
   // Bytes read and written by forward + backward of a node.
@@ -84,7 +98,9 @@ class CostModel {
   // again in backward counts as backward).
   double backward_fraction(int node) const;
 
-  // Compute time as a linear cost in the ratios (what the ratio LP reads).
+  // Compute time as a linear cost in the ratios (what the ratio LP reads): device_compute_s per
+  // unit of share plus, where kernel overheads are profiled, fixed_compute_s on every device with
+  // a share (a node that splits nothing costs the slowest device's whole time and overhead).
   LinearCost compute(int node, int sig) const;
   // Each device's share of a node's work under ratios r: its whole-row shard of the split
   // dimension over that dimension's length (r itself where the signature splits nothing). With
@@ -96,11 +112,17 @@ class CostModel {
   // The tensor and dimension a signature splits a node's work along: the first Sharded output's,
   // else the first Sharded input's (a row-parallel product's contraction); {-1, -1} for none.
   std::pair<int, int64_t> split_dim(int node, int sig) const;
-  // Compute time under ratios r on whole-row shards: compute(node, sig) at compute_shares.
+  // Compute time under ratios r on whole-row shards: compute(node, sig) at compute_shares, the
+  // slowest device's of compute_device_s.
   double compute_s(int node, int sig, const std::vector<double>& r, int64_t granule = 1) const;
+  // Each device's compute time under ratios r on whole-row shards: its share's time plus its
+  // kernel overheads where it has a share (the whole node's where the signature splits nothing).
+  std::vector<double> compute_device_s(int node, int sig, const std::vector<double>& r,
+                                       int64_t granule = 1) const;
   // Seconds of forward + backward of the whole of `node` on `device`: its FLOPs at the device's
   // FLOP/s plus, where the device's memory bandwidth is known, its bytes at that bandwidth (what
-  // makes element-wise ops, norms and copies cost more than their few FLOPs suggest).
+  // makes element-wise ops, norms and copies cost more than their few FLOPs suggest); the part
+  // that scales with the device's share (fixed_compute_s not included).
   double device_compute_s(int node, int device) const;
   // The optimizer step of a parameter stored as `stored` (Replicated or Sharded): its elements on
   // each device times the device's update_s_per_param (zero where that is not profiled).
@@ -195,7 +217,8 @@ class CostModel {
   std::vector<int> dropped_segment_;  // per tensor
   std::vector<double> step_flops_;
   std::vector<double> step_bytes_;
-  int num_params_ = 0;  // parameter tensors of the graph
+  std::vector<int> kernel_calls_;  // per node, recomputation aside
+  int num_params_ = 0;             // parameter tensors of the graph
   double param_state_factor_ = 4.0;
   bool overlap_grad_comm_ = true;
   bool hierarchical_allowed_ = true;

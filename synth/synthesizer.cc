@@ -108,17 +108,56 @@ void record_nodes(DistributedProgram& p, const Cluster& cluster) {
     }
 }
 
+namespace {
+
+// Whether the devices wait for each other at an instruction: a collective (in forward, or in
+// backward where its adjoint moves a gradient). Between two such, each device runs its compute
+// on its own, one kernel after another: the time of that stretch is its slowest device's sum,
+// not the sum of each kernel's slowest device (they differ where devices' kernel overheads
+// differ, or their FLOP/s and bytes/s in other proportions).
+bool synchronizes(const CostModel& cm, const Instruction& in) {
+  switch (in.kind) {
+    case InstrKind::Compute:
+    case InstrKind::GradAllReduce:  // overlapped with the backward pass
+    case InstrKind::ToPartial:
+    case InstrKind::Update:
+      return false;
+    case InstrKind::Slice:
+      return cm.requires_grad(in.tensor);  // its backward gathers the gradient
+    default:
+      return true;
+  }
+}
+
+}  // namespace
+
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios) {
   // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
   const ShardLayout layout(cm.graph(), instrs, ratios);
-  for (Instruction& in : instrs) {
+  // Compute between two synchronizing instructions is priced at that stretch's slowest device:
+  // each instruction's cost_s is its time there, so that they sum to the stretch's time.
+  std::vector<double> stretch(static_cast<size_t>(cm.num_devices()), 0.0);
+  std::vector<std::pair<size_t, std::vector<double>>> members;
+  auto close_stretch = [&]() {
+    if (members.empty()) return;
+    const size_t slowest =
+        static_cast<size_t>(std::max_element(stretch.begin(), stretch.end()) - stretch.begin());
+    for (const auto& [i, t] : members) instrs[i].cost_s = t[slowest];
+    members.clear();
+    std::fill(stretch.begin(), stretch.end(), 0.0);
+  };
+  for (size_t i = 0; i < instrs.size(); ++i) {
+    Instruction& in = instrs[i];
     const std::vector<double>& r = ratios[in.segment];
+    if (synchronizes(cm, in)) close_stretch();
     switch (in.kind) {
       case InstrKind::Compute: {
         const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
-        in.cost_s =
-            cm.compute_s(in.node, in.signature, r, tensor < 0 ? 1 : layout.granule(tensor, dim));
+        std::vector<double> t = cm.compute_device_s(in.node, in.signature, r,
+                                                    tensor < 0 ? 1 : layout.granule(tensor, dim));
+        for (size_t d = 0; d < t.size(); ++d) stretch[d] += t[d];
+        members.emplace_back(i, std::move(t));
         break;
       }
       case InstrKind::Reshard:
@@ -152,6 +191,7 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
         break;
     }
   }
+  close_stretch();
   return step_time(cm, instrs).step_s;
 }
 
@@ -166,12 +206,12 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
   std::vector<int> rep, count;
   {
     // Devices alike in everything the cost model reads share one LP variable per segment.
-    std::map<std::tuple<double, int64_t, double, double>, int> ids;
+    std::map<std::tuple<double, int64_t, double, double, double>, int> ids;
     for (int d = 0; d < D; ++d) {
-      auto [it, inserted] =
-          ids.try_emplace({devs[d].flops_per_s, devs[d].memory_bytes,
-                           devs[d].memory_bandwidth_bytes_per_s, devs[d].update_s_per_param},
-                          static_cast<int>(rep.size()));
+      auto [it, inserted] = ids.try_emplace(
+          {devs[d].flops_per_s, devs[d].memory_bytes, devs[d].memory_bandwidth_bytes_per_s,
+           devs[d].update_s_per_param, devs[d].kernel_overhead_s},
+          static_cast<int>(rep.size()));
       if (inserted) {
         rep.push_back(d);
         count.push_back(0);
@@ -208,11 +248,40 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
     for (int c = 0; c < C; ++c) e.push_back({rvar(s, c), static_cast<double>(count[c])});
     add_row(e, 1.0, 1.0);
   }
-  // Terms max_d(coef_d r_d) whose coefficient vectors are proportional (every compute of a
-  // segment, every padded collective) share one epigraph variable y >= pattern_d r_d, weighted by
-  // the sum of their scales: exact, and the LP stays small.
+  // Compute between two synchronizing instructions (a stretch, as recost prices it) takes its
+  // slowest device's sum: one epigraph variable y per stretch, y >= sum_i coef_i,d r_d + F_d for
+  // every device class, F_d its kernel overheads and the whole time of what it computes
+  // unsplit. Rows are scaled to coefficients of at most 1.
+  struct Stretch {
+    std::map<int, std::vector<double>> coef;  // segment -> per class
+    std::vector<double> fixed;                // per class
+  };
+  std::vector<Stretch> stretches(1);
+  auto new_stretch = [&]() {
+    if (!stretches.back().coef.empty() || !stretches.back().fixed.empty()) stretches.emplace_back();
+  };
+  // Other terms max_d(coef_d r_d) whose coefficient vectors are proportional (every padded
+  // collective of a segment, every sharded update) share one epigraph variable
+  // y >= pattern_d r_d, weighted by the sum of their scales: exact, and the LP stays small.
   std::map<std::pair<int, std::vector<double>>, int> groups;  // (segment, pattern) -> variable
   for (const Instruction& in : instrs) {
+    if (synchronizes(cm, in)) new_stretch();
+    if (in.kind == InstrKind::Compute) {
+      Stretch& st = stretches.back();
+      if (st.fixed.empty()) st.fixed.assign(C, 0.0);
+      const LinearCost lc = cm.compute(in.node, in.signature);
+      for (int c = 0; c < C; ++c) {
+        st.fixed[c] += cm.fixed_compute_s(in.node, rep[c]);
+        if (lc.coef.empty()) {
+          st.fixed[c] += cm.device_compute_s(in.node, rep[c]);
+          continue;
+        }
+        std::vector<double>& k = st.coef[in.segment];
+        if (k.empty()) k.assign(C, 0.0);
+        k[c] += lc.coef[rep[c]];
+      }
+      continue;
+    }
     if (in.kind == InstrKind::Reshard) {
       double k = cm.reshard_coef(in.tensor);
       if (k == 0) continue;
@@ -225,8 +294,7 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
       }
       continue;
     }
-    LinearCost lc = in.kind == InstrKind::Compute  ? cm.compute(in.node, in.signature)
-                    : in.kind == InstrKind::Update ? cm.update(in.tensor, in.to)
+    LinearCost lc = in.kind == InstrKind::Update ? cm.update(in.tensor, in.to)
                     : in.kind == InstrKind::FactorBroadcast
                         ? cm.factor_broadcast(in.node, in.signature, in.method)
                         : cm.communication(in.kind, in.tensor, in.method, in.regather);
@@ -242,6 +310,22 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
         add_row({{it->second, 1.0}, {rvar(in.segment, c), -pattern[c]}}, 0.0, COIN_DBL_MAX);
     }
     obj[it->second] += scale;
+  }
+  for (const Stretch& st : stretches) {
+    double scale = 0;
+    for (int c = 0; c < C; ++c) {
+      double sum = st.fixed.empty() ? 0.0 : st.fixed[c];
+      for (const auto& [segment, k] : st.coef) sum = std::max(sum, k[c]);
+      scale = std::max(scale, sum);
+    }
+    if (!(scale > 0)) continue;
+    const int y = new_var(scale);
+    for (int c = 0; c < C; ++c) {
+      std::vector<std::pair<int, double>> e = {{y, 1.0}};
+      for (const auto& [segment, k] : st.coef)
+        if (k[c] > 0) e.push_back({rvar(segment, c), -k[c] / scale});
+      add_row(e, st.fixed.empty() ? 0.0 : st.fixed[c] / scale, COIN_DBL_MAX);
+    }
   }
   // Memory: bytes that scale with a segment's ratio, plus bytes every device holds.
   std::vector<std::vector<double>> unit(num_segments, std::vector<double>(D, 1.0));
@@ -837,14 +921,11 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   for (const Instruction& in : best.instructions) {
     if (in.kind == InstrKind::Compute) {
       best.compute_s += in.cost_s;
-      LinearCost lc = cm.compute(in.node, in.signature);
       const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
-      const std::vector<double> share =
-          cm.compute_shares(in.node, in.signature, best.ratios[in.segment],
-                            tensor < 0 ? 1 : layout.granule(tensor, dim));
-      for (int d = 0; d < D; ++d)
-        best.device_compute_s[d] +=
-            lc.coef.empty() ? cm.device_compute_s(in.node, d) : lc.coef[d] * share[d];
+      const std::vector<double> t =
+          cm.compute_device_s(in.node, in.signature, best.ratios[in.segment],
+                              tensor < 0 ? 1 : layout.granule(tensor, dim));
+      for (int d = 0; d < D; ++d) best.device_compute_s[d] += t[d];
     } else if (in.kind == InstrKind::Update) {
       best.compute_s += in.cost_s;
       LinearCost lc = cm.update(in.tensor, in.to);

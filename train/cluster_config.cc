@@ -41,9 +41,15 @@ using detail::show;
 
 constexpr std::array<std::string_view, 3> kTopKeys = {"name", "inter_node", "nodes"};
 constexpr std::array<std::string_view, 3> kNodeKeys = {"name", "link", "devices"};
-constexpr std::array<std::string_view, 8> kDeviceKeys = {
-    "name",  "type",      "flops_per_s",        "memory_bytes",
-    "count", "cpu_quota", "update_s_per_param", "memory_bandwidth_bytes_per_s"};
+constexpr std::array<std::string_view, 9> kDeviceKeys = {"name",
+                                                         "type",
+                                                         "flops_per_s",
+                                                         "memory_bytes",
+                                                         "count",
+                                                         "cpu_quota",
+                                                         "update_s_per_param",
+                                                         "memory_bandwidth_bytes_per_s",
+                                                         "kernel_overhead_s"};
 constexpr std::array<std::string_view, 3> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
                                                        "collectives"};
 constexpr std::array<std::string_view, 2> kLinkTermKeys = {"bandwidth_bytes_per_s", "latency_s"};
@@ -62,6 +68,7 @@ const RealRange kFlopsRange = RealRange::closed(1e3, 1e18).because("FLOP/s of on
 const RealRange kBandwidthRange = RealRange::closed(1e3, 1e15).because("bytes/s");
 const RealRange kLatencyRange = RealRange::closed(0, 10).because("seconds");
 const RealRange kUpdateRange = RealRange::closed(0, 1e-3).because("seconds per parameter element");
+const RealRange kKernelOverheadRange = RealRange::closed(0, 1).because("seconds per kernel call");
 constexpr std::string_view kMemoryExpectation = kByteSizeExpectation;
 
 // ---- the file ----
@@ -273,6 +280,7 @@ synth::Cluster load_cluster_config(const std::string& path,
       device.update_s_per_param = s.number("update_s_per_param", 0.0, kUpdateRange);
       device.memory_bandwidth_bytes_per_s =
           zero_or_in(s, "memory_bandwidth_bytes_per_s", kBandwidthRange);
+      device.kernel_overhead_s = s.number("kernel_overhead_s", 0.0, kKernelOverheadRange);
       s.finish();
       for (std::int64_t i = 0; i < count; ++i) {
         const int index = of_type[type]++;
@@ -332,6 +340,9 @@ nlohmann::json cluster_to_json(const synth::Cluster& cluster) {
                             {"node", d.node},
                             {"flops_per_s", d.flops_per_s},
                             {"memory_bytes", d.memory_bytes},
+                            {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
+                            {"kernel_overhead_s", d.kernel_overhead_s},
+                            {"update_s_per_param", d.update_s_per_param},
                             {"cpu_quota", d.cpu_quota}});
   }
   j["nodes"] = nlohmann::json::array();

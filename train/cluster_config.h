@@ -26,15 +26,18 @@
 // (optional, in [0, 1e-3], default 0: seconds of optimizer step per parameter element, as
 // hap-profile measures it; the cost model adds it per stored parameter),
 // `memory_bandwidth_bytes_per_s` (optional, 0 or in [1e3, 1e15], default 0 = not modelled: the
-// cost model adds each op's bytes at this rate). Link keys: `bandwidth_bytes_per_s` (in
-// [1e3, 1e15]) and `latency_s` (in [0, 10]), both required, and `collectives` (optional): a mapping
-// from all_reduce, all_gather, reduce_scatter or all_to_all to {bandwidth_bytes_per_s, latency_s}
-// (same ranges), figures for that collective over the link (hap-profile fits them); the cost model
-// uses them instead of the link's own for that collective.
+// cost model adds each op's bytes at this rate), `kernel_overhead_s` (optional, in [0, 1], default
+// 0 = not modelled: seconds each kernel call costs whatever its size, as hap-profile fits it; the
+// cost model adds it per forward and backward call of every op). Link keys: `bandwidth_bytes_per_s`
+// (in [1e3, 1e15]) and `latency_s` (in [0, 10]), both required, and `collectives` (optional): a
+// mapping from all_reduce, all_gather, reduce_scatter or all_to_all to {bandwidth_bytes_per_s,
+// latency_s} (same ranges), figures for that collective over the link (hap-profile fits them); the
+// cost model uses them instead of the link's own for that collective.
 //
 // The ranges are physically plausible figures, generous on both sides (1 kFLOP/s to 1 EFLOP/s,
-// 1 kB/s to 1 PB/s, up to 10 s of latency, 1 ms per parameter, 1 PB of memory): a value outside
-// them is a typo or a unit mistake, and would overflow the cost model or break the ratio LP.
+// 1 kB/s to 1 PB/s, up to 10 s of latency, 1 ms per parameter, 1 s per kernel call, 1 PB of
+// memory): a value outside them is a typo or a unit mistake, and would overflow the cost model or
+// break the ratio LP.
 //
 // Loading is strict like the training config (train/config.h): unknown, repeated, missing or
 // mistyped keys and out-of-range values throw one ConfigError naming the file, the key path (list
@@ -71,7 +74,8 @@ synth::Cluster load_cluster_config(const std::string& path,
                                    ClusterLoadInfo* info = nullptr);
 
 // The validated cluster as JSON, one device per rank (name, type, node, flops_per_s,
-// memory_bytes, cpu_quota), with its nodes and links: for scripts (scripts/hap-emulate) that must
+// memory_bytes, memory_bandwidth_bytes_per_s, kernel_overhead_s, update_s_per_param, cpu_quota),
+// with its nodes and links: for scripts (scripts/hap-emulate) that must
 // not parse cluster files themselves.
 nlohmann::json cluster_to_json(const synth::Cluster& cluster);
 

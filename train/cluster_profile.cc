@@ -58,7 +58,39 @@ struct ComputeResult {
   double step_flops = 0, step_s = 0, flops_per_s = 0, update_s_per_param = 0;
   double memory_bandwidth_bytes_per_s = 0;
   int64_t batch_rows = 0;
+  // What the rates are derived from (set_rates): the graph's part of the step (forward +
+  // backward), the products' share of its kernel time (-1: not measured), the work of the
+  // products and of the other ops, and the graph's kernel calls (CostModel::step_kernel_calls).
+  double graph_step_s = 0, product_share = -1;
+  double product_flops = 0, product_bytes = 0, other_flops = 0, other_bytes = 0;
+  int kernel_calls = 0;
+  // From a second measurement (profile_cluster): seconds per kernel call that do not shrink with
+  // the rows, and that measurement's rows and step (0: none).
+  double kernel_overhead_s = 0;
+  int64_t other_rows = 0;
+  double other_step_s = 0;
 };
+
+// The rates of r's step once `fixed_s` of its graph time is set apart as kernel overheads: the
+// rest, split between products and other ops in their measured shares, gives flops_per_s (the
+// products' FLOPs) and memory_bandwidth_bytes_per_s (the other ops' bytes); where that split is
+// not available, flops_per_s alone over the whole step.
+void set_rates(ComputeResult& r, double fixed_s) {
+  const double variable_s = r.graph_step_s - fixed_s;
+  r.flops_per_s = r.memory_bandwidth_bytes_per_s = 0;
+  if (r.product_share > 0 && r.product_share < 1 && r.other_bytes > 0) {
+    const double product_step_s = variable_s * r.product_share;
+    const double other_step_s = variable_s - product_step_s;
+    // Products' bytes and the others' FLOPs are small: charge them at the other's rate.
+    r.flops_per_s = r.product_flops / product_step_s;
+    const double bytes_s = other_step_s - r.other_flops / r.flops_per_s;
+    r.memory_bandwidth_bytes_per_s = bytes_s > 0 ? (r.other_bytes + r.product_bytes) / bytes_s : 0;
+  }
+  if (r.memory_bandwidth_bytes_per_s <= 0) {
+    r.flops_per_s = r.step_flops / variable_s;
+    r.memory_bandwidth_bytes_per_s = 0;
+  }
+}
 
 // `total` rows split in proportion to `rates` in whole rows (largest remainders), each at least
 // one where there are enough: the split proportional data parallelism gives each device.
@@ -87,6 +119,27 @@ std::vector<int64_t> proportional_rows(int64_t total, const std::vector<double>&
       }
   return rows;
 }
+
+}  // namespace
+
+double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b) {
+  if (rows_a <= 0 || rows_b <= 0 || rows_a == rows_b || !(step_a > 0) || !(step_b > 0) ||
+      !std::isfinite(step_a) || !std::isfinite(step_b))
+    return 0.0;
+  const double per_row =
+      (step_b - step_a) / static_cast<double>(rows_b - rows_a);  // > 0: then fixed < both steps
+  if (!(per_row > 0)) return 0.0;
+  return std::max(0.0, step_a - per_row * static_cast<double>(rows_a));
+}
+
+int64_t second_profile_rows(int64_t rows, int64_t operating, int64_t batch) {
+  if (operating > 0 && operating != rows) return operating;
+  if (2 * rows <= batch) return 2 * rows;
+  if (rows / 2 >= 1) return rows / 2;
+  return 0;
+}
+
+namespace {
 
 class Progress {
  public:
@@ -130,7 +183,6 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
 
   // Products (GEMMs, attention) are rated in FLOP/s, everything else (element-wise, norms,
   // copies) mostly by the bytes it moves: the kernel profiler splits the step's time between them.
-  double product_flops = 0, product_bytes = 0, other_flops = 0, other_bytes = 0;
   RunConfig config = base;
   r.batch_rows =
       rows > 0 ? rows : std::max<int64_t>(1, (config.train.batch_size + world - 1) / world);
@@ -151,9 +203,10 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     for (const synth::GraphNode& n : graph.nodes) {
       const bool product = hap::ops::op_def(n.kind).flops_bound;
       r.step_flops += cm.step_flops(n.id);
-      (product ? product_flops : other_flops) += cm.step_flops(n.id);
-      (product ? product_bytes : other_bytes) += cm.step_bytes(n.id);
+      (product ? r.product_flops : r.other_flops) += cm.step_flops(n.id);
+      (product ? r.product_bytes : r.other_bytes) += cm.step_bytes(n.id);
     }
+    r.kernel_calls = cm.step_kernel_calls();
   }
   std::shared_ptr<nn::Model> model = build_model(config);
   model->train();
@@ -208,21 +261,11 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   // Spread the wall time (quota throttling and dispatch included) over the parts in their
   // measured shares: update vs graph, and within the graph products vs the rest.
   r.step_s = elapsed / steps;
-  const double graph_step_s = r.step_s * graph_s / (graph_s + update_s);
-  r.update_s_per_param = (r.step_s - graph_step_s) / num_params;
+  r.graph_step_s = r.step_s * graph_s / (graph_s + update_s);
+  r.update_s_per_param = (r.step_s - r.graph_step_s) / num_params;
   const double kernels_s = product_s + other_s;
-  if (kernels_s > 0 && product_s > 0 && other_s > 0 && other_bytes > 0) {
-    const double product_step_s = graph_step_s * product_s / kernels_s;
-    const double other_step_s = graph_step_s - product_step_s;
-    // Products' bytes and the others' FLOPs are small: charge them at the other's rate.
-    r.flops_per_s = product_flops / product_step_s;
-    const double bytes_s = other_step_s - other_flops / r.flops_per_s;
-    r.memory_bandwidth_bytes_per_s = bytes_s > 0 ? (other_bytes + product_bytes) / bytes_s : 0;
-  }
-  if (r.memory_bandwidth_bytes_per_s <= 0) {
-    r.flops_per_s = r.step_flops / graph_step_s;
-    r.memory_bandwidth_bytes_per_s = 0;
-  }
+  if (kernels_s > 0 && product_s > 0 && other_s > 0) r.product_share = product_s / kernels_s;
+  set_rates(r, 0.0);
   progress.step("compute: " + config.model.name + " training step (" +
                 std::to_string(r.batch_rows) + " examples)");
   return r;
@@ -418,8 +461,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   for (size_t n = 0; n < nodes.size(); ++n)
     group_sizes.push_back(
         static_cast<int>(std::count(node_index.begin(), node_index.end(), static_cast<int>(n))));
-  // GEMMs, the model's step on an even share, then on the proportional share (several ranks).
-  const int sizes_compute = (opt.quick ? 3 : 5) + (P > 1 ? 1 : 0);
+  // GEMMs, the model's step on an even share, then on a second size (the proportional share).
+  const int sizes_compute = (opt.quick ? 3 : 5) + 1;
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
@@ -433,29 +476,45 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
 
   ComputeResult compute = profile_compute(config, P, opt.quick, progress);
   std::vector<double> rates = world.allgather(compute.flops_per_s);
-  // The rates at the operating point: each rank's step again on the rows a split of the batch in
-  // proportion to those rates gives it (dp-cp's split, about what a plan gives it), where that
-  // is not the even share. A device's kernels on fewer rows run at a lower rate (fixed costs per
-  // kernel, smaller products) and on more at a higher one: on emu-mixed4 under --throttle ops
-  // the 0.2-core ranks, rated at 4 rows and run at 2, measured 10% slower than predicted and the
-  // 0.8-core rank, run at 8, 11% faster.
-  std::vector<int64_t> rows = world.allgather(compute.batch_rows);
+  // Each rank's step again on other rows, where that is possible: a kernel's time is not
+  // proportional to its rows (fixed costs per call: dispatch, launch, what does not shrink with
+  // the rows), and two measurements give a fixed part (kernel_overhead_s per call) and the rates
+  // of the rest. The second is at the operating point where ranks differ: the rows a split of the
+  // batch in proportion to the first rates gives each (dp-cp's split, about what a plan gives
+  // it); elsewhere (alike ranks, one rank, a rank whose proportional share is the even one) twice
+  // or half the rows. On emu-mixed4 under --throttle ops the 0.2-core ranks, rated at 4 rows and
+  // run at 2, measured 10% slower than a rate-only model predicted and the 0.8-core rank, run
+  // at 8, 11% faster.
+  std::vector<int64_t> operating(static_cast<size_t>(P), 0);
   if (P > 1) {
-    const std::vector<int64_t> share = proportional_rows(config.train.batch_size, rates);
+    operating = proportional_rows(config.train.batch_size, rates);
     // (A batch smaller than the ranks leaves some with no row: the even share stands then.)
-    if (share != rows && *std::min_element(share.begin(), share.end()) > 0) {
-      ComputeResult at = profile_compute(config, P, opt.quick, progress, /*gemms=*/false, 0,
-                                         share[static_cast<size_t>(me)]);
-      at.gemm = std::move(compute.gemm);
-      compute = std::move(at);
-      rates = world.allgather(compute.flops_per_s);
-      rows = share;
-    } else {
-      progress.step(
-          "compute: the split in proportion to the rates is the even one (or leaves a "
-          "rank no row)");
-    }
+    if (*std::min_element(operating.begin(), operating.end()) <= 0)
+      operating = world.allgather(compute.batch_rows);
   }
+  const int64_t second_rows = second_profile_rows(
+      compute.batch_rows, operating[static_cast<size_t>(me)], config.train.batch_size);
+  ComputeResult fitted = compute;
+  if (second_rows > 0) {
+    ComputeResult at =
+        profile_compute(config, P, opt.quick, progress, /*gemms=*/false, 0, second_rows);
+    const double fixed_s = std::min(
+        fit_fixed_step_s(compute.batch_rows, compute.graph_step_s, at.batch_rows, at.graph_step_s),
+        // (a fixed part above the smaller step's graph time is noise, never a measurement)
+        0.95 * std::min(compute.graph_step_s, at.graph_step_s));
+    // The rates from the measurement at the operating point (else the first, the even share).
+    fitted = at.batch_rows == operating[static_cast<size_t>(me)] ? at : compute;
+    fitted.gemm = compute.gemm;
+    set_rates(fitted, fixed_s);
+    fitted.kernel_overhead_s = fitted.kernel_calls > 0 ? fixed_s / fitted.kernel_calls : 0.0;
+    fitted.other_rows = at.batch_rows == fitted.batch_rows ? compute.batch_rows : at.batch_rows;
+    fitted.other_step_s = at.batch_rows == fitted.batch_rows ? compute.step_s : at.step_s;
+  } else {
+    progress.step("compute: no second size to measure the step at (batch too small)");
+  }
+  compute = std::move(fitted);
+  rates = world.allgather(compute.flops_per_s);
+  const std::vector<int64_t> rows = world.allgather(compute.batch_rows);
   const std::vector<int64_t> memory =
       world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
   const int reps = opt.quick ? 2 : 5;
@@ -505,6 +564,10 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   const std::vector<double> step_flops = world.allgather(compute.step_flops);
   const std::vector<double> update_s = world.allgather(compute.update_s_per_param);
   const std::vector<double> mem_bw = world.allgather(compute.memory_bandwidth_bytes_per_s);
+  const std::vector<double> overhead = world.allgather(compute.kernel_overhead_s);
+  const std::vector<int64_t> other_rows = world.allgather(compute.other_rows);
+  const std::vector<double> other_step_s = world.allgather(compute.other_step_s);
+  const int kernel_calls = compute.kernel_calls;
   std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
   for (size_t i = 0; i < compute.gemm.size(); ++i)
     gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
@@ -524,6 +587,10 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     << " (forward + backward), one thread per rank: where several ranks differ in speed, the\n"
        "# share a split in proportion to their rates on an even share gives them (a device's\n"
        "# rate depends on its rows);\n"
+    << "# kernel_overhead_s: per kernel call (" << kernel_calls
+    << " per step), the fixed part of a line through the step's graph time on\n"
+       "# those rows and on a second size (where the batch allows one); flops_per_s and\n"
+       "# memory_bandwidth_bytes_per_s rate the rest;\n"
     << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per "
        "parameter;\n"
     << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
@@ -533,7 +600,11 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   y << "):\n";
   for (int r = 0; r < P; ++r) {
     y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms on " << rows[r]
-      << " examples; GEMM";
+      << " examples";
+    if (other_rows[r] > 0)
+      y << " (" << number(other_step_s[r] * 1e3) << " ms on " << other_rows[r] << "; fixed "
+        << number(overhead[r] * kernel_calls * 1e3) << " ms)";
+    y << "; GEMM";
     for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
     y << "\n#     " << cpu_gemm[r] << "\n";
   }
@@ -568,6 +639,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
       y << "      - {name: " << (names[r].empty() ? nodes[n] + ".r" + std::to_string(r) : names[r])
         << ", type: " << types[r] << ", flops_per_s: " << number(rates[r])
         << ", memory_bandwidth_bytes_per_s: " << number(mem_bw[r])
+        << ", kernel_overhead_s: " << number(overhead[r])
         << ", update_s_per_param: " << number(update_s[r]) << ", memory_bytes: " << memory[r];
       if (!quotas[r].empty()) y << ", cpu_quota: " << quotas[r];
       y << "}\n";
@@ -589,6 +661,10 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
                               {"node", node_of[r]},
                               {"model_step_s", step_s[r]},
                               {"batch_rows", rows[r]},
+                              {"second_step_s", other_step_s[r]},
+                              {"second_batch_rows", other_rows[r]},
+                              {"kernel_calls", kernel_calls},
+                              {"kernel_overhead_s", overhead[r]},
                               {"model_step_flops", step_flops[r]},
                               {"flops_per_s", rates[r]},
                               {"update_s_per_param", update_s[r]},

@@ -1,8 +1,9 @@
 // Profiling a real (or emulated) cluster: what hap-profile runs on every rank. Each rank
 // measures its compute (GEMM rates, and a training step of the config's model on its share of
 // the batch, split by the kernel profiler into FLOP/s for products and memory bandwidth for the
-// rest), its optimizer update per parameter and its usable memory; each node's ranks, then all
-// ranks, time the collectives at several sizes (even and uneven shards, padded and grouped), and
+// rest, and again on a second size, which sets apart a fixed cost per kernel call), its optimizer
+// update per parameter and its usable memory; each node's ranks, then all ranks, time the
+// collectives at several sizes (even and uneven shards, padded and grouped), and
 // each group's link is fitted with the cost model's own formulas (parallel/profile.h). Rank 0
 // writes the cluster file, atomically, and checks that it loads.
 #pragma once
@@ -30,6 +31,18 @@ struct ProfileOptions {
 // not contiguous.
 void profile_cluster(const RunConfig& config, const ProfileOptions& options,
                      const parallel::Communicator& world);
+
+// The fixed part of a step's time read as fixed + rows * per_row through two measurements
+// (rows_a, step_a) and (rows_b, step_b): 0 where the rows are alike or not positive, a time is
+// not finite and > 0, or the time does not grow with the rows (then the step is read as
+// proportional to its rows); otherwise in [0, min(step_a, step_b)). hap-profile divides it over
+// the step's kernel calls (kernel_overhead_s).
+double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b);
+
+// The rows a rank measures its step at a second time, having measured it on `rows` of a batch of
+// `batch`: its operating point where that is given (> 0) and differs, else twice the rows where
+// the batch holds them, else half; 0 where none is possible (one row of a batch of one).
+int64_t second_profile_rows(int64_t rows, int64_t operating, int64_t batch);
 
 // Random inputs of the declared shapes: floats N(0, 1), integer inputs uniform in
 // [0, num_classes) (or {0, 1}). The same values for the same (inputs, seed).

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
-# positive rates, per-collective link fits); ranks of different speeds are rated on the rows a
-# proportional split gives them; one rank profiles compute only and says so; an
+# positive rates, per-collective link fits, a fixed cost per kernel call from a step measured at
+# two sizes); ranks of different speeds are rated on the rows a proportional split gives them; one rank profiles compute only and says so; an
 # interrupted profile leaves no file behind; bad input exits 2.
 # Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
 set -u
@@ -20,7 +20,7 @@ grep -q "\[ *[0-9]*/[0-9]*\] node .*all_to_all grouped uneven" "$TMP/two.log" \
 "$PLAN" --cluster "$TMP/two.yaml" --describe-cluster > "$TMP/two.json" \
   || fail "hap-plan rejects the profiled file: $(cat "$TMP/two.yaml")"
 python3 - "$TMP/two.json" "$TMP/two.yaml" <<'EOF' || exit 1
-import json, sys
+import json, re, sys
 c = json.load(open(sys.argv[1]))
 text = open(sys.argv[2]).read()
 assert len(c["devices"]) == 2, c
@@ -28,6 +28,12 @@ for d in c["devices"]:
     assert d["flops_per_s"] > 1e6 and d["memory_bytes"] > 1e6, d
 for name in ("all_reduce:", "all_gather:", "reduce_scatter:", "all_to_all:"):
     assert name in text, f"no {name} fit in the profiled file"
+# Each rank's step measured at a second size too, a fixed cost per kernel call fitted.
+for d in c["devices"]:
+    assert 0 <= d["kernel_overhead_s"] < 1e-2, d
+seconds = re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples \([0-9.e+-]+ ms on (\d+); "
+                     r"fixed [0-9.e+-]+ ms\)", text)
+assert len(seconds) == 2 and all(a != b for a, b in seconds), seconds
 print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["devices"]], "GFLOP/s")
 EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/two.yaml" > "$TMP/plan.log" 2>&1 \

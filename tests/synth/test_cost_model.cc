@@ -215,6 +215,134 @@ TEST(CostModel, MemoryBandwidthAddsEachOpsBytesToItsFlops) {
   }
 }
 
+// Kernel overheads (Device::kernel_overhead_s, which hap-profile fits): every forward and
+// backward kernel call of a node costs a device that much whatever its share, on top of the
+// share's FLOPs and bytes; a device with no rows of a split node pays nothing for it, and a node
+// that splits nothing costs every device its whole time and overheads.
+TEST(CostModel, KernelOverheadsArePaidPerCallByEveryDeviceWithAShare) {
+  Graph g = small_graph();
+  Cluster c = cluster3({.bandwidth_bytes_per_s = 1e9, .latency_s = 0});
+  const double overhead[] = {1e-6, 3e-6, 5e-6};
+  for (int d = 0; d < 3; ++d) c.devices[d].kernel_overhead_s = overhead[d];
+  const CostModel cm(g, c);
+  // linear (w needs a gradient), gelu and mean each run forward and backward.
+  int calls = 0;
+  for (const GraphNode& n : g.nodes) {
+    EXPECT_EQ(cm.kernel_calls(n.id), 2) << ops::op_name(n.kind);
+    calls += cm.kernel_calls(n.id);
+    for (int d = 0; d < 3; ++d) {
+      EXPECT_DOUBLE_EQ(cm.fixed_compute_s(n.id, d), 2 * overhead[d]);
+    }
+  }
+  EXPECT_EQ(cm.step_kernel_calls(), calls);
+  const GraphNode& lin = g.nodes[0];
+  ASSERT_EQ(lin.kind, ops::OpKind::Linear);
+  // A signature that splits the linear's 12 rows, and one that splits nothing.
+  int rows_sig = -2;
+  for (int sig = 0; sig < static_cast<int>(cm.signatures(lin.id).size()); ++sig)
+    if (cm.split_dim(lin.id, sig) == std::make_pair(lin.outputs[0], int64_t{0})) rows_sig = sig;
+  ASSERT_GE(rows_sig, 0);
+  const std::vector<double> r = {0.5, 0.25, 0.25};  // 6, 3 and 3 rows
+  std::vector<double> t = cm.compute_device_s(lin.id, rows_sig, r);
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_NEAR(t[d], cm.device_compute_s(lin.id, d) * r[d] + 2 * overhead[d], 1e-18) << d;
+  }
+  EXPECT_DOUBLE_EQ(cm.compute_s(lin.id, rows_sig, r), *std::max_element(t.begin(), t.end()));
+  const LinearCost lc = cm.compute(lin.id, rows_sig);
+  ASSERT_EQ(lc.fixed.size(), 3u);
+  EXPECT_DOUBLE_EQ(lc.eval(r), cm.compute_s(lin.id, rows_sig, r));
+  // No rows: no kernel on that device.
+  t = cm.compute_device_s(lin.id, rows_sig, {0.5, 0.5, 0.0});
+  EXPECT_EQ(t[2], 0.0);
+  EXPECT_NEAR(t[1], cm.device_compute_s(lin.id, 1) * 0.5 + 2 * overhead[1], 1e-18);
+  // Unsplit: the whole node and its overheads on every device, the slowest's is the cost.
+  t = cm.compute_device_s(lin.id, -1, r);
+  double worst = 0;
+  for (int d = 0; d < 3; ++d) {
+    EXPECT_NEAR(t[d], cm.device_compute_s(lin.id, d) + 2 * overhead[d], 1e-18) << d;
+    worst = std::max(worst, t[d]);
+  }
+  EXPECT_DOUBLE_EQ(cm.compute_s(lin.id, -1, r), worst);
+  // Recomputed, a node runs its forward kernel once more.
+  CostModel again(g, c);
+  again.set_recompute(std::vector<int>(g.nodes.size(), 0), {true});
+  EXPECT_EQ(again.kernel_calls(lin.id), 3);
+  EXPECT_DOUBLE_EQ(again.fixed_compute_s(lin.id, 2), 3 * overhead[2]);
+  // Without overheads the fixed parts vanish.
+  const Cluster plain = cluster3({.bandwidth_bytes_per_s = 1e9, .latency_s = 0});
+  const CostModel none(g, plain);
+  EXPECT_TRUE(none.compute(lin.id, rows_sig).fixed.empty());
+  EXPECT_EQ(none.fixed_compute_s(lin.id, 0), 0.0);
+}
+
+// Compute between two synchronizing instructions runs on each device one kernel after another:
+// recost prices the stretch at its slowest device's sum (each instruction's cost_s is its time
+// on that device), not the sum of each instruction's slowest device, which differ where the
+// devices' kernel overheads differ from their rates. The ratio LP minimizes the same sums: it
+// gives the device that pays more per kernel fewer rows, and the step it predicts is no slower
+// than the even split's.
+TEST(CostModel, ComputeBetweenCollectivesIsPricedAtItsSlowestDevicesSum) {
+  // x: [64, 128] -> linear 128x128 -> gelu -> linear 128x128 -> mean: a data-parallel program
+  // has no collective before the loss but the gradient all-reduces, which overlap.
+  Tensor x = Tensor::meta({64, 128}, DType::F32);
+  Tensor w1 = Tensor::meta({128, 128}, DType::F32), w2 = Tensor::meta({128, 128}, DType::F32);
+  const Graph g = trace([&] { return mean(linear(gelu(linear(x, w1)), w2)); },
+                        {{"w1", w1}, {"w2", w2}}, {{"x", x}});
+  Cluster c;
+  c.name = "two";
+  std::vector<Device> devs(2);
+  for (int d = 0; d < 2; ++d) {
+    devs[d].name = "d" + std::to_string(d);
+    devs[d].type = "cpu";
+    devs[d].flops_per_s = 1e9;
+    devs[d].memory_bytes = int64_t{1} << 30;
+  }
+  devs[1].kernel_overhead_s = 1e-4;  // d1 pays for each kernel call
+  c.add_node("n", {.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6}, devs);
+  c.validate();
+  const CostModel cm(g, c);
+  int nseg = 1;
+  const std::vector<int> seg = assign_segments(g, SegmentMode::Single, &nseg);
+  const std::vector<std::vector<double>> even = {{0.5, 0.5}};
+  const SearchSpace dp{.inputs_must_shard_dim0 = true, .shard_parameters = false};
+  const SearchResult a = search_program(cm, even, seg, dp);
+  // With more rows on d0 its products are the slower, d1's overheads make the small ops slower.
+  const std::vector<std::vector<double>> skewed = {{0.55, 0.45}};
+  std::vector<Instruction> instrs = a.instructions;
+  recost(cm, instrs, skewed);
+  std::vector<double> per_device(2, 0.0);
+  double compute = 0, maxima = 0;
+  int computes = 0;
+  for (const Instruction& in : instrs) {
+    if (in.kind != InstrKind::Compute) {
+      // (nothing that synchronizes before the last compute)
+      EXPECT_TRUE(computes == static_cast<int>(g.nodes.size()) ||
+                  in.kind == InstrKind::GradAllReduce || in.kind == InstrKind::ToPartial ||
+                  in.kind == InstrKind::Update)
+          << instr_name(in.kind);
+      continue;
+    }
+    ++computes;
+    const std::vector<double> t = cm.compute_device_s(in.node, in.signature, skewed[0]);
+    for (int d = 0; d < 2; ++d) per_device[d] += t[d];
+    compute += in.cost_s;
+    maxima += std::max(t[0], t[1]);
+  }
+  EXPECT_NEAR(compute, std::max(per_device[0], per_device[1]), 1e-15);
+  EXPECT_LT(compute, maxima * (1 - 1e-3));  // the two differ here
+  std::vector<std::vector<double>> r;
+  ASSERT_TRUE(optimize_ratios(cm, a.instructions, a.storage, nseg, 1e-3, &r));
+  EXPECT_LT(r[0][1], 0.5 - 0.02);
+  std::vector<Instruction> at_lp = a.instructions, at_even = a.instructions;
+  EXPECT_LT(recost(cm, at_lp, r), recost(cm, at_even, even));
+  // Without the overheads the two devices are alike: an even split.
+  Cluster plain = c;
+  plain.devices[1].kernel_overhead_s = 0;
+  const CostModel pcm(g, plain);
+  ASSERT_TRUE(optimize_ratios(pcm, a.instructions, a.storage, nseg, 1e-3, &r));
+  EXPECT_NEAR(r[0][1], 0.5, 1e-6);
+}
+
 // A reshard between two segments whose ratios give the same whole-row shard lengths moves
 // nothing (the executor hands the same shard on): zero time. Otherwise it costs what the executor
 // does, an all-gather under the old ratios, whatever the size of the ratio change.

@@ -6,16 +6,19 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "train/cluster_config.h"
+#include "train/cluster_profile.h"
 #include "yaml_file_test.h"
 
 namespace hap::train {
@@ -556,13 +559,15 @@ TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
           "2.0e9, latency_s: 1.0e-5}}}"),
       "memory_bytes: 32GiB}",
       "memory_bytes: 32GiB, update_s_per_param: 2.5e-9, memory_bandwidth_bytes_per_s: 9.0e11, "
-      "cpu_quota: 0.5}");
+      "cpu_quota: 0.5, kernel_overhead_s: 4.0e-6}");
   const Cluster c = load_cluster_config(write(text, "profiled.yaml"));
   const synth::Device& big = c.devices[0];
   EXPECT_DOUBLE_EQ(big.update_s_per_param, 2.5e-9);
   EXPECT_DOUBLE_EQ(big.memory_bandwidth_bytes_per_s, 9.0e11);
   EXPECT_DOUBLE_EQ(big.cpu_quota, 0.5);
+  EXPECT_DOUBLE_EQ(big.kernel_overhead_s, 4.0e-6);
   EXPECT_DOUBLE_EQ(c.devices[1].update_s_per_param, 0.0);  // absent: not modelled
+  EXPECT_DOUBLE_EQ(c.devices[1].kernel_overhead_s, 0.0);
   EXPECT_DOUBLE_EQ(c.devices[1].cpu_quota, 0.0);
   const Link& link = c.nodes[0].link;
   const Link ar = link.for_collective(synth::Collective::AllReduce);
@@ -588,6 +593,9 @@ TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, update_s_per_param: -1}",
        "nodes[0].devices[0].update_s_per_param",
        "expected a number in [0, 0.001] (seconds per parameter element), got -1"},
+      {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, kernel_overhead_s: 2}",
+       "nodes[0].devices[0].kernel_overhead_s",
+       "expected a number in [0, 1] (seconds per kernel call), got 2"},
       {"memory_bytes: 32GiB}", "memory_bytes: 32GiB, memory_bandwidth_bytes_per_s: -5}",
        "nodes[0].devices[0].memory_bandwidth_bytes_per_s",
        "expected 0 (not modelled) or a number in [1000, 1e+15] (bytes/s), got -5"},
@@ -782,6 +790,38 @@ TEST_F(ClusterFileTest, FileProblems) {
   // (found by fuzz_cluster_config).
   const std::string stray = write(", flops_per_s: 1.6e10\nname: a\n");
   expect_contains(load_error(stray), {stray + ": YAML syntax error at line 1, column 1"});
+}
+
+// ---- hap-profile's fit of a fixed cost per step ----
+
+// Two measurements of a step give a line: on one thread the default GPT took 13.0 ms on 2
+// sequences and 42.7 ms on 8, 3.1 ms of it fixed. Where the rows agree, a time is not positive
+// or does not grow with the rows, nothing is fixed (the step is read as proportional).
+TEST(ProfileFit, TheFixedPartIsWhereTheLineThroughTwoStepsMeetsZeroRows) {
+  EXPECT_NEAR(fit_fixed_step_s(2, 13.0e-3, 8, 42.7e-3), 3.1e-3, 1e-12);
+  EXPECT_NEAR(fit_fixed_step_s(8, 42.7e-3, 2, 13.0e-3), 3.1e-3, 1e-12);  // either order
+  EXPECT_EQ(fit_fixed_step_s(4, 10e-3, 4, 11e-3), 0.0);                  // one size
+  EXPECT_EQ(fit_fixed_step_s(2, 10e-3, 4, 9e-3), 0.0);                   // faster on more rows
+  EXPECT_NEAR(fit_fixed_step_s(2, 10e-3, 4, 20e-3), 0.0, 1e-15);         // proportional
+  EXPECT_EQ(fit_fixed_step_s(2, 10e-3, 4, 30e-3), 0.0);                  // superlinear
+  EXPECT_EQ(fit_fixed_step_s(0, 10e-3, 4, 30e-3), 0.0);
+  EXPECT_EQ(fit_fixed_step_s(2, 0.0, 4, 30e-3), 0.0);
+  EXPECT_EQ(fit_fixed_step_s(2, 1e-3, 4, std::numeric_limits<double>::infinity()), 0.0);
+  EXPECT_EQ(fit_fixed_step_s(2, std::nan(""), 4, 3e-3), 0.0);
+  // Never more than either step.
+  const double f = fit_fixed_step_s(1, 5e-3, 2, 5.001e-3);
+  EXPECT_GT(f, 4.9e-3);
+  EXPECT_LT(f, 5e-3);
+}
+
+TEST(ProfileFit, TheSecondSizeIsTheOperatingPointElseTwiceElseHalfTheRows) {
+  EXPECT_EQ(second_profile_rows(4, 8, 16), 8);  // the rows a proportional split gives
+  EXPECT_EQ(second_profile_rows(4, 2, 16), 2);
+  EXPECT_EQ(second_profile_rows(4, 4, 16), 8);   // the even share is the operating point
+  EXPECT_EQ(second_profile_rows(4, 0, 16), 8);   // none given
+  EXPECT_EQ(second_profile_rows(16, 0, 16), 8);  // one rank, the whole batch
+  EXPECT_EQ(second_profile_rows(3, 3, 5), 1);
+  EXPECT_EQ(second_profile_rows(1, 0, 1), 0);  // nothing else to measure
 }
 
 }  // namespace
