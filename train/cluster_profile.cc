@@ -461,8 +461,11 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   for (size_t n = 0; n < nodes.size(); ++n)
     group_sizes.push_back(
         static_cast<int>(std::count(node_index.begin(), node_index.end(), static_cast<int>(n))));
-  // GEMMs, the model's step on an even share, then on a second size (the proportional share).
-  const int sizes_compute = (opt.quick ? 3 : 5) + 1;
+  // GEMMs, then the model's step in rounds on an even share and on a second size (the
+  // proportional share; a batch of one has none: a line saying so instead).
+  const int step_rounds = opt.quick ? 1 : 3;
+  const int sizes_compute =
+      (opt.quick ? 2 : 4) + step_rounds + (config.train.batch_size > 1 ? step_rounds : 1);
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
@@ -474,12 +477,18 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     std::fflush(stderr);
   }
 
-  ComputeResult compute = profile_compute(config, P, opt.quick, progress);
-  std::vector<double> rates = world.allgather(compute.flops_per_s);
+  // The model's step is measured in rounds, alternating between its two sizes (below), each
+  // round over a short window, and each size's median round is kept: a slow spell of a shared
+  // machine then moves one round of each size, not a whole measurement.
+  const int rounds = step_rounds;
+  const double window_s = opt.quick ? 0.3 : 0.7;
+  std::vector<ComputeResult> first = {
+      profile_compute(config, P, opt.quick, progress, /*gemms=*/true, window_s)};
+  std::vector<double> rates = world.allgather(first[0].flops_per_s);
   // Each rank's step again on other rows, where that is possible: a kernel's time is not
   // proportional to its rows (fixed costs per call: dispatch, launch, what does not shrink with
-  // the rows), and two measurements give a fixed part (kernel_overhead_s per call) and the rates
-  // of the rest. The second is at the operating point where ranks differ: the rows a split of the
+  // the rows), and two sizes give a fixed part (kernel_overhead_s per call) and the rates of the
+  // rest. The second is at the operating point where ranks differ: the rows a split of the
   // batch in proportion to the first rates gives each (dp-cp's split, about what a plan gives
   // it); elsewhere (alike ranks, one rank, a rank whose proportional share is the even one) twice
   // or half the rows. On emu-mixed4 under --throttle ops the 0.2-core ranks, rated at 4 rows and
@@ -490,14 +499,30 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     operating = proportional_rows(config.train.batch_size, rates);
     // (A batch smaller than the ranks leaves some with no row: the even share stands then.)
     if (*std::min_element(operating.begin(), operating.end()) <= 0)
-      operating = world.allgather(compute.batch_rows);
+      operating = world.allgather(first[0].batch_rows);
   }
   const int64_t second_rows = second_profile_rows(
-      compute.batch_rows, operating[static_cast<size_t>(me)], config.train.batch_size);
+      first[0].batch_rows, operating[static_cast<size_t>(me)], config.train.batch_size);
+  std::vector<ComputeResult> second;
+  for (int k = 0; k < rounds; ++k) {
+    if (second_rows > 0)
+      second.push_back(
+          profile_compute(config, P, opt.quick, progress, /*gemms=*/false, window_s, second_rows));
+    if (k + 1 < rounds)
+      first.push_back(profile_compute(config, P, opt.quick, progress, /*gemms=*/false, window_s,
+                                      first[0].batch_rows));
+  }
+  auto median_round = [](std::vector<ComputeResult> v) {
+    std::sort(v.begin(), v.end(), [](const ComputeResult& a, const ComputeResult& b) {
+      return a.graph_step_s < b.graph_step_s;
+    });
+    return v[v.size() / 2];
+  };
+  ComputeResult compute = median_round(first);
+  compute.gemm = first[0].gemm;
   ComputeResult fitted = compute;
   if (second_rows > 0) {
-    ComputeResult at =
-        profile_compute(config, P, opt.quick, progress, /*gemms=*/false, 0, second_rows);
+    const ComputeResult at = median_round(second);
     const double fixed_s = std::min(
         fit_fixed_step_s(compute.batch_rows, compute.graph_step_s, at.batch_rows, at.graph_step_s),
         // (a fixed part above the smaller step's graph time is noise, never a measurement)
@@ -581,8 +606,9 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   std::strftime(when, sizeof when, "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   y << "# Measured by hap-profile on " << when << ": " << P << " rank(s) on " << nodes.size()
     << " node(s)" << (opt.quick ? " (--quick)" : "") << ".\n";
-  y << "# flops_per_s: the mean training step (" << (opt.quick ? "0.3" : "2")
-    << " s window) of the " << config.model.name << " model in " << config.source_file
+  y << "# flops_per_s: the mean training step (the median of " << step_rounds << " round"
+    << (step_rounds == 1 ? "" : "s") << " of " << (opt.quick ? "0.3" : "0.7") << " s) of the "
+    << config.model.name << " model in " << config.source_file
     << " on each rank's share of the batch of " << config.train.batch_size
     << " (forward + backward), one thread per rank: where several ranks differ in speed, the\n"
        "# share a split in proportion to their rates on an even share gives them (a device's\n"
