@@ -108,6 +108,31 @@ void record_nodes(DistributedProgram& p, const Cluster& cluster) {
     }
 }
 
+std::vector<double> device_compute_times(const CostModel& cm,
+                                         const std::vector<Instruction>& instrs,
+                                         const std::vector<std::vector<double>>& ratios) {
+  const int D = cm.num_devices();
+  std::vector<double> total(static_cast<size_t>(D), 0.0);
+  const ShardLayout layout(cm.graph(), instrs, ratios);
+  for (const Instruction& in : instrs) {
+    if (in.kind == InstrKind::Compute) {
+      const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
+      const std::vector<double> t = cm.compute_device_s(
+          in.node, in.signature, ratios[in.segment], tensor < 0 ? 1 : layout.granule(tensor, dim));
+      for (int d = 0; d < D; ++d) total[d] += t[d];
+    } else if (in.kind == InstrKind::Update) {
+      const LinearCost lc = cm.update(in.tensor, in.to);
+      if (lc.coef.empty()) {
+        for (int d = 0; d < D; ++d) total[d] += lc.constant_s;
+        continue;
+      }
+      const std::vector<double> share = layout.shares(in.tensor, in.to.dim, in.segment);
+      for (int d = 0; d < D; ++d) total[d] += lc.coef[d] * share[d];
+    }
+  }
+  return total;
+}
+
 namespace {
 
 // Whether the devices wait for each other at an instruction: a collective (in forward, or in
@@ -916,26 +941,11 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   best.node_segment = seg;
   best.search_iterations = rounds;
   best.states_expanded = states;
-  best.device_compute_s.assign(D, 0.0);
-  const ShardLayout layout(graph, best.instructions, best.ratios);
-  for (const Instruction& in : best.instructions) {
-    if (in.kind == InstrKind::Compute) {
-      best.compute_s += in.cost_s;
-      const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
-      const std::vector<double> t =
-          cm.compute_device_s(in.node, in.signature, best.ratios[in.segment],
-                              tensor < 0 ? 1 : layout.granule(tensor, dim));
-      for (int d = 0; d < D; ++d) best.device_compute_s[d] += t[d];
-    } else if (in.kind == InstrKind::Update) {
-      best.compute_s += in.cost_s;
-      LinearCost lc = cm.update(in.tensor, in.to);
-      for (int d = 0; d < D; ++d)
-        best.device_compute_s[d] +=
-            lc.coef.empty() ? in.cost_s : lc.coef[d] * best.ratios[in.segment][d];
-    } else {
-      best.communication_s += in.cost_s;
-    }
-  }
+  best.device_compute_s = device_compute_times(cm, best.instructions, best.ratios);
+  for (const Instruction& in : best.instructions)
+    (in.kind == InstrKind::Compute || in.kind == InstrKind::Update ? best.compute_s
+                                                                   : best.communication_s) +=
+        in.cost_s;
   const StepTime st = step_time(cm, best.instructions);
   best.hidden_communication_s = st.hidden_s;
   best.shared_latency_s = st.shared_latency_s;

@@ -105,6 +105,13 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios);
 
+// Each device's compute in one step under `ratios`: its time on every node it computes
+// (CostModel::compute_device_s on whole-granule shards, kernel overheads included) and its
+// optimizer updates (DistributedProgram::device_compute_s).
+std::vector<double> device_compute_times(const CostModel& cm,
+                                         const std::vector<Instruction>& instrs,
+                                         const std::vector<std::vector<double>>& ratios);
+
 DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                               const SynthesisOptions& options);
 

@@ -465,7 +465,7 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
     priced.set_recompute(p.node_segment, p.recompute);
     p.predicted_step_s = synth::recost(priced, p.instructions, p.ratios);
     p.device_memory_bytes = synth::program_memory(priced, p.instructions, p.storage, p.ratios);
-    p.device_compute_s.assign(cm.num_devices(), 0.0);
+    p.device_compute_s = synth::device_compute_times(priced, p.instructions, p.ratios);
     for (const synth::Instruction& x : p.instructions)
       (x.kind == InstrKind::Compute || x.kind == InstrKind::Update ? p.compute_s
                                                                    : p.communication_s) += x.cost_s;

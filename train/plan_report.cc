@@ -304,14 +304,35 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())
      << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";
   os << "per device:\n";
+  // Where kernel overheads are profiled: each device's part of its compute that is fixed costs
+  // per kernel call (on the nodes it computes any rows of).
+  bool overheads = false;
+  for (const synth::Device& device : c.devices)
+    overheads = overheads || device.kernel_overhead_s > 0;
+  std::vector<double> fixed_s(static_cast<std::size_t>(c.size()), 0.0);
+  if (overheads) {
+    const synth::ShardLayout layout(cm.graph(), p.instructions, p.ratios);
+    for (const synth::Instruction& in : p.instructions) {
+      if (in.kind != InstrKind::Compute) continue;
+      const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
+      const std::vector<double> share =
+          cm.compute_shares(in.node, in.signature, p.ratios[static_cast<std::size_t>(in.segment)],
+                            tensor < 0 ? 1 : layout.granule(tensor, dim));
+      for (int d = 0; d < c.size(); ++d)
+        if (!cm.splits_work(in.node, in.signature) || share[static_cast<std::size_t>(d)] > 0)
+          fixed_s[static_cast<std::size_t>(d)] += cm.fixed_compute_s(in.node, d);
+    }
+  }
   std::size_t name_width = 16;
   for (const synth::Device& device : c.devices)
     name_width = std::max(name_width, device.name.size());
   for (int d = 0; d < c.size(); ++d) {
     const double capacity = static_cast<double>(c.devices[d].memory_bytes);
     os << "  " << pad(std::to_string(d), 3) << " " << pad(c.devices[d].name, name_width)
-       << " compute " << pad_left(fmt_s(p.device_compute_s[d]), 10) << "  memory "
-       << pad_left(fmt_bytes(p.device_memory_bytes[d]), 10) << " of "
+       << " compute " << pad_left(fmt_s(p.device_compute_s[d]), 10)
+       << (overheads ? " (kernel overheads " + fmt_s(fixed_s[static_cast<std::size_t>(d)]) + ")"
+                     : std::string())
+       << "  memory " << pad_left(fmt_bytes(p.device_memory_bytes[d]), 10) << " of "
        << pad_left(fmt_bytes(capacity), 10) << (p.device_memory_bytes[d] > capacity ? "  OVER" : "")
        << "\n";
   }

@@ -76,6 +76,14 @@ TEST(PlanFile, EveryStrategysPlanLoadsAsTheSameProgram) {
     const synth::DistributedProgram back = load_plan(plan_path().string(), cm);
     EXPECT_EQ(synth::program_hash(back), synth::program_hash(p)) << synth::strategy_name(st);
     EXPECT_NEAR(back.predicted_step_s, p.predicted_step_s, 1e-12 + 1e-9 * p.predicted_step_s);
+    // Each device's compute too (the report prints it).
+    ASSERT_EQ(back.device_compute_s.size(), p.device_compute_s.size());
+    for (size_t d = 0; d < p.device_compute_s.size(); ++d) {
+      EXPECT_GT(p.device_compute_s[d], 0.0);
+      EXPECT_NEAR(back.device_compute_s[d], p.device_compute_s[d],
+                  1e-15 + 1e-9 * p.device_compute_s[d])
+          << synth::strategy_name(st) << " device " << d;
+    }
   }
   fs::remove(plan_path());
 }
