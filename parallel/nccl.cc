@@ -205,7 +205,7 @@ class NcclBackend : public Backend {
     std::memcpy(id_bytes.raw_data(), &id, sizeof id);
     host_->broadcast(id_bytes, 0);
     std::memcpy(&id, id_bytes.raw_data(), sizeof id);
-    HAP_CUDA_CHECK(cudaSetDevice(device_));
+    ::hap::cuda::set_device(device_);
     HAP_NCCL_CHECK(nccl().comm_init_rank(&comm_, host_->size(), id, host_->rank()));
   }
   ~NcclBackend() override {
@@ -229,7 +229,7 @@ class NcclBackend : public Backend {
     return std::make_shared<NcclBackend>(host_->split_by_node(), device_);
   }
   void barrier() override {
-    HAP_CUDA_CHECK(cudaSetDevice(device_));
+    ::hap::cuda::set_device(device_);
     HAP_CUDA_CHECK(cudaDeviceSynchronize());
     host_->barrier();
   }
@@ -333,7 +333,7 @@ class NcclBackend : public Backend {
                 " like the other operand");
       HAP_CHECK(t->is_contiguous(), "NCCL backend: ", t->str(), " must be contiguous");
     }
-    if (!host) HAP_CUDA_CHECK(cudaSetDevice(device_));
+    if (!host) ::hap::cuda::set_device(device_);
     return host;
   }
   static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }

@@ -52,6 +52,9 @@ struct Device {
   // Emulated clusters only (scripts/hap-emulate): the share of one CPU core this rank is capped
   // to. 0 for a real device. The planner never reads it; flops_per_s is what it plans with.
   double cpu_quota = 0;
+  // Clusters emulated on one GPU only (scripts/hap-emulate): the SMs of the GPU this rank's green
+  // context holds. 0 for a real device. The planner never reads it either.
+  int sm_count = 0;
   // Seconds per parameter element of the optimizer step (and the gradient-norm pass) outside the
   // model's graph, e.g. AdamW; profiled by hap-profile. 0: not modelled.
   double update_s_per_param = 0;

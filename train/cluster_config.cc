@@ -41,15 +41,16 @@ using detail::show;
 
 constexpr std::array<std::string_view, 3> kTopKeys = {"name", "inter_node", "nodes"};
 constexpr std::array<std::string_view, 3> kNodeKeys = {"name", "link", "devices"};
-constexpr std::array<std::string_view, 9> kDeviceKeys = {"name",
-                                                         "type",
-                                                         "flops_per_s",
-                                                         "memory_bytes",
-                                                         "count",
-                                                         "cpu_quota",
-                                                         "update_s_per_param",
-                                                         "memory_bandwidth_bytes_per_s",
-                                                         "kernel_overhead_s"};
+constexpr std::array<std::string_view, 10> kDeviceKeys = {"name",
+                                                          "type",
+                                                          "flops_per_s",
+                                                          "memory_bytes",
+                                                          "count",
+                                                          "cpu_quota",
+                                                          "sm_count",
+                                                          "update_s_per_param",
+                                                          "memory_bandwidth_bytes_per_s",
+                                                          "kernel_overhead_s"};
 constexpr std::array<std::string_view, 3> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
                                                        "collectives"};
 constexpr std::array<std::string_view, 2> kLinkTermKeys = {"bandwidth_bytes_per_s", "latency_s"};
@@ -57,6 +58,8 @@ constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_
                                                              "reduce_scatter", "all_to_all"};
 
 constexpr std::int64_t kMaxCount = 65536;
+// SMs a GPU may have (an H200 has 132): what a typo is above.
+constexpr std::int64_t kMaxSmCount = 4096;
 // Devices in the whole file: plans and collectives are sized per device, so an absurd total
 // (many nodes of large counts) is refused before anything is allocated for it.
 constexpr std::int64_t kMaxDevices = 65536;
@@ -277,6 +280,13 @@ synth::Cluster load_cluster_config(const std::string& path,
       device.memory_bytes = read_memory(origin, s, entries[e]);
       device.cpu_quota = s.number("cpu_quota", 0.0,
                                   RealRange::open_closed(0, 1).because("a share of one CPU core"));
+      device.sm_count = static_cast<int>(s.integer<std::int64_t>(
+          "sm_count", 0,
+          IntRange::closed(1, kMaxSmCount).because("SMs of the GPU the rank runs on")));
+      if (device.sm_count > 0 && device.cpu_quota > 0)
+        s.fail_value("sm_count",
+                     "no sm_count on a device with cpu_quota (a rank is emulated either on a share "
+                     "of a CPU core or on a GPU's SMs, not both)");
       device.update_s_per_param = s.number("update_s_per_param", 0.0, kUpdateRange);
       device.memory_bandwidth_bytes_per_s =
           zero_or_in(s, "memory_bandwidth_bytes_per_s", kBandwidthRange);
@@ -343,7 +353,8 @@ nlohmann::json cluster_to_json(const synth::Cluster& cluster) {
                             {"memory_bandwidth_bytes_per_s", d.memory_bandwidth_bytes_per_s},
                             {"kernel_overhead_s", d.kernel_overhead_s},
                             {"update_s_per_param", d.update_s_per_param},
-                            {"cpu_quota", d.cpu_quota}});
+                            {"cpu_quota", d.cpu_quota},
+                            {"sm_count", d.sm_count}});
   }
   j["nodes"] = nlohmann::json::array();
   for (const synth::Node& n : cluster.nodes)

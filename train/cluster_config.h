@@ -22,7 +22,10 @@
 // devices; at most 65536 devices in the whole file) and `name` (optional, unique in the cluster;
 // not allowed with count > 1; defaults to <node>.<type>.<i>, i counting the node's earlier devices
 // of that type from 0), `cpu_quota` (optional, in (0, 1]: on an emulated cluster, the share of one
-// CPU core scripts/hap-emulate caps the rank to; the planner ignores it), `update_s_per_param`
+// CPU core scripts/hap-emulate caps the rank to; the planner ignores it), `sm_count` (optional
+// integer in [1, 4096], not with cpu_quota: on a cluster emulated on one GPU, the SMs of the
+// GPU the rank's green context holds, core/sm_partition.h; the planner ignores it too),
+// `update_s_per_param`
 // (optional, in [0, 1e-3], default 0: seconds of optimizer step per parameter element, as
 // hap-profile measures it; the cost model adds it per stored parameter),
 // `memory_bandwidth_bytes_per_s` (optional, 0 or in [1e3, 1e15], default 0 = not modelled: the
@@ -74,7 +77,8 @@ synth::Cluster load_cluster_config(const std::string& path,
                                    ClusterLoadInfo* info = nullptr);
 
 // The validated cluster as JSON, one device per rank (name, type, node, flops_per_s,
-// memory_bytes, memory_bandwidth_bytes_per_s, kernel_overhead_s, update_s_per_param, cpu_quota),
+// memory_bytes, memory_bandwidth_bytes_per_s, kernel_overhead_s, update_s_per_param, cpu_quota,
+// sm_count),
 // with its nodes and links: for scripts (scripts/hap-emulate) that must
 // not parse cluster files themselves.
 nlohmann::json cluster_to_json(const synth::Cluster& cluster);

@@ -9,6 +9,7 @@
 #include "autograd/grad_mode.h"
 #ifdef HAP_HAVE_CUDA
 #include "core/cuda/backend.h"
+#include "core/cuda/green_context.h"
 #endif
 #include "models/init.h"
 #include "models/module.h"
@@ -212,8 +213,13 @@ class SpmdEngine : public Engine {
   }
 
   std::string placement() const override {
+    std::string green;
+#ifdef HAP_HAVE_CUDA
+    if (!config_.device.is_cpu() && cuda::green_context().device >= 0)
+      green = " " + cuda::green_context_note();
+#endif
     const std::string on =
-        config_.device.is_cpu() ? "cpu" : "cuda (rank 0 on " + config_.device.str() + ")";
+        config_.device.is_cpu() ? "cpu" : "cuda (rank 0 on " + config_.device.str() + green + ")";
     std::string left;
     if (world_.valid())
       left = " (" + std::to_string(world_.size() - comm_.size()) + " of the " +

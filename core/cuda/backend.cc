@@ -10,7 +10,9 @@
 #include "core/allocator.h"
 #include "core/byte_size.h"
 #include "core/cuda/check.h"
+#include "core/cuda/green_context.h"
 #include "core/cuda/tensor_ops.h"
+#include "core/sm_partition.h"
 
 namespace hap::cuda {
 
@@ -78,7 +80,7 @@ class CudaAllocator : public Allocator {
                                  d.stats.allocated_bytes,
                                  " in use; HAP_CUDA_MEMORY_CAP or cuda::set_memory_cap)"));
     if (cap_ > 0 && d.stats.allocated_bytes + d.stats.cached_bytes + n > cap_) release(index, d);
-    HAP_CUDA_CHECK(cudaSetDevice(index));
+    set_device(index);
     void* p = nullptr;
     cudaError_t e = cudaMalloc(&p, n);
     if (e == cudaErrorMemoryAllocation) {  // return the cache to the driver and try once more
@@ -149,7 +151,7 @@ class CudaAllocator : public Allocator {
   // With mu_ held.
   static void release(int index, PerDevice& d) {
     if (d.free.empty()) return;
-    HAP_CUDA_CHECK(cudaSetDevice(index));
+    set_device(index);
     HAP_CUDA_CHECK(cudaDeviceSynchronize());  // no queued kernel may still use a block
     for (auto& [n, p] : d.free) HAP_CUDA_CHECK(cudaFree(p));
     d.free.clear();
@@ -169,7 +171,7 @@ CudaAllocator& allocator() {
 void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {
   const Device gpu = dst_device.is_cuda() ? dst_device : src_device;
   check_device(gpu.index);
-  HAP_CUDA_CHECK(cudaSetDevice(gpu.index));
+  set_device(gpu.index);
   // Unified addressing tells the direction; a copy to the host waits for the kernels before it.
   HAP_CUDA_CHECK(cudaMemcpy(dst, src, nbytes, cudaMemcpyDefault));
 }
@@ -202,12 +204,23 @@ std::string device_description(int index) {
   return detail::concat(p.name, ", sm_", p.major, p.minor, ", ", p.totalGlobalMem >> 20, " MiB");
 }
 
+void set_device(int index) {
+  // (Read once; a malformed value throws here on every call, naming the variable.)
+  static const SmPartitionRequest request = sm_partition_from_environment();
+  if (!request.asked.empty()) {
+    static std::once_flag entered;  // a failed entry throws and is tried again by the next call
+    std::call_once(entered, [&] { enter_green_context(index, request.asked, request.group); });
+  }
+  if (make_green_context_current(index)) return;
+  HAP_CUDA_CHECK(cudaSetDevice(index));
+}
+
 void set_memory_cap(size_t bytes) { allocator().set_cap(bytes); }
 size_t memory_cap() { return allocator().cap(); }
 
 void synchronize(int index) {
   check_device(index);
-  HAP_CUDA_CHECK(cudaSetDevice(index));
+  set_device(index);
   HAP_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

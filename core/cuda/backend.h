@@ -28,6 +28,13 @@ std::string device_description(int index);
 void set_memory_cap(size_t bytes);
 size_t memory_cap();
 
+// Makes cuda:`index` the calling thread's device: its green context where one is in effect
+// (core/cuda/green_context.h), else its primary context (cudaSetDevice). Every CUDA path of HAP
+// goes through it. The first call in a process whose environment has HAP_EMULATE_SMS (an emulated
+// mixed GPU cluster, scripts/hap-emulate) enters the green context of the SM group
+// HAP_EMULATE_SM_GROUP names on that device, for the rest of the process.
+void set_device(int index);
+
 // Waits for every kernel and copy queued on the device.
 void synchronize(int index);
 

@@ -52,7 +52,7 @@ cublasHandle_t cublas_handle(int index) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = handles.find(index);
   if (it != handles.end()) return it->second;
-  HAP_CUDA_CHECK(cudaSetDevice(index));
+  ::hap::cuda::set_device(index);
   cublasHandle_t h = nullptr;
   HAP_CUBLAS_CHECK(cublas().create(&h));
   handles.emplace(index, h);

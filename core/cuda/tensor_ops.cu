@@ -3,6 +3,7 @@
 // converts as the host does (core/strided_copy.h).
 #include <cstring>
 
+#include "core/cuda/backend.h"
 #include "core/cuda/indexing.cuh"
 #include "core/cuda/tensor_ops.h"
 #include "core/strided_copy.h"
@@ -43,7 +44,7 @@ void fill_elements(const Tensor& t, double value) {
   const int64_t n = t.numel();
   if (n == 0) return;
   const Indexer ix = indexer(t, t.shape(), "fill_");
-  HAP_CUDA_CHECK(cudaSetDevice(t.device().index));
+  ::hap::cuda::set_device(t.device().index);
   // The element's bits, converted on the host exactly as a host fill_ would.
   on_bits(t.dtype(), [&](auto bits_tag) {
     using Bits = decltype(bits_tag);
@@ -67,7 +68,7 @@ void copy_elements(const Tensor& dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0) return;
   const Indexer di = indexer(dst, dst.shape(), "copy"), si = indexer(src, dst.shape(), "copy");
-  HAP_CUDA_CHECK(cudaSetDevice(dst.device().index));
+  ::hap::cuda::set_device(dst.device().index);
   if (dst.dtype() == src.dtype()) {
     on_bits(dst.dtype(), [&](auto tag) {
       using Bits = decltype(tag);

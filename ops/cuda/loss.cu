@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cuda/backend.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/rows.cuh"
@@ -279,7 +280,7 @@ std::vector<Tensor> count_targets(const KernelContext& c) {
   const Tensor& targets = c.inputs[0];
   const int64_t ignore = attr<CrossEntropyAttrs>(c.attrs).ignore_index;
   Tensor out = c.alloc(0);
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  ::hap::cuda::set_device(out.device().index);
   scan_targets_kernel<<<1, kThreads>>>(ptr<int64_t>(targets),
                                        indexer(targets, targets.shape(), "count_targets"),
                                        targets.numel(), 0, ignore, ptr<int64_t>(out), nullptr);

@@ -5,6 +5,7 @@
 // the GEMM adds to it (beta = 1), as the CPU kernel does: bias + x W^T is rounded once.
 #include <cublas_api.h>
 
+#include "core/cuda/backend.h"
 #include "core/cuda/cublas.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
@@ -34,14 +35,14 @@ void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool 
     HAP_CHECK(beta == 0 || beta == 1, "gemm for ", op, ": an empty inner dimension with beta ",
               beta);
     if (beta == 0) {
-      HAP_CUDA_CHECK(cudaSetDevice(c.device().index));
+      ::hap::cuda::set_device(c.device().index);
       HAP_CUDA_CHECK(cudaMemsetAsync(c.raw_data(), 0, c.nbytes()));  // +0.0 in every float
     }
     return;
   }
   const int device = c.device().index;
   cublasHandle_t h = ::hap::cuda::cublas_handle(device);
-  HAP_CUDA_CHECK(cudaSetDevice(device));
+  ::hap::cuda::set_device(device);
   const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
   const double alpha64 = alpha, beta64 = beta;
   const bool f64 = c.dtype() == DType::F64;
@@ -71,7 +72,7 @@ Tensor expanded(const Tensor& t, const Shape& shape) {
 
 void zero(const Tensor& t) {
   if (t.numel() == 0) return;
-  HAP_CUDA_CHECK(cudaSetDevice(t.device().index));
+  ::hap::cuda::set_device(t.device().index);
   HAP_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes()));  // +0.0 in f32 and f64
 }
 
@@ -107,7 +108,7 @@ __global__ void bias_rows_kernel(Bits* out, const Bits* bias, int64_t bias_strid
 }
 
 void fill_bias_rows(const Tensor& out, const Tensor& bias, int64_t rows, int64_t n) {
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  ::hap::cuda::set_device(out.device().index);
   auto launch = [&](auto bits) {
     using Bits = decltype(bits);
     bias_rows_kernel<<<blocks_for(rows * n), kThreads>>>(static_cast<Bits*>(out.raw_data()),

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/cuda/backend.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/defs/common.h"
@@ -113,7 +114,7 @@ void multi_tensor(const KernelContext& c, size_t params, const char* op, Fill fi
   Tensor t_dev = Tensor::empty({static_cast<int64_t>(bytes)},
                                TensorOptions{}.with_dtype(DType::U8).with_device(dev));
   copy_bytes(t_dev.raw_data(), dev, table.data(), Device::cpu(), bytes);
-  HAP_CUDA_CHECK(cudaSetDevice(dev.index));
+  ::hap::cuda::set_device(dev.index);
   const int blocks = static_cast<int>(std::min<int64_t>(chunks, 65536));
   launch(static_cast<const Update<T>*>(t_dev.raw_data()), static_cast<int>(params), chunks, blocks);
   check_launch(op);
@@ -212,7 +213,7 @@ std::vector<Tensor> sum_of_squares(const KernelContext& c) {
   const int tensors = static_cast<int>(c.inputs.size());
   Tensor partial = Tensor::zeros({static_cast<int64_t>(tensors) * kPartials},
                                  TensorOptions{}.with_dtype(DType::F64).with_device(out.device()));
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  ::hap::cuda::set_device(out.device().index);
   for (int t = 0; t < tensors; ++t) {
     const Tensor& x = c.inputs[static_cast<size_t>(t)];
     const int64_t n = x.numel();
@@ -237,7 +238,7 @@ std::vector<Tensor> sum_of_squares(const KernelContext& c) {
 
 void register_optim(OpTable& t) {
   t[static_cast<size_t>(OpKind::AdamWUpdate)].cuda = [](const KernelContext& c) {
-    HAP_CUDA_CHECK(cudaSetDevice(c.inputs[0].device().index));
+    ::hap::cuda::set_device(c.inputs[0].device().index);
     if (c.inputs[0].dtype() == DType::F64)
       adamw<double>(c);
     else
@@ -245,7 +246,7 @@ void register_optim(OpTable& t) {
     return std::vector<Tensor>{};
   };
   t[static_cast<size_t>(OpKind::SgdUpdate)].cuda = [](const KernelContext& c) {
-    HAP_CUDA_CHECK(cudaSetDevice(c.inputs[0].device().index));
+    ::hap::cuda::set_device(c.inputs[0].device().index);
     if (c.inputs[0].dtype() == DType::F64)
       sgd<double>(c);
     else

@@ -3,6 +3,7 @@
 // device), so a GPU draws bit-for-bit the CPU's masks, on the whole tensor or on any shard of it.
 #include <cstdint>
 
+#include "core/cuda/backend.h"
 #include "core/philox.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
@@ -122,7 +123,7 @@ std::vector<Tensor> mask_tokens(const KernelContext& c) {
   const LogicalMap map = logical_map(out.shape(), a.slice, "mask_tokens");  // checked when empty
   if (n == 0) return {out};
   const Indexer ix = indexer(c.inputs[0], out.shape(), "mask_tokens");
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  ::hap::cuda::set_device(out.device().index);
   const MaskTokensArgs args{a.p, a.mask_id, a.vocab, a.ignore_index, a.targets, a.seed, a.stream};
   mask_tokens_kernel<<<blocks_for(n), kThreads>>>(ptr<int64_t>(out), ptr<int64_t>(c.inputs[0]), ix,
                                                   n, map, args);

@@ -44,7 +44,73 @@ expect_refusal "add up to $((cores + 1)) cores" "$TMP/too-many.yaml" -- true
   echo "      - {type: cpu, flops_per_s: 1e10, memory_bytes: 1GB, cpu_quota: 1.5}"
 } > "$TMP/bad-quota.yaml"
 expect_refusal "cpu_quota: expected a number in (0, 1]" "$TMP/bad-quota.yaml" -- true
+# Clusters emulated on one GPU (sm_count): refusals of what does not go together.
+gpu_file() {  # NAME DEVICE-LINES...: a one-node cluster file with those device entries
+  local name=$1; shift
+  { echo "nodes:"; echo "  - link: {bandwidth_bytes_per_s: 1e9, latency_s: 1e-6}"
+    echo "    devices:"; for d in "$@"; do echo "      - {$d}"; done; } > "$TMP/$name.yaml"
+}
+gpu_file both "type: g, flops_per_s: 1e12, memory_bytes: 1GB, sm_count: 16" \
+  "type: c, flops_per_s: 1e10, memory_bytes: 1GB, cpu_quota: 0.5"
+expect_refusal "not both" "$TMP/both.yaml" -- true
+gpu_file partial "type: g, flops_per_s: 1e12, memory_bytes: 1GB, sm_count: 16" \
+  "type: r, flops_per_s: 1e12, memory_bytes: 1GB"
+expect_refusal "have no sm_count" "$TMP/partial.yaml" -- true
+gpu_file one-device-both "type: g, flops_per_s: 1e12, memory_bytes: 1GB, sm_count: 16, cpu_quota: 0.5"
+expect_refusal "sm_count: expected no sm_count on a device with cpu_quota" "$TMP/one-device-both.yaml" -- true
+gpu_file zero-sms "type: g, flops_per_s: 1e12, memory_bytes: 1GB, sm_count: 0"
+expect_refusal "sm_count: expected an integer" "$TMP/zero-sms.yaml" -- true
+expect_refusal "options of CPU-emulated clusters" --throttle ops \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- true
+expect_refusal "options of GPU-emulated clusters" --gpu 0 "$SRC/configs/clusters/emu-mixed4.yaml" \
+  -- true
 [ -z "$(leftovers)" ] || fail "refusals left behind: $(leftovers)"
+
+# On one GPU: every rank gets the partition of the GPU's SMs, its own group and its memory cap,
+# and sees only the GPU asked for; no cgroup is made. (Without a GPU, nothing here needs one.)
+cat > "$TMP/gpu-env.sh" <<'EOF2'
+#!/bin/sh
+echo "rank $OMPI_COMM_WORLD_RANK sms=$HAP_EMULATE_SMS group=$HAP_EMULATE_SM_GROUP cap=$HAP_CUDA_MEMORY_CAP visible=$CUDA_VISIBLE_DEVICES mps=${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE:-unset}"
+EOF2
+chmod +x "$TMP/gpu-env.sh"
+out=$(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 "$EMU" --hap-plan "$PLAN" --mps off \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- "$TMP/gpu-env.sh" 2>&1) \
+  || fail "hap-emulate on emu-gpu-mixed4 exited $?: $out"
+echo "$out"
+for want in "rank 0 sms=64,32,16,16 group=0 cap=25769803776 visible=0 mps=unset" \
+            "rank 1 sms=64,32,16,16 group=1 cap=12884901888 visible=0 mps=unset" \
+            "rank 3 sms=64,32,16,16 group=3 cap=2147483648 visible=0 mps=unset" \
+            "without MPS: the ranks' kernels take turns"; do
+  echo "$out" | grep -qF -- "$want" || fail "hap-emulate on emu-gpu-mixed4 lacks '$want': $out"
+done
+out=$(CUDA_VISIBLE_DEVICES=5,7 "$EMU" --hap-plan "$PLAN" --mps off --gpu 1 \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- "$TMP/gpu-env.sh" 2>&1) \
+  || fail "hap-emulate --gpu 1 exited $?: $out"
+echo "$out" | grep -qF "rank 2 sms=64,32,16,16 group=2 cap=6442450944 visible=7" \
+  || fail "hap-emulate --gpu 1 with CUDA_VISIBLE_DEVICES=5,7: $out"
+out=$(CUDA_VISIBLE_DEVICES=3 "$EMU" --hap-plan "$PLAN" --gpu 1 \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- true 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -qF "CUDA_VISIBLE_DEVICES=3 makes 1 GPU(s) visible" \
+  || fail "--gpu 1 with one GPU visible: exit $rc: $out"
+if ! command -v nvidia-cuda-mps-control > /dev/null; then
+  out=$(PATH=/usr/bin:/bin "$EMU" --hap-plan "$PLAN" --mps on \
+    "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- true 2>&1); rc=$?
+  [ $rc -eq 3 ] && echo "$out" | grep -qF "nvidia-cuda-mps-control is not on PATH" \
+    || fail "--mps on without MPS: exit $rc: $out"
+fi
+# Training on it without a GPU: every rank stops with the reason, promptly, never a hang.
+if ! command -v nvidia-smi > /dev/null; then
+  t0=$SECONDS
+  out=$(timeout 120 "$EMU" --hap-plan "$PLAN" --mps off \
+    "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- "$(dirname "$PLAN")/hap-train" \
+    --config "$SRC/configs/gpt-tiny.yaml" --cluster "$SRC/configs/clusters/emu-gpu-mixed4.yaml" \
+    --set train.device=cuda --set train.steps=3 2>&1); rc=$?
+  { [ $rc -ne 0 ] && [ $rc -ne 124 ]; } || fail "hap-train on emu-gpu-mixed4 without a GPU: exit $rc: $out"
+  echo "$out" | grep -qF "no CUDA device is visible" \
+    || fail "hap-train on emu-gpu-mixed4 without a GPU does not say why: $out"
+  echo "without a GPU: every rank stopped in $((SECONDS - t0)) s, exit $rc, naming why"
+fi
+[ -z "$(leftovers)" ] || fail "the GPU emulation left behind: $(leftovers)"
 
 # ---- the real thing needs root and a cgroup CPU controller ----
 if [ "$(id -u)" != 0 ] || ! mkdir /sys/fs/cgroup/cpu/hap-emulate-probe.$$ 2>/dev/null; then

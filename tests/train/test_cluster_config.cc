@@ -125,8 +125,8 @@ TEST(ShippedCluster, EveryFileLoadsAndValidates) {
     EXPECT_EQ(c.summary().rfind(head, 0), 0u) << c.summary();
     names.insert(entry.path().filename().string());
   }
-  for (const char* expected : {"emu-mixed4.yaml", "emu-2node.yaml", "hap-paper.yaml",
-                               "modern-mix.yaml", "two-devices.yaml"})
+  for (const char* expected : {"emu-mixed4.yaml", "emu-2node.yaml", "emu-gpu-mixed4.yaml",
+                               "hap-paper.yaml", "modern-mix.yaml", "two-devices.yaml"})
     EXPECT_TRUE(names.contains(expected)) << "configs/clusters/" << expected << " is missing";
 }
 
@@ -578,6 +578,34 @@ TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
   const Link ag = link.for_collective(synth::Collective::AllGather);
   EXPECT_DOUBLE_EQ(ag.bandwidth_bytes_per_s, 1.0e10);
   EXPECT_DOUBLE_EQ(ag.latency_s, 2.0e-6);
+}
+
+// A cluster emulated on one GPU: each device's SMs (scripts/hap-emulate gives each rank a green
+// context of them); carried to the JSON hap-emulate reads, ignored by the planner.
+TEST_F(ClusterFileTest, SmCountsOfAClusterEmulatedOnOneGpu) {
+  const std::string text =
+      replace_first(kValidCluster, "memory_bytes: 32GiB}", "memory_bytes: 32GiB, sm_count: 64}");
+  const Cluster c = load_cluster_config(write(text, "gpu.yaml"));
+  EXPECT_EQ(c.devices[0].sm_count, 64);
+  EXPECT_EQ(c.devices[1].sm_count, 0);  // absent: a real device
+  const nlohmann::json j = cluster_to_json(c);
+  EXPECT_EQ(j["devices"][0]["sm_count"], 64);
+  EXPECT_EQ(j["devices"][1]["sm_count"], 0);
+  // The plan does not depend on it.
+  const Cluster plain = load_cluster_config(write(kValidCluster, "plain.yaml"));
+  EXPECT_EQ(c.summary(), plain.summary());
+  const std::string device = "memory_bytes: 32GiB}";
+  for (const auto& [to, expectation] : std::vector<std::pair<std::string, std::string>>{
+           {"memory_bytes: 32GiB, sm_count: 0}",
+            "expected an integer in [1, 4096] (SMs of the GPU the rank runs on), got 0"},
+           {"memory_bytes: 32GiB, sm_count: 5000}", "expected an integer in [1, 4096]"},
+           {"memory_bytes: 32GiB, sm_count: 16.5}", "expected an integer"},
+           {"memory_bytes: 32GiB, sm_count: 16, cpu_quota: 0.5}",
+            "expected no sm_count on a device with cpu_quota"}}) {
+    SCOPED_TRACE(to);
+    const std::string path = write(edited(device, to));
+    expect_contains(load_error(path), {path + ": nodes[0].devices[0].sm_count", expectation});
+  }
 }
 
 TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
