@@ -12,8 +12,16 @@
 //
 // Rank 0 shows progress on stderr and writes the file at the end, through a temporary file and
 // a rename: an interrupted profile leaves no file behind. Under scripts/hap-emulate, the
-// emulated device's name, type, node and cpu_quota come from the environment (HAP_DEVICE_NAME,
-// HAP_DEVICE_TYPE, HAP_NODE_NAME, HAP_CPU_QUOTA), so the file can be emulated again as is.
+// emulated device's name, type, node and cpu_quota or sm_count come from the environment
+// (HAP_DEVICE_NAME, HAP_DEVICE_TYPE, HAP_NODE_NAME, HAP_CPU_QUOTA, HAP_EMULATE_SMS and
+// HAP_EMULATE_SM_GROUP), so the file can be emulated again as is.
+//
+// GPU ranks (--set train.device=cuda): each rank takes the GPU a training run would give it and
+// measures there: GEMMs in f32 and bf16, the model's step on the GPU (its kernel shares from
+// separate profiled steps, since the profiler waits for the device around each op), the GPU's
+// free memory shared among the ranks on it (or its allocator cap), and the collectives on GPU
+// tensors through the backend training would use (parallel.backend: NCCL, or MPI staged through
+// the host). Not yet run on a GPU.
 // Exit codes: 0 written, 1 run-time error, 2 bad input.
 #include <unistd.h>
 

@@ -10,6 +10,9 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#endif
 #include "ops/functional.h"
 #include "parallel/shard.h"
 #include "synth/cost_model.h"
@@ -39,20 +42,34 @@ constexpr int64_t kRowFloats = 256;
 
 }  // namespace
 
-GemmRate profile_gemm(int64_t n, int reps) {
+void wait_for_device(Device device) {
+  if (device.is_cpu()) return;
+#ifdef HAP_HAVE_CUDA
+  cuda::synchronize(device.index);
+#else
+  HAP_CHECK(false, "wait_for_device: ", device.str(), " without the CUDA backend");
+#endif
+}
+
+GemmRate profile_gemm(int64_t n, int reps, Device device, DType dtype) {
   HAP_CHECK(n >= 1 && reps >= 1, "profile_gemm: expected n >= 1 and reps >= 1, got n=", n,
             " reps=", reps);
-  Tensor a = randn({n, n}, 1, 0);
-  Tensor b = randn({n, n}, 1, 1);
-  hap::matmul(a, b);  // warm-up: allocator, thread pool, pages
+  HAP_CHECK(dtype == DType::F32 || dtype == DType::BF16, "profile_gemm: f32 or bf16, not ",
+            dtype_name(dtype));
+  Tensor a = randn({n, n}, 1, 0).to(dtype).to(device);
+  Tensor b = randn({n, n}, 1, 1).to(dtype).to(device);
+  hap::matmul(a, b);  // warm-up: allocator, thread pool, pages, library handles
+  wait_for_device(device);
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
     Tensor c = hap::matmul(a, b);
+    wait_for_device(device);
     times.push_back(seconds_since(t0));
   }
   GemmRate g;
   g.n = n;
+  g.dtype = dtype;
   g.median_s = median(times);
   g.flops_per_s =
       2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / g.median_s;
@@ -61,7 +78,8 @@ GemmRate profile_gemm(int64_t n, int reps) {
 
 CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
                                  CollectiveMethod method, double bytes,
-                                 const std::vector<double>& ratios, int reps, double busy_s) {
+                                 const std::vector<double>& ratios, int reps, double busy_s,
+                                 Device device) {
   const int P = comm.size();
   const int me = comm.rank();
   HAP_CHECK(static_cast<int>(ratios.size()) == P, "time_collective: ", ratios.size(),
@@ -83,8 +101,9 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
       std::adjacent_find(lengths.begin(), lengths.end(), std::not_equal_to<>()) != lengths.end();
 
   // The rank's input: x: [rows or its shard, 256] (all_to_all: its rows, all columns).
-  Tensor full = Tensor::full({rows, kRowFloats}, 1.0);
-  Tensor shard = Tensor::full({lengths[me], kRowFloats}, 1.0);
+  const TensorOptions on = TensorOptions{}.with_device(device);
+  Tensor full = Tensor::full({rows, kRowFloats}, 1.0, on);
+  Tensor shard = Tensor::full({lengths[me], kRowFloats}, 1.0, on);
   auto run_once = [&]() {
     switch (kind) {
       case synth::InstrKind::AllReduce:
@@ -103,9 +122,12 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
       default:
         HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
     }
+    wait_for_device(device);  // (a GPU backend may return before the collective is done)
   };
   run_once();  // warm-up: connections, buffers
-  Tensor a = Tensor::full({64, 64}, 0.5), b = Tensor::full({64, 64}, 0.25);
+  // The compute before each call, on the rank's device: a GPU's kernels are queued, so the
+  // collective waits behind them as in training.
+  Tensor a = Tensor::full({64, 64}, 0.5, on), b = Tensor::full({64, 64}, 0.25, on);
   std::vector<double> slowest;
   for (int i = 0; i < reps; ++i) {
     comm.barrier();
@@ -175,9 +197,19 @@ LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
   return fit;
 }
 
-int64_t usable_memory_bytes(int ranks_on_node) {
+int64_t usable_memory_bytes(int ranks_on_node, Device device) {
   HAP_CHECK(ranks_on_node >= 1, "usable_memory_bytes: expected ranks_on_node >= 1, got ",
             ranks_on_node);
+  if (!device.is_cpu()) {
+#ifdef HAP_HAVE_CUDA
+    const cuda::MemoryInfo m = cuda::memory_info(device.index);
+    double bytes = static_cast<double>(m.free_bytes) / ranks_on_node;
+    if (cuda::memory_cap() > 0) bytes = std::min(bytes, static_cast<double>(cuda::memory_cap()));
+    return static_cast<int64_t>(bytes);
+#else
+    HAP_CHECK(false, "usable_memory_bytes: ", device.str(), " without the CUDA backend");
+#endif
+  }
   double available = 0;
   std::ifstream meminfo("/proc/meminfo");
   std::string key;

@@ -13,14 +13,18 @@
 
 namespace hap::parallel {
 
-// Median seconds of `reps` runs of an n x n x n f32 matmul on this rank (after one warm-up), and
-// the rate 2 n^3 / median.
+// Median seconds of `reps` runs of an n x n x n matmul of `dtype` (f32 or bf16) on `device` (after
+// one warm-up; on a GPU each run waits for the device), and the rate 2 n^3 / median.
 struct GemmRate {
   int64_t n = 0;
   double median_s = 0;
   double flops_per_s = 0;
+  DType dtype = DType::F32;
 };
-GemmRate profile_gemm(int64_t n, int reps);
+GemmRate profile_gemm(int64_t n, int reps, Device device = Device::cpu(), DType dtype = DType::F32);
+
+// Waits for the work queued on `device` (nothing to wait for on the CPU).
+void wait_for_device(Device device);
 
 // One timed collective on a group: every rank of the group calls it with its own shard.
 struct CollectiveSample {
@@ -35,13 +39,16 @@ struct CollectiveSample {
 };
 
 // Times `kind` on `comm` for an f32 tensor of `bytes` (rounded to whole rows of 256 floats, at
-// least one row per rank) sharded by `ratios` (one per rank of comm). Collective over comm.
+// least one row per rank) on `device` (GPU ranks: their tensors on their GPU, through whatever
+// backend `comm` has, each call waited for) sharded by `ratios` (one per rank of comm).
+// Collective over comm.
 // With busy_s > 0 every rank computes for busy_s seconds of wall time (from a common barrier)
 // before each timed call, as in training, where collectives come right after compute: a device
 // that is still busy or throttled (a CPU quota) then joins late, and the time shows it.
 CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
                                  CollectiveMethod method, double bytes,
-                                 const std::vector<double>& ratios, int reps, double busy_s = 0);
+                                 const std::vector<double>& ratios, int reps, double busy_s = 0,
+                                 Device device = Device::cpu());
 
 // The link that best explains the samples: latency_s >= 0 and bandwidth > 0 minimising the sum
 // of squared relative errors of latency_terms * latency_s + byte_terms / bandwidth against the
@@ -54,7 +61,9 @@ struct LinkFit {
 LinkFit fit_link(const std::vector<CollectiveSample>& samples);
 
 // Bytes this rank may use: the smaller of the node's available memory (MemAvailable) divided by
-// `ranks_on_node` and the limit of the rank's memory cgroup, if any.
-int64_t usable_memory_bytes(int ranks_on_node);
+// `ranks_on_node` and the limit of the rank's memory cgroup, if any. On a GPU (`device` cuda:N,
+// `ranks_on_node` then the ranks sharing it): the GPU's free memory divided among them, or the
+// allocator's cap (HAP_CUDA_MEMORY_CAP) where that is smaller.
+int64_t usable_memory_bytes(int ranks_on_node, Device device = Device::cpu());
 
 }  // namespace hap::parallel

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,6 +19,11 @@
 #include "core/atomic_file.h"
 #include "core/philox.h"
 #include "core/rng.h"
+#include "core/sm_partition.h"
+#ifdef HAP_HAVE_CUDA
+#include "core/cuda/backend.h"
+#include "core/cuda/green_context.h"
+#endif
 #include "models/clip.h"
 #include "models/zoo.h"
 #include "ops/cpu/blas.h"
@@ -27,6 +33,7 @@
 #include "synth/cost_model.h"
 #include "train/cluster_config.h"
 #include "train/core_rate.h"
+#include "train/engine.h"
 #include "train/from_config.h"
 #include "train/trace.h"
 #include "train/trainer.h"
@@ -167,19 +174,41 @@ std::string format_bytes(double b) {
   return buf;
 }
 
+// The GEMMs timed for comparison with the model's rate: on the CPU in f32; on a GPU (larger, its
+// rates reached only there) in f32 and in bf16.
+struct GemmSpec {
+  int64_t n;
+  DType dtype;
+};
+std::vector<GemmSpec> gemm_plan(bool quick, Device device) {
+  std::vector<GemmSpec> plan;
+  if (device.is_cpu()) {
+    for (int64_t n :
+         quick ? std::vector<int64_t>{128, 256} : std::vector<int64_t>{128, 256, 512, 1024})
+      plan.push_back({n, DType::F32});
+    return plan;
+  }
+  for (DType dtype : {DType::F32, DType::BF16})
+    for (int64_t n :
+         quick ? std::vector<int64_t>{512, 2048} : std::vector<int64_t>{512, 2048, 4096})
+      plan.push_back({n, dtype});
+  return plan;
+}
+
 // GEMM rates, and the config's model's training step on this rank's share of the batch (`rows`
-// examples; 0: an even share, ceil(batch / world)): mean seconds per step over a time window,
-// and its FLOPs. `window_s` > 0 replaces the default window; `gemms` false skips the GEMM rates.
+// examples; 0: an even share, ceil(batch / world)) on the config's train.device: mean seconds
+// per step over a time window, and its FLOPs. `window_s` > 0 replaces the default window;
+// `gemms` false skips the GEMM rates.
 ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Progress& progress,
                               bool gemms = true, double window = 0, int64_t rows = 0) {
   ComputeResult r;
-  const std::vector<int64_t> sizes = !gemms  ? std::vector<int64_t>{}
-                                     : quick ? std::vector<int64_t>{128, 256}
-                                             : std::vector<int64_t>{128, 256, 512, 1024};
-  for (int64_t n : sizes) {
-    r.gemm.push_back(hap::parallel::profile_gemm(n, quick ? 2 : 3));
-    progress.step("compute: GEMM " + std::to_string(n) + "^3");
-  }
+  const Device device = base.train.device;
+  if (gemms)
+    for (const GemmSpec& g : gemm_plan(quick, device)) {
+      r.gemm.push_back(hap::parallel::profile_gemm(g.n, quick ? 2 : 3, device, g.dtype));
+      progress.step("compute: GEMM " + std::to_string(g.n) + "^3" +
+                    (g.dtype == DType::F32 ? "" : std::string(" ") + dtype_name(g.dtype)));
+    }
 
   // Products (GEMMs, attention) are rated in FLOP/s, everything else (element-wise, norms,
   // copies) mostly by the bytes it moves: the kernel profiler splits the step's time between them.
@@ -209,9 +238,11 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     r.kernel_calls = cm.step_kernel_calls();
   }
   std::shared_ptr<nn::Model> model = build_model(config);
+  model->to(device);  // (parameters keep their identities)
   model->train();
   auto opt = make_optimizer(config.train, model->named_parameters());
-  const nn::Batch batch = synthetic_batch(model->inputs(r.batch_rows), config.train.seed);
+  nn::Batch batch = synthetic_batch(model->inputs(r.batch_rows), config.train.seed);
+  for (auto& [name, t] : batch) t = t.to(device);
   // Steps until a time window has passed rather than a fixed count: under a CPU quota a step's
   // time depends on where it falls in the quota period, and a long window averages that out.
   const double window_s = window > 0 ? window : quick ? 0.3 : 2.0;
@@ -231,11 +262,13 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     }
     opt->zero_grad();
     loss.backward();
+    hap::parallel::wait_for_device(device);  // (a GPU's kernels run after their launch)
     auto t1 = Clock::now();
     // As the trainer: the norm, then the update with clipping's coefficient.
     const double norm = hap::nn::grad_norm(params);
     const double clip = config.train.grad_clip > 0 ? config.train.grad_clip / (norm + 1e-6) : 1.0;
     opt->step(clip < 1 ? clip : 1.0);
+    hap::parallel::wait_for_device(device);
     auto t2 = Clock::now();
     graph_s += std::chrono::duration<double>(t1 - t0).count();
     update_s += std::chrono::duration<double>(t2 - t1).count();
@@ -243,7 +276,11 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   step_once();  // warm-up
   graph_s = update_s = 0;
   hap::ops::reset_dispatch_stats();
-  hap::ops::set_profiling(true);
+  // On the CPU the kernel profiler times the very steps measured; on a GPU it waits for the
+  // device around every op, which a training step does not: the steps are measured without it,
+  // and the products' share of kernel time taken from as many steps again with it, after.
+  const bool gpu = !device.is_cpu();
+  hap::ops::set_profiling(!gpu);
   int steps = 0;
   const auto t0 = Clock::now();
   double elapsed = 0;
@@ -251,6 +288,13 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     step_once();
     ++steps;
     elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  if (gpu) {
+    const double graph_measured_s = graph_s, update_measured_s = update_s;
+    hap::ops::set_profiling(true);
+    for (int i = 0; i < min_steps; ++i) step_once();
+    graph_s = graph_measured_s;
+    update_s = update_measured_s;
   }
   hap::ops::set_profiling(false);
   double product_s = 0, other_s = 0;
@@ -296,7 +340,7 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
                                             const std::vector<double>& rates,
                                             const std::vector<Measurement>& plan, int reps,
                                             double busy_s, const std::string& label,
-                                            Progress& progress) {
+                                            Progress& progress, Device device) {
   // Uneven shards follow the measured rates (what a plan would use); if the ranks are alike,
   // a fixed skew still exercises the uneven paths.
   std::vector<double> uneven = rates;
@@ -310,8 +354,8 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
 
   std::vector<CollectiveSample> samples;
   for (const Measurement& m : plan) {
-    samples.push_back(hap::parallel::time_collective(group, m.kind, m.method, m.bytes,
-                                                     m.uneven ? uneven : even, reps, busy_s));
+    samples.push_back(hap::parallel::time_collective(
+        group, m.kind, m.method, m.bytes, m.uneven ? uneven : even, reps, busy_s, device));
     progress.step(
         label + ": " + hap::synth::instr_name(m.kind) +
         (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::ops::method_name(m.method)) +
@@ -427,11 +471,48 @@ double measure_core_flops_per_s(double window_s) {
   return rate;
 }
 
-void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
-                     const Communicator& world) {
+// What a rank's device is, for the file's comments: the CPU's GEMM path, or the GPU (and its
+// green context where the cluster is emulated on one GPU).
+std::string device_line(Device device) {
+  if (device.is_cpu()) return hap::cpu::gemm_description();
+#ifdef HAP_HAVE_CUDA
+  const std::string green = hap::cuda::green_context_note();
+  return device.str() + ": " + hap::cuda::device_description(device.index) +
+         (green.empty() ? "" : " " + green);
+#else
+  return device.str();
+#endif
+}
+
+// A device type for the file where none is given: "cpu", or the GPU's name ("nvidia-h200").
+std::string default_type(Device device) {
+  if (device.is_cpu()) return "cpu";
+  std::string name = device.str();
+#ifdef HAP_HAVE_CUDA
+  name = hap::cuda::device_description(device.index);
+  name = name.substr(0, name.find(','));
+#endif
+  std::string slug;
+  for (char c : name)
+    slug += std::isalnum(static_cast<unsigned char>(c))
+                ? static_cast<char>(std::tolower(static_cast<unsigned char>(c)))
+                : '-';
+  return slug;
+}
+
+void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Communicator& world) {
   const int P = world.size(), me = world.rank();
   const bool lead = me == 0;
+  RunConfig config = given;
   hap::set_num_threads(config.train.threads > 0 ? config.train.threads : 1);
+  // GPU ranks (train.device=cuda): each on the GPU a training run would give it, which must be
+  // usable; their collectives through the backend a training run would use.
+  Device device = config.train.device;
+  if (!device.is_cpu()) {
+    device = rank_device(device, world);
+    check_training_device(device);
+    config.train.device = device;
+  }
 
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
@@ -454,8 +535,6 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
           " comes after ranks of another node); a cluster file lists devices node by node in rank "
           "order: launch with mpirun --map-by slot (or node-contiguous ranks)");
   }
-  const int local_ranks =
-      static_cast<int>(std::count(node_index.begin(), node_index.end(), node_index[me]));
   const std::vector<Measurement> plan = measurement_plan(opt.quick);
   std::vector<int> group_sizes;
   for (size_t n = 0; n < nodes.size(); ++n)
@@ -464,8 +543,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   // GEMMs, then the model's step in rounds on an even share and on a second size (the
   // proportional share; a batch of one has none: a line saying so instead).
   const int step_rounds = opt.quick ? 1 : 3;
-  const int sizes_compute =
-      (opt.quick ? 2 : 4) + step_rounds + (config.train.batch_size > 1 ? step_rounds : 1);
+  const int sizes_compute = static_cast<int>(gemm_plan(opt.quick, device).size()) + step_rounds +
+                            (config.train.batch_size > 1 ? step_rounds : 1);
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
@@ -473,7 +552,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   if (lead) {
     std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
                  P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
-    std::fprintf(stderr, "hap-profile: rank 0: %s\n", hap::cpu::gemm_description().c_str());
+    std::fprintf(stderr, "hap-profile: rank 0: %s\n", device_line(device).c_str());
     std::fflush(stderr);
   }
 
@@ -540,24 +619,33 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   compute = std::move(fitted);
   rates = world.allgather(compute.flops_per_s);
   const std::vector<int64_t> rows = world.allgather(compute.batch_rows);
+  // Memory: the node's shared among its ranks, or a GPU's among the ranks on it.
+  const std::vector<int64_t> device_of =
+      world.allgather(int64_t{device.is_cpu() ? -1 : device.index});
+  int sharing = 0;
+  for (int r = 0; r < P; ++r)
+    if (node_index[r] == node_index[me] && device_of[r] == device_of[me]) ++sharing;
   const std::vector<int64_t> memory =
-      world.allgather(hap::parallel::usable_memory_bytes(local_ranks));
+      world.allgather(hap::parallel::usable_memory_bytes(sharing, device));
   const int reps = opt.quick ? 2 : 5;
   const double busy_s = opt.busy_ms / 1e3;
 
-  // Links: each node's ranks together (at the same time on every node), then all ranks.
-  Communicator node_comm = world.split(node_index[me], me);
+  // Links: each node's ranks together (at the same time on every node), then all ranks; GPU
+  // ranks' tensors on their GPUs, through the backend training would use.
+  Communicator node_comm =
+      communicator_for(device, config.parallel.backend, world.split(node_index[me], me));
   std::vector<CollectiveSample> node_samples, world_samples;
   if (node_comm.size() >= 2) {
     std::vector<double> node_rates;
     for (int r = 0; r < P; ++r)
       if (node_index[r] == node_index[me]) node_rates.push_back(rates[r]);
-    node_samples =
-        profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name, progress);
+    node_samples = profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name,
+                                 progress, device);
   }
   world.barrier();
   if (world_measured)
-    world_samples = profile_group(world, rates, plan, reps, busy_s, "all nodes", progress);
+    world_samples = profile_group(communicator_for(device, config.parallel.backend, world), rates,
+                                  plan, reps, busy_s, "all nodes", progress, device);
 
   // Each node's fits (overall, then per collective), collected from that node's first rank.
   const std::vector<InstrKind> kinds = {InstrKind::AllReduce, InstrKind::AllGather,
@@ -580,8 +668,16 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   if (world_measured) inter = fit_all(world_samples, kinds);
 
   const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
-  const std::string dev_type = !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", "cpu");
+  const std::string dev_type =
+      !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", default_type(device));
   const std::string quota = env_or("HAP_CPU_QUOTA", "");
+  // A rank of a cluster emulated on one GPU (scripts/hap-emulate) writes its SMs back, so that
+  // the file can be emulated as the one it was measured on.
+  const hap::SmPartitionRequest partition = hap::sm_partition_from_environment();
+  const std::vector<int64_t> sm_counts =
+      world.allgather(int64_t{device.is_cpu() || partition.asked.empty()
+                                  ? 0
+                                  : partition.asked[static_cast<size_t>(partition.group)]});
   const std::vector<std::string> names = allgather_strings(world, dev_name);
   const std::vector<std::string> types = allgather_strings(world, dev_type);
   const std::vector<std::string> quotas = allgather_strings(world, quota);
@@ -596,7 +692,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
   std::vector<std::vector<double>> gemm_rates(compute.gemm.size());
   for (size_t i = 0; i < compute.gemm.size(); ++i)
     gemm_rates[i] = world.allgather(compute.gemm[i].flops_per_s);
-  const std::vector<std::string> cpu_gemm = allgather_strings(world, hap::cpu::gemm_description());
+  const std::vector<std::string> cpu_gemm = allgather_strings(world, device_line(device));
   if (!lead) return;
 
   // ---- the cluster file ----
@@ -622,7 +718,11 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
     << "# flops_per_s, the other ops' bytes give memory_bandwidth_bytes_per_s.\n";
   y << "# GEMM for comparison (FLOP/s at n = ";
-  for (size_t i = 0; i < compute.gemm.size(); ++i) y << (i ? ", " : "") << compute.gemm[i].n;
+  for (size_t i = 0; i < compute.gemm.size(); ++i)
+    y << (i ? ", " : "") << compute.gemm[i].n
+      << (compute.gemm[i].dtype == DType::F32
+              ? ""
+              : std::string(" ") + dtype_name(compute.gemm[i].dtype));
   y << "):\n";
   for (int r = 0; r < P; ++r) {
     y << "#   rank " << r << ": step " << number(step_s[r] * 1e3) << " ms on " << rows[r]
@@ -668,6 +768,7 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
         << ", kernel_overhead_s: " << number(overhead[r])
         << ", update_s_per_param: " << number(update_s[r]) << ", memory_bytes: " << memory[r];
       if (!quotas[r].empty()) y << ", cpu_quota: " << quotas[r];
+      if (sm_counts[r] > 0) y << ", sm_count: " << sm_counts[r];
       y << "}\n";
     }
   }
@@ -682,7 +783,9 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
     for (int r = 0; r < P; ++r) {
       nlohmann::json g = nlohmann::json::array();
       for (size_t i = 0; i < compute.gemm.size(); ++i)
-        g.push_back({{"n", compute.gemm[i].n}, {"flops_per_s", gemm_rates[i][r]}});
+        g.push_back({{"n", compute.gemm[i].n},
+                     {"dtype", dtype_name(compute.gemm[i].dtype)},
+                     {"flops_per_s", gemm_rates[i][r]}});
       raw["ranks"].push_back({{"rank", r},
                               {"node", node_of[r]},
                               {"model_step_s", step_s[r]},
@@ -698,7 +801,8 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& opt,
                               {"memory_bytes", memory[r]},
                               {"gemm", g},
                               {"cpu_gemm", cpu_gemm[r]},
-                              {"cpu_quota", quotas[r]}});
+                              {"cpu_quota", quotas[r]},
+                              {"sm_count", sm_counts[r]}});
     }
     raw["node_samples"] = nlohmann::json::object();
     for (int r = 0; r < P; ++r)

@@ -80,6 +80,20 @@ class Engine {
   virtual void finish() {}
 };
 
+// One process trains on the CPU or on a GPU it sees: anything else is an error naming the device
+// and why (no GPU visible, no such index, or no CUDA backend in this build). (trainer.cc)
+void check_training_device(Device device);
+// The GPU a rank trains on: with train.device=cuda:N, node-local rank k takes
+// cuda:((N + k) mod the GPUs it sees), so ranks spread over a node's GPUs and share them when
+// there are more ranks than GPUs (their collectives then go through the host). Collective over
+// `comm`. (trainer.cc)
+Device rank_device(Device device, const parallel::Communicator& comm);
+// What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
+// GPU ranks NCCL (one GPU per rank), MPI staged through the host, or auto. Collective over `comm`.
+// (spmd_engine.cc)
+parallel::Communicator communicator_for(Device device, CommBackend backend,
+                                        parallel::Communicator comm);
+
 std::unique_ptr<Engine> make_local_engine(std::shared_ptr<nn::Model> model,
                                           std::shared_ptr<Dataset> data, const TrainConfig& config);
 std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,

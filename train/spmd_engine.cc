@@ -317,6 +317,8 @@ class SpmdEngine : public Engine {
   Tensor loss_;
 };
 
+}  // namespace
+
 // What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
 // GPU ranks NCCL (one GPU per rank), MPI staged through the host (ranks may share a GPU), or auto:
 // NCCL where every rank has a GPU of its own and NCCL loads, else staged MPI. Every rank decides
@@ -346,8 +348,6 @@ parallel::Communicator communicator_for(Device device, CommBackend backend,
     return parallel::Communicator(parallel::make_nccl_backend(comm.backend_ptr(), device.index));
   return parallel::Communicator(std::make_shared<parallel::StagingBackend>(comm.backend_ptr()));
 }
-
-}  // namespace
 
 std::unique_ptr<Engine> make_spmd_engine(std::shared_ptr<nn::Model> model,
                                          std::shared_ptr<Dataset> data, const TrainConfig& config,

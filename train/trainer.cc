@@ -118,8 +118,6 @@ int optimizer_state_slots(const TrainConfig& t) {
   return static_cast<int>(make_optimizer(t, {})->state_slots().size());
 }
 
-namespace {
-
 // One process trains on the CPU or on a GPU it sees: anything else is an error naming the device
 // and why (no GPU visible, no such index, or no CUDA backend in this build).
 void check_training_device(Device device) {
@@ -144,8 +142,6 @@ Device rank_device(Device device, const parallel::Communicator& comm) {
   if (visible == 0) return device;  // the device check names why
   return Device{device.kind, static_cast<int>((int64_t{device.index} + local) % visible)};
 }
-
-}  // namespace
 
 Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data,
                  TrainConfig config)

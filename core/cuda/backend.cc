@@ -215,6 +215,14 @@ void set_device(int index) {
   HAP_CUDA_CHECK(cudaSetDevice(index));
 }
 
+MemoryInfo memory_info(int index) {
+  check_device(index);
+  set_device(index);
+  MemoryInfo m;
+  HAP_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+  return m;
+}
+
 void set_memory_cap(size_t bytes) { allocator().set_cap(bytes); }
 size_t memory_cap() { return allocator().cap(); }
 

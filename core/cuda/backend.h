@@ -24,6 +24,13 @@ void check_device(int index);
 // The device's name and compute capability ("NVIDIA H200, sm_90").
 std::string device_description(int index);
 
+// The device's free and total memory as the driver reports them (cudaMemGetInfo).
+struct MemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+MemoryInfo memory_info(int index);
+
 // Bytes a CUDA device may hold through the allocator (0: no cap).
 void set_memory_cap(size_t bytes);
 size_t memory_cap();

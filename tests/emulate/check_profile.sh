@@ -79,4 +79,17 @@ run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP" > "$TMP/dir.log" 2>&1;
 [ $rc -eq 2 ] && grep -q "is a directory" "$TMP/dir.log" || fail "--out DIR: exit $rc: $(cat "$TMP/dir.log")"
 run -np 1 "$PROFILE" --quick --config "$TMP/none.yaml" --out "$TMP/x.yaml" > "$TMP/cfg.log" 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "missing --config: exit $rc: $(cat "$TMP/cfg.log")"
+# NCCL carries GPU ranks' collectives only: CPU ranks asking for it are refused alike.
+run -np 2 "$PROFILE" --quick --config "$CFG" --set parallel.backend=nccl --out "$TMP/n.yaml" \
+  > "$TMP/nccl.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "nccl needs GPU ranks" "$TMP/nccl.log" \
+  || fail "parallel.backend=nccl on CPU ranks: exit $rc: $(cat "$TMP/nccl.log")"
+# GPU ranks where there is no GPU: every rank stops with the reason, promptly, and no file.
+if ! command -v nvidia-smi > /dev/null; then
+  timeout 60 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$PROFILE" --quick \
+    --config "$CFG" --set train.device=cuda --out "$TMP/g.yaml" > "$TMP/gpu.log" 2>&1; rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "train.device: cuda:0: no CUDA device is visible" \
+    "$TMP/gpu.log" || fail "train.device=cuda without a GPU: exit $rc: $(cat "$TMP/gpu.log")"
+  [ ! -e "$TMP/g.yaml" ] || fail "a failed GPU profile wrote $TMP/g.yaml"
+fi
 echo "PASS"
