@@ -129,39 +129,47 @@ void set_collective_timeout(double seconds) { g_collective_timeout.store(seconds
 double collective_timeout() { return g_collective_timeout.load(); }
 void set_current_step(std::int64_t step) { g_current_step.store(step); }
 
+void wait_until(const std::function<bool()>& done, const std::string& what) {
+  const double timeout = g_collective_timeout.load();
+  const bool sleep = wait_policy() == WaitPolicy::Sleep;
+  const auto start = std::chrono::steady_clock::now();
+  auto pause = std::chrono::microseconds(10);
+  for (int64_t polls = 0;; ++polls) {
+    if (done()) return;
+    if (sleep) {
+      std::this_thread::sleep_for(pause);
+      pause = std::min(pause * 2, std::chrono::microseconds(100));
+    }
+    if (timeout > 0 && polls % 256 == 0 &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > timeout) {
+      const std::int64_t step = g_current_step.load();
+      int rank = -1, initialized = 0;
+      MPI_Initialized(&initialized);
+      if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      throw CollectiveTimeout(
+          what + (rank >= 0 ? " on rank " + std::to_string(rank) : std::string()) +
+          " did not complete within parallel.collective_timeout_s = " + format_seconds(timeout) +
+          (step >= 0 ? " at step " + std::to_string(step) : std::string()) +
+          ": another rank is stopped, hung or dead (or the timeout is too short for this step)");
+    }
+  }
+}
+
 void complete(MPI_Request& request, const char* call) {
   std::optional<timeline::Scope> span;  // time blocked on the other ranks, in --trace timelines
-  if (timeline::recording()) span.emplace("wait", std::string(call, std::strcspn(call, "(")));
+  const std::string name(call, std::strcspn(call, "("));  // "MPI_Iallgather"
+  if (timeline::recording()) span.emplace("wait", name);
   int rc = MPI_SUCCESS;
-  const double timeout = g_collective_timeout.load();
-  if (wait_policy() == WaitPolicy::Spin && timeout <= 0) {
+  if (wait_policy() == WaitPolicy::Spin && g_collective_timeout.load() <= 0) {
     rc = MPI_Wait(&request, MPI_STATUS_IGNORE);
   } else {
-    const bool sleep = wait_policy() == WaitPolicy::Sleep;
-    const auto start = std::chrono::steady_clock::now();
-    int done = 0;
-    auto pause = std::chrono::microseconds(10);
-    for (int64_t polls = 0;; ++polls) {
-      rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS || done) break;
-      if (sleep) {
-        std::this_thread::sleep_for(pause);
-        pause = std::min(pause * 2, std::chrono::microseconds(100));
-      }
-      if (timeout > 0 && polls % 256 == 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
-              timeout) {
-        const std::int64_t step = g_current_step.load();
-        int rank = -1;
-        MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-        const std::string name(call, std::strcspn(call, "("));  // "MPI_Iallgather"
-        throw CollectiveTimeout(
-            name + " on rank " + std::to_string(rank) +
-            " did not complete within parallel.collective_timeout_s = " + format_seconds(timeout) +
-            (step >= 0 ? " at step " + std::to_string(step) : std::string()) +
-            ": another rank is stopped, hung or dead (or the timeout is too short for this step)");
-      }
-    }
+    wait_until(
+        [&] {
+          int done = 0;
+          rc = MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+          return rc != MPI_SUCCESS || done != 0;
+        },
+        name);
   }
   if (rc != MPI_SUCCESS) detail::throw_mpi_error(rc, call, __FILE__, __LINE__);
 }

@@ -92,6 +92,12 @@ void set_wait_policy(WaitPolicy policy);
 // CollectiveTimeout (a rank stopped, hung or dead would otherwise hang the others forever).
 void complete(MPI_Request& request, const char* call);
 
+// Waits until `done()` says an operation outside MPI has completed (NCCL's, parallel/nccl.cc),
+// polling as complete() polls: under the wait policy (Spin: without pausing), and with the
+// collective timeout, after which it throws CollectiveTimeout naming `what`, the rank and the
+// step. `done` may throw (an asynchronous error): that propagates.
+void wait_until(const std::function<bool()>& done, const std::string& what);
+
 // The watchdog: seconds a collective may take before complete() gives up (0: wait forever), and
 // the training step for its message (-1: none).
 void set_collective_timeout(double seconds);

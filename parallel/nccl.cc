@@ -13,6 +13,7 @@
 
 #include "core/cuda/backend.h"
 #include "core/cuda/check.h"
+#include "parallel/mpi.h"
 #endif
 
 namespace hap::parallel {
@@ -36,6 +37,7 @@ struct Nccl {
   ncclResult_t (*comm_init_rank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*comm_destroy)(ncclComm_t);
   ncclResult_t (*comm_abort)(ncclComm_t);
+  ncclResult_t (*comm_get_async_error)(ncclComm_t, ncclResult_t*);
   const char* (*error_string)(ncclResult_t);
   ncclResult_t (*all_reduce)(const void*, void*, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t,
                              cudaStream_t);
@@ -96,6 +98,7 @@ const Loaded& loaded() {
                     resolve(lib, "ncclCommInitRank", &n.comm_init_rank, &r.error) &&
                     resolve(lib, "ncclCommDestroy", &n.comm_destroy, &r.error) &&
                     resolve(lib, "ncclCommAbort", &n.comm_abort, &r.error) &&
+                    resolve(lib, "ncclCommGetAsyncError", &n.comm_get_async_error, &r.error) &&
                     resolve(lib, "ncclGetErrorString", &n.error_string, &r.error) &&
                     resolve(lib, "ncclAllReduce", &n.all_reduce, &r.error) &&
                     resolve(lib, "ncclBroadcast", &n.broadcast, &r.error) &&
@@ -210,6 +213,7 @@ class NcclBackend : public Backend {
   }
   ~NcclBackend() override {
     if (comm_ != nullptr) nccl().comm_destroy(comm_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
   }
   NcclBackend(const NcclBackend&) = delete;
   NcclBackend& operator=(const NcclBackend&) = delete;
@@ -243,21 +247,25 @@ class NcclBackend : public Backend {
   void send(const Tensor& t, int peer) override {
     if (on_host(t)) return host_->send(t, peer);
     HAP_NCCL_CHECK(nccl().send(t.raw_data(), count(t), nccl_type(t.dtype()), peer, comm_, 0));
+    finish("send");
   }
   void recv(const Tensor& t, int peer) override {
     if (on_host(t)) return host_->recv(t, peer);
     HAP_NCCL_CHECK(nccl().recv(t.raw_data(), count(t), nccl_type(t.dtype()), peer, comm_, 0));
+    finish("recv");
   }
   void broadcast(const Tensor& t, int root) override {
     if (on_host(t)) return host_->broadcast(t, root);
     HAP_NCCL_CHECK(nccl().broadcast(t.raw_data(), t.raw_data(), count(t), nccl_type(t.dtype()),
                                     root, comm_, 0));
+    finish("broadcast");
   }
   void reduce(const Tensor& in, const Tensor& out, int root) override {
     if (on_host(in, out)) return host_->reduce(in, out, root);
     summable(in, "reduce");
     HAP_NCCL_CHECK(nccl().reduce(in.raw_data(), rank() == root ? out.raw_data() : nullptr,
                                  count(in), nccl_type(in.dtype()), ncclSum, root, comm_, 0));
+    finish("reduce");
   }
   void all_gather(const Tensor& in, const Tensor& out, const BlockLayout& layout) override {
     if (on_host(in, out)) return host_->all_gather(in, out, layout);
@@ -265,7 +273,7 @@ class NcclBackend : public Backend {
     if (layout.regular() && layout.total() == out.numel()) {
       HAP_NCCL_CHECK(nccl().all_gather(in.raw_data(), out.raw_data(),
                                        static_cast<size_t>(layout.counts[0]), type, comm_, 0));
-      return;
+      return finish("all_gather");
     }
     grouped([&] {  // one broadcast per block, from its rank
       for (int r = 0; r < size(); ++r) {
@@ -276,6 +284,7 @@ class NcclBackend : public Backend {
                                         static_cast<size_t>(n), type, r, comm_, 0));
       }
     });
+    finish("all_gather (grouped broadcasts)");
   }
   void reduce_scatter(const Tensor& in, const BlockLayout& layout, const Tensor& out) override {
     if (on_host(in, out)) return host_->reduce_scatter(in, layout, out);
@@ -285,7 +294,7 @@ class NcclBackend : public Backend {
       HAP_NCCL_CHECK(nccl().reduce_scatter(in.raw_data(), out.raw_data(),
                                            static_cast<size_t>(layout.counts[0]), type, ncclSum,
                                            comm_, 0));
-      return;
+      return finish("reduce_scatter");
     }
     grouped([&] {  // one reduce per block, to its rank
       for (int r = 0; r < size(); ++r) {
@@ -296,12 +305,14 @@ class NcclBackend : public Backend {
                                      type, ncclSum, r, comm_, 0));
       }
     });
+    finish("reduce_scatter (grouped reduces)");
   }
   void all_reduce(const Tensor& in, const Tensor& out) override {
     if (on_host(in, out)) return host_->all_reduce(in, out);
     summable(in, "all_reduce");
     HAP_NCCL_CHECK(nccl().all_reduce(in.raw_data(), out.raw_data(), count(in),
                                      nccl_type(in.dtype()), ncclSum, comm_, 0));
+    finish("all_reduce");
   }
   void all_to_all(const Tensor& in, const BlockLayout& send, const Tensor& out,
                   const BlockLayout& recv) override {
@@ -318,9 +329,40 @@ class NcclBackend : public Backend {
                                      type, r, comm_, 0));
       }
     });
+    finish("all_to_all");
   }
 
  private:
+  // Waits for the NCCL call just queued (and the kernels before it) by polling, rather than
+  // blocking in the driver: between polls it asks NCCL for an asynchronous error (a peer that
+  // failed, a broken link), and the collective timeout bounds the wait (parallel.collective_
+  // timeout_s), so a failed or hung rank stops this one with the reason instead of leaving it in
+  // the collective forever; the communicator is aborted first, which frees the GPU's NCCL
+  // kernels.
+  void finish(const char* what) {
+    if (done_ == nullptr) HAP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    HAP_CUDA_CHECK(cudaEventRecord(done_, 0));
+    try {
+      wait_until(
+          [&] {
+            const cudaError_t q = cudaEventQuery(done_);
+            if (q == cudaSuccess) return true;
+            if (q != cudaErrorNotReady) HAP_CUDA_CHECK(q);
+            ncclResult_t async = ncclSuccess;
+            HAP_NCCL_CHECK(nccl().comm_get_async_error(comm_, &async));
+            HAP_CHECK(async == ncclSuccess || async == ncclInProgress, "NCCL ", what, " on rank ",
+                      rank(), " failed: ", nccl().error_string(async),
+                      " (an asynchronous error: a rank failed or a link broke)");
+            return false;
+          },
+          std::string("NCCL ") + what);
+    } catch (...) {
+      nccl().comm_abort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
+
   // Whether the operands are host tensors (carried by the host backend); device operands must be
   // on this rank's GPU and contiguous.
   bool on_host(const Tensor& a, const Tensor& b = Tensor()) const {
@@ -333,7 +375,11 @@ class NcclBackend : public Backend {
                 " like the other operand");
       HAP_CHECK(t->is_contiguous(), "NCCL backend: ", t->str(), " must be contiguous");
     }
-    if (!host) ::hap::cuda::set_device(device_);
+    if (!host) {
+      HAP_CHECK(comm_ != nullptr, "NCCL backend: rank ", rank(),
+                "'s communicator was aborted after an earlier error");
+      ::hap::cuda::set_device(device_);
+    }
     return host;
   }
   static size_t count(const Tensor& t) { return static_cast<size_t>(t.numel()); }
@@ -344,6 +390,7 @@ class NcclBackend : public Backend {
   std::shared_ptr<Backend> host_;
   int device_;
   ncclComm_t comm_ = nullptr;
+  cudaEvent_t done_ = nullptr;  // recorded after each call; finish() polls it
 };
 
 }  // namespace

@@ -3,6 +3,7 @@
 // MPI datatype table.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -11,6 +12,7 @@
 #include "ops/functional.h"
 #include "parallel/autograd_collectives.h"
 #include "parallel/communicator.h"
+#include "parallel/mpi.h"
 #include "parallel_test_util.h"
 
 namespace hap::parallel {
@@ -77,6 +79,55 @@ TEST(Communicator, SplitByColourGroupsRanksInKeyOrder) {
   EXPECT_EQ(node.size(), n);
   EXPECT_EQ(node.rank(), me);
   node.barrier();
+}
+
+// Waiting for an operation outside MPI (NCCL's, polled with its asynchronous errors): done
+// when it says so, its own errors propagate, and the collective timeout bounds the wait with a
+// CollectiveTimeout naming the call, the rank and the step, under either wait policy.
+TEST(Communicator, WaitUntilPollsToDoneRethrowsAndTimesOut) {
+  const double saved = collective_timeout();
+  const WaitPolicy saved_policy = wait_policy();
+  int polls = 0;
+  wait_until([&] { return ++polls == 50; }, "test op");
+  EXPECT_EQ(polls, 50);
+  polls = 0;
+  try {
+    wait_until(
+        [&] {
+          HAP_CHECK(++polls < 3, "the peer failed");
+          return false;
+        },
+        "test op");
+    ADD_FAILURE() << "an error from the poll did not propagate";
+  } catch (const CollectiveTimeout&) {
+    ADD_FAILURE() << "an error from the poll became a timeout";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the peer failed"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(polls, 3);
+  for (const WaitPolicy policy : {WaitPolicy::Spin, WaitPolicy::Sleep}) {
+    set_wait_policy(policy);
+    set_collective_timeout(0.05);
+    set_current_step(7);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      wait_until([] { return false; }, "NCCL all_reduce");
+      ADD_FAILURE() << "a wait that never completes returned";
+    } catch (const CollectiveTimeout& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("NCCL all_reduce on rank " + std::to_string(world().rank()) +
+                       " did not complete within parallel.collective_timeout_s = 0.05 s at step 7"),
+                std::string::npos)
+          << m;
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_GE(waited, 0.05);
+    EXPECT_LT(waited, 5.0);
+  }
+  set_current_step(-1);
+  set_collective_timeout(saved);
+  set_wait_policy(saved_policy);
 }
 
 TEST(Communicator, InvalidCommunicatorSaysSo) {
