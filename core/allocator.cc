@@ -143,6 +143,7 @@ struct Registry {
   std::mutex mu;
   std::array<Allocator*, kKinds> allocators{};
   std::array<DeviceCopyFn, kKinds> copies{};
+  Allocator* pinned = nullptr;
 };
 
 Registry& registry() {
@@ -186,6 +187,18 @@ bool has_allocator(DeviceKind kind) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   return r.allocators[static_cast<size_t>(kind)] != nullptr;
+}
+
+void register_pinned_host_allocator(Allocator* allocator) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.pinned = allocator;
+}
+
+Allocator* pinned_host_allocator() {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.pinned;
 }
 
 void register_allocator(DeviceKind kind, Allocator* allocator) {

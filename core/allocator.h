@@ -46,6 +46,14 @@ Allocator* registered_allocator(DeviceKind kind);
 DeviceCopyFn registered_device_copy(DeviceKind kind);
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 
+// Page-locked ("pinned") host memory, registered by a device backend (CUDA: cudaHostAlloc, cached):
+// host tensors made with TensorOptions::pinned come from it, so that copies between them and
+// the device run at the link's full rate (staging, parallel/staging.h). Null where none is
+// registered: pinned tensors are then ordinary host memory. The allocator must outlive every
+// tensor made with it; null removes it (tests).
+void register_pinned_host_allocator(Allocator* allocator);
+Allocator* pinned_host_allocator();
+
 // The CPU caching allocator itself (what allocator_for(DeviceKind::CPU) wraps).
 void* cpu_alloc(size_t nbytes);
 void cpu_free(void* ptr, size_t nbytes);

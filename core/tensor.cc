@@ -10,9 +10,10 @@
 
 namespace hap {
 
-Storage::Storage(size_t n, Device d) : nbytes(n), device(d) {
+Storage::Storage(size_t n, Device d, bool pinned) : nbytes(n), device(d) {
+  if (pinned && d.is_cpu()) allocator = pinned_host_allocator();
   try {
-    allocator = &allocator_for(d.kind);
+    if (allocator == nullptr) allocator = &allocator_for(d.kind);
   } catch (const Error& e) {
     throw Error("allocating " + std::to_string(n) + " bytes on " + d.str() + ": " + e.what());
   }
@@ -23,7 +24,7 @@ Storage::~Storage() { allocator->deallocate(data, nbytes, device.index); }
 
 namespace {
 std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device,
-                                      bool with_storage) {
+                                      bool with_storage, bool pinned = false) {
   int64_t bytes = static_cast<int64_t>(dtype_size(dtype));
   for (int64_t d : shape) {
     HAP_CHECK(d >= 0, "tensor shape ", shape_str(shape), " has a negative dimension");
@@ -37,7 +38,8 @@ std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device de
   impl->dtype = dtype;
   impl->device = device;
   if (with_storage)
-    impl->storage = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device);
+    impl->storage =
+        std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), device, pinned);
   return impl;
 }
 }  // namespace
@@ -51,7 +53,7 @@ MetaGuard::~MetaGuard() { t_meta = prev_; }
 bool MetaGuard::active() { return t_meta; }
 
 Tensor Tensor::empty(const Shape& shape, TensorOptions opt) {
-  Tensor t(make_impl(shape, opt.dtype, opt.device, !t_meta));
+  Tensor t(make_impl(shape, opt.dtype, opt.device, !t_meta, opt.pinned));
   if (opt.requires_grad) t.set_requires_grad(true);
   return t;
 }

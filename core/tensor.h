@@ -27,7 +27,8 @@ struct Storage {
   size_t nbytes = 0;
   Device device;
   Allocator* allocator = nullptr;
-  Storage(size_t nbytes, Device device);
+  // `pinned`: on the CPU, from the pinned host allocator where one is registered.
+  Storage(size_t nbytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -61,6 +62,10 @@ struct TensorOptions {
   DType dtype = DType::F32;
   Device device = Device::cpu();
   bool requires_grad = false;
+  // Host memory page-locked for fast copies to and from a GPU (core/allocator.h,
+  // register_pinned_host_allocator); ordinary host memory where no backend provides it, and
+  // ignored off the CPU.
+  bool pinned = false;
   TensorOptions& with_dtype(DType d) {
     dtype = d;
     return *this;
@@ -71,6 +76,10 @@ struct TensorOptions {
   }
   TensorOptions& with_requires_grad(bool r) {
     requires_grad = r;
+    return *this;
+  }
+  TensorOptions& with_pinned(bool p) {
+    pinned = p;
     return *this;
   }
 };

@@ -11,16 +11,28 @@
 namespace hap::parallel {
 namespace {
 
-// `t` itself on the host, else a host copy of its values.
-Tensor on_host(const Tensor& t) { return t.device().is_cpu() ? t : t.to(Device::cpu()); }
+// A host tensor of `t`'s shape and dtype in pinned memory (where a backend provides it: the
+// copies to and from the device then run at the link's full rate; core/allocator.h).
+Tensor pinned_like(const Tensor& t) {
+  return Tensor::empty(t.shape(), TensorOptions{}.with_dtype(t.dtype()).with_pinned(true));
+}
 
-// Where the host backend writes a result for `out`: `out` itself on the host, else a host tensor
-// of its shape and dtype holding its current values when `keep` (a collective that writes only
-// some of the elements must leave the others as they were).
+// `t` itself on the host, else a pinned host copy of its values (packed on the device first, then
+// its bytes copied straight into the pinned block).
+Tensor on_host(const Tensor& t) {
+  if (t.device().is_cpu()) return t;
+  const Tensor packed = t.contiguous();
+  Tensor h = pinned_like(t);
+  copy_bytes(h.raw_data(), Device::cpu(), packed.raw_data(), packed.device(), h.nbytes());
+  return h;
+}
+
+// Where the host backend writes a result for `out`: `out` itself on the host, else a pinned host
+// tensor of its shape and dtype holding its current values when `keep` (a collective that writes
+// only some of the elements must leave the others as they were).
 Tensor host_result(const Tensor& out, bool keep) {
   if (out.device().is_cpu()) return out;
-  if (keep) return out.to(Device::cpu());
-  return Tensor::empty(out.shape(), TensorOptions{}.with_dtype(out.dtype()));
+  return keep ? on_host(out) : pinned_like(out);
 }
 
 // Whether the blocks of `layout` tile all `n` elements (no gaps, no overlaps).

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "core/allocator.h"
 #include "core/byte_size.h"
@@ -163,6 +164,71 @@ class CudaAllocator : public Allocator {
   size_t cap_ = cap_from_environment();
 };
 
+// Pinned host memory for staging (core/allocator.h): page-locked blocks from cudaHostAlloc,
+// cached by rounded size like device blocks. A process without a GPU (or where the driver refuses
+// a block) gets ordinary host memory instead, so that pinned tensors work everywhere.
+class PinnedHostAllocator : public Allocator {
+ public:
+  void* allocate(size_t nbytes, int) override {
+    const size_t n = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(n);
+    if (it != free_.end()) {
+      void* p = it->second;
+      free_.erase(it);
+      stats_.cached_bytes -= n;
+      note_allocated(n);
+      return p;
+    }
+    void* p = nullptr;
+    if (device_count() > 0 && cudaHostAlloc(&p, n, cudaHostAllocPortable) == cudaSuccess) {
+      pinned_.insert(p);
+    } else {
+      cudaGetLastError();  // (not sticky: a refused block falls back to host memory)
+      p = cpu_alloc(n);
+    }
+    note_allocated(n);
+    return p;
+  }
+  void deallocate(void* ptr, size_t nbytes, int) override {
+    if (ptr == nullptr) return;
+    const size_t n = round_size(nbytes);
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.allocated_bytes -= n;
+    free_.emplace(n, ptr);
+    stats_.cached_bytes += n;
+  }
+  AllocatorStats stats(int) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+  }
+  void reset_peak(int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.peak_allocated_bytes = stats_.allocated_bytes;
+  }
+  void release_cache(int) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [n, p] : free_) {
+      if (pinned_.erase(p) > 0)
+        cudaFreeHost(p);
+      else
+        cpu_free(p, n);
+    }
+    free_.clear();
+    stats_.cached_bytes = 0;
+  }
+
+ private:
+  void note_allocated(size_t n) {
+    stats_.allocated_bytes += n;
+    stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+  }
+  mutable std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  std::set<void*> pinned_;  // the blocks cudaHostAlloc gave (the others are cpu_alloc's)
+  AllocatorStats stats_;
+};
+
 CudaAllocator& allocator() {
   static CudaAllocator* a = new CudaAllocator();  // leaked on purpose: outlives static tensors
   return *a;
@@ -179,6 +245,8 @@ void copy(void* dst, Device dst_device, const void* src, Device src_device, size
 // Registered when the library loads; registering touches no GPU.
 const bool g_registered = [] {
   register_allocator(DeviceKind::CUDA, &allocator());
+  static PinnedHostAllocator* pinned = new PinnedHostAllocator();  // outlives static tensors
+  register_pinned_host_allocator(pinned);
   register_device_copy(DeviceKind::CUDA, copy);
   register_device_tensor_ops(DeviceKind::CUDA, {fill_elements, copy_elements});
   return true;

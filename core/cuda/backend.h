@@ -3,6 +3,9 @@
 // nvcc is found (CMake option HAP_CUDA); a process without a GPU or driver loads it all the same,
 // and only using a CUDA tensor is an error, naming the device.
 //
+// Host tensors made pinned (TensorOptions::pinned: the staging backend's buffers) come from
+// cudaHostAlloc, cached the same way; ordinary host memory in a process without a GPU.
+//
 // The allocator caches freed blocks by rounded size (all work runs on the default stream, so a
 // freed block is reusable by the next kernel in stream order), keeps statistics per device, and
 // honours a cap: HAP_CUDA_MEMORY_CAP in the environment (a byte count as cluster files write

@@ -6,7 +6,9 @@
 //
 // HAP enters one on the first use of a GPU in a process whose environment has HAP_EMULATE_SMS
 // (cuda::set_device, core/cuda/backend.h) and keeps it for the life of the process; every later
-// set_device of that GPU makes it current again, on whichever thread asks.
+// set_device of that GPU makes it current again. The driver lets a green context be current to
+// one thread at a time: HAP calls CUDA from one thread per process (its CPU worker threads run
+// only CPU kernels).
 //
 // The driver functions are found through the runtime (cudaGetDriverEntryPointByVersion), so
 // nothing links the driver library: a process without a GPU loads this as it loads the rest of

@@ -138,6 +138,51 @@ TEST_F(Staging, EveryCollectiveOnDeviceTensorsEqualsTheHostCollective) {
       << "device tensors went through host copies";
 }
 
+// The host buffers of device collectives are pinned host memory (from the pinned host allocator
+// a device backend registers; CUDA's: cudaHostAlloc), every one released after; host tensors'
+// collectives need none.
+TEST_F(Staging, DeviceCollectivesStageThroughPinnedHostBuffers) {
+  struct Pinned : hap::test_util::StandInAllocator {
+    int blocks = 0;
+    void* allocate(size_t nbytes, int index) override {
+      ++blocks;
+      return StandInAllocator::allocate(nbytes, index);
+    }
+  } pinned;
+  Allocator* const saved = pinned_host_allocator();
+  register_pinned_host_allocator(&pinned);
+  {
+    const Tensor x = values({29, 5}, 7);
+    Tensor host_sum = Tensor::empty(x.shape());
+    staged_->all_reduce(x, host_sum);
+    EXPECT_EQ(pinned.blocks, 0) << "a host collective staged something";
+    const Tensor d = dev(x);
+    Tensor out = dev(Tensor::zeros(x.shape()));
+    staged_->all_reduce(d, out);
+    expect_same(out, host_sum, "all_reduce through pinned buffers");
+    EXPECT_EQ(pinned.blocks, 2) << "one pinned block in, one out";
+    const std::vector<int64_t> counts(static_cast<size_t>(world().size()), 15);
+    const Tensor shard = dev(values({15}, 8));
+    Tensor gathered = dev(Tensor::zeros({15 * world().size()}));
+    staged_->all_gather(shard, gathered, BlockLayout::packed(counts));
+    EXPECT_EQ(pinned.blocks, 4) << "one pinned block in, one out";
+  }
+  EXPECT_EQ(pinned.live, 0u) << "pinned buffers not released";
+  // A pinned tensor outside staging: host memory all the same.
+  {
+    const Tensor p = Tensor::full({4}, 2.5, TensorOptions{}.with_pinned(true));
+    EXPECT_TRUE(p.device().is_cpu());
+    EXPECT_EQ(p.to_vector(), (std::vector<double>(4, 2.5)));
+    EXPECT_EQ(pinned.blocks, 5);
+  }
+  register_pinned_host_allocator(saved);
+  // Without a pinned allocator, pinned tensors are ordinary host memory.
+  register_pinned_host_allocator(nullptr);
+  EXPECT_EQ(Tensor::full({3}, 1.0, TensorOptions{}.with_pinned(true)).to_vector(),
+            (std::vector<double>(3, 1.0)));
+  register_pinned_host_allocator(saved);
+}
+
 TEST_F(Staging, SplitsStageTooAndARankLeftOutGetsNone) {
   const int r = world().rank();
   std::shared_ptr<Backend> half = staged_->split(r % 2, r);
