@@ -24,12 +24,28 @@ beside their default, which may run them hierarchically.
 Writes bench/results/emulated_cluster.json and a bar chart bench/results/emulated_cluster.png
 (measured vs predicted per strategy, per cluster). Needs root (cgroups, namespaces).
 
+--device cuda measures a mixed GPU cluster emulated on one GPU instead (issue 16, item 7; default
+cluster emu-gpu-mixed4: ranks in green contexts of 64/32/16/16 SMs with memory caps, through
+scripts/hap-emulate, no cgroups, no PyTorch peer): hap-profile and hap-train run with
+train.device=cuda, and the results go to bench/results/emulated_gpu_cluster[-TAG].json/.png. The
+ideal speed-up over dp-ev is what the devices' SM counts allow (sum / (ranks x smallest));
+each cluster reports hap's share of it. A strategy whose plan does not fit the memory caps (dp-ev
+with GPT-2 124M) is recorded with its error and measured again with every device given the
+largest cap of the file ("memory_lifted"), so that its speed is still known. Without PyYAML or
+matplotlib the script still runs: it reads the config itself, writes the JSON, and --chart-only
+draws the PNG from it later.
+
+--set KEY=VALUE (repeatable) overrides a config key in every hap-profile and hap-train run (a
+larger model: --set model.n_layer=12 ...), --tag names the results files after it.
+
 --throttle ops runs everything under hap-emulate --throttle ops (HAP's kernels slowed to the
 quotas instead of CPU quotas; no PyTorch peer, whose kernels would run at full speed) and writes
 its profiles as bench/results/profiled-<cluster>-ops.yaml.
 
   /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--rounds 3]
                                              [--clusters emu-mixed4,emu-2node] [--throttle ops]
+                                             [--device cuda] [--set KEY=VALUE]... [--tag TAG]
+  /usr/bin/python3 bench/emulated_cluster.py --chart-only --out JSON --png PNG
 """
 import argparse
 import json
@@ -37,9 +53,8 @@ import os
 import statistics
 import subprocess
 import sys
+import re
 import time
-
-import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STRATEGIES = ["hap", "dp-ev", "dp-cp", "tp"]
@@ -50,21 +65,70 @@ def strategies_of(model):
     return STRATEGIES + (["dp-ep"] if model.get("options", {}).get("num_experts") else [])
 
 
-def run(cmd, log):
+class RunFailed(Exception):
+    """A command that exited non-zero, with the tail of its log."""
+
+    def __init__(self, cmd, code, log):
+        with open(log) as f:
+            self.tail = f.read()[-3000:]
+        super().__init__(f"'{' '.join(cmd)}' failed (exit {code}); log {log}:\n{self.tail}")
+
+
+def run(cmd, log, fatal=True):
+    """Runs cmd with its output in log; a failure ends the benchmark, or raises RunFailed."""
     print("+ " + " ".join(cmd), flush=True)
     with open(log, "w") as f:
         r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if r.returncode != 0:
-        with open(log) as f:
-            tail = f.read()[-3000:]
-        raise SystemExit(f"emulated_cluster: '{' '.join(cmd)}' failed (exit {r.returncode}); "
-                         f"log {log}:\n{tail}")
+        err = RunFailed(cmd, r.returncode, log)
+        if fatal:
+            raise SystemExit(f"emulated_cluster: {err}")
+        raise err
 
 
-def read_config(path):
-    """The model and batch sizes the DDP peer needs (hap-train validates the same file)."""
+def scalar(text):
+    """A YAML scalar as bool, int, float or string (comments and quotes removed)."""
+    text = text.split(" #")[0].strip().strip("'\"")
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def load_config(text):
+    """The run config: PyYAML where it is installed, else the two-level subset our configs use
+    (sections of `key: value` lines), which is all the GPU machine's Python needs to read."""
+    try:
+        import yaml
+    except ImportError:
+        yaml = None
+    if yaml is not None:
+        return yaml.safe_load(text)
+    cfg, section = {}, None
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, _, value = line.strip().partition(":")
+        if not line.startswith((" ", "\t")):
+            section = cfg.setdefault(key, {})
+        elif section is not None:
+            section[key] = scalar(value)
+    return cfg
+
+
+def read_config(path, sets):
+    """The model and batch sizes of the run config with the --set overrides applied (hap-train
+    validates the same file; the DDP peer needs the sizes)."""
     with open(os.path.join(ROOT, path)) as f:
-        cfg = yaml.safe_load(f)
+        cfg = load_config(f.read())
+    for s in sets:
+        key, _, value = s.partition("=")
+        section, _, name = key.partition(".")
+        cfg.setdefault(section, {})[name] = scalar(value)
     name = cfg["model"].get("name", "gpt")
     if name != "gpt":
         options = {k: v for k, v in cfg["model"].items() if k != "name"}
@@ -77,16 +141,42 @@ def read_config(path):
     return out
 
 
-def profile_vs_quotas(build, profiled):
-    """How far the profiled compute rates' ratios are from the quotas' ratios (rank 0 as 1)."""
-    r = subprocess.run([os.path.join(build, "hap-plan"), "--cluster", profiled, "--describe-cluster"],
+def describe(build, cluster_file):
+    """The cluster file's devices as hap-plan validates them (one per rank)."""
+    r = subprocess.run([os.path.join(build, "hap-plan"), "--cluster", cluster_file, "--describe-cluster"],
                        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
-    devices = json.loads(r.stdout)["devices"]
+    return json.loads(r.stdout)["devices"]
+
+
+def ideal_speedup(devices, key):
+    """The speed-up over even data parallelism that the devices' speeds (key: cpu_quota or
+    sm_count) allow: dp-ev runs at the slowest device's pace on 1/n of the batch each, the ideal
+    split at the sum of all speeds."""
+    speeds = [d[key] for d in devices]
+    return sum(speeds) / (len(speeds) * min(speeds))
+
+
+def profile_vs_declared(build, profiled, key):
+    """How far the profiled compute rates' ratios are from the declared speeds' ratios (key:
+    cpu_quota or sm_count, which the profiled file keeps), rank 0 as 1."""
+    devices = describe(build, profiled)
     rates = [d["flops_per_s"] for d in devices]
-    quotas = [d["cpu_quota"] for d in devices]
-    deviation = [(rt / rates[0]) / (q / quotas[0]) - 1 for rt, q in zip(rates, quotas)]
-    return {"flops_per_s": rates, "cpu_quota": quotas, "ratio_deviation": deviation,
+    speeds = [d[key] for d in devices]
+    deviation = [(rt / rates[0]) / (q / speeds[0]) - 1 for rt, q in zip(rates, speeds)]
+    return {"flops_per_s": rates, key: speeds, "ratio_deviation": deviation,
             "max_ratio_deviation": max(abs(x) for x in deviation)}
+
+
+def memory_lifted(src, devices, dst):
+    """A copy of the cluster file src with every device given the largest memory_bytes of the
+    file: where a plan does not fit the caps, its speed is still measured there."""
+    big = max(d["memory_bytes"] for d in devices)
+    with open(os.path.join(ROOT, src)) as f:
+        text = f.read()
+    text = re.sub(r"(memory_bytes:\s*)[^,}\n#]+", lambda m: m.group(1) + str(big), text)
+    with open(dst, "w") as f:
+        f.write(text)
+    return dst
 
 
 def spread(values):
@@ -107,73 +197,152 @@ def steps_from_log(path, skip):
 def main(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--config", default="configs/gpt.yaml")
-    p.add_argument("--clusters", default="emu-mixed4,emu-2node")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: clusters emulated with CPU quotas (default); cuda: a mixed GPU "
+                        "cluster emulated on one GPU (default cluster emu-gpu-mixed4)")
+    p.add_argument("--clusters", default=None,
+                   help="comma-separated names under configs/clusters or cluster files (default "
+                        "emu-mixed4,emu-2node; emu-gpu-mixed4 with --device cuda)")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key in every run (repeatable)")
+    p.add_argument("--tag", default="", help="appended to the results files' names")
     p.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     p.add_argument("--skip", type=int, default=3, help="warm-up steps left out of the median")
     p.add_argument("--rounds", type=int, default=3,
                    help="interleaved rounds of every strategy (default 3)")
-    p.add_argument("--build", default=os.path.join(ROOT, "build"))
-    p.add_argument("--out", default="bench/results/emulated_cluster.json")
-    p.add_argument("--png", default="bench/results/emulated_cluster.png")
+    p.add_argument("--build", default=os.path.join(ROOT, "build"),
+                   help="where hap-train, hap-profile and hap-plan are")
+    p.add_argument("--out", default=None,
+                   help="results JSON (default bench/results/emulated_cluster[-TAG].json, "
+                        "emulated_gpu_cluster[-TAG].json with --device cuda)")
+    p.add_argument("--png", default=None, help="chart (default: --out with .png)")
+    p.add_argument("--profile-dir", default="bench/results",
+                   help="where the profiled cluster files go (default bench/results)")
+    p.add_argument("--work", default="runs/bench-emulated",
+                   help="where every run's log and plan go (default runs/bench-emulated)")
     p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP peer")
+    p.add_argument("--quick-profile", action="store_true", help="hap-profile --quick")
+    p.add_argument("--chart-only", action="store_true",
+                   help="draw --png from an existing --out JSON and exit")
     p.add_argument("--throttle", choices=["cfs", "ops"], default="cfs",
                    help="how hap-emulate slows the ranks (default cfs: CPU quotas; ops: HAP's "
                         "kernels slowed, which leaves a PyTorch peer at full speed: no DDP peer)")
     args = p.parse_args(argv)
+    gpu = args.device == "cuda"
+    tag = f"-{args.tag}" if args.tag else ""
+    if args.out is None:
+        args.out = f"bench/results/emulated_{'gpu_' if gpu else ''}cluster{tag}.json"
+    if args.png is None:
+        args.png = os.path.splitext(args.out)[0] + ".png"
+    if args.chart_only:
+        with open(os.path.join(ROOT, args.out)) as f:
+            chart(json.load(f), os.path.join(ROOT, args.png))
+        return 0
+    if args.clusters is None:
+        args.clusters = "emu-gpu-mixed4" if gpu else "emu-mixed4,emu-2node"
     if args.steps <= args.skip:
         raise SystemExit("emulated_cluster: --steps must exceed --skip")
     if args.rounds < 1:
         raise SystemExit("emulated_cluster: --rounds must be at least 1")
-    emulate = [os.path.join(ROOT, "scripts", "hap-emulate"), "--throttle", args.throttle]
+    for s in args.sets:
+        if "=" not in s or "." not in s.partition("=")[0]:
+            raise SystemExit(f"emulated_cluster: --set '{s}': expected SECTION.KEY=VALUE")
+    sets = [x for s in args.sets for x in ("--set", s)]
+    if gpu:
+        # Green contexts on one GPU: no cgroups, no throttling, no PyTorch peer on those ranks.
+        emulate = [sys.executable, os.path.join(ROOT, "scripts", "hap-emulate"),
+                   "--hap-plan", os.path.join(args.build, "hap-plan")]
+        sets += ["--set", "train.device=cuda"]
+        args.no_ddp = True
+        speed_key = "sm_count"
+    else:
+        emulate = [os.path.join(ROOT, "scripts", "hap-emulate"), "--throttle", args.throttle]
+        speed_key = "cpu_quota"
     if args.throttle == "ops":
         args.no_ddp = True  # PyTorch's kernels would run at full speed
     train = os.path.join(args.build, "hap-train")
     profile = os.path.join(args.build, "hap-profile")
-    model = read_config(args.config)
+    model = read_config(args.config, args.sets)
     strategies = strategies_of(model)
-    work = os.path.join(ROOT, "runs", "bench-emulated", model["name"])
+    work = os.path.join(ROOT, args.work, model["name"] + tag)
     os.makedirs(work, exist_ok=True)
-    results = {"config": args.config, "steps": args.steps, "skipped_warmup_steps": args.skip,
-               "rounds": args.rounds, "throttle": args.throttle,
+    results = {"config": args.config, "sets": args.sets, "device": args.device, "steps": args.steps,
+               "skipped_warmup_steps": args.skip, "rounds": args.rounds,
+               "throttle": None if gpu else args.throttle,
                "machine_cores": len(os.sched_getaffinity(0)),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
 
     for name in args.clusters.split(","):
-        declared = f"configs/clusters/{name}.yaml"
-        tag = "" if model["name"] == "gpt" else f"-{model['name']}"
-        profiled = (f"bench/results/profiled-{name}{tag}" +
-                    ("" if args.throttle == "cfs" else f"-{args.throttle}") + ".yaml")
+        # A name under configs/clusters, or a cluster file's path.
+        declared = name if name.endswith((".yaml", ".yml")) else f"configs/clusters/{name}.yaml"
+        name = os.path.splitext(os.path.basename(declared))[0]
+        declared_devices = describe(args.build, declared)
+        name_tag = tag if tag or model["name"] == "gpt" else f"-{model['name']}"
+        profiled = os.path.join(args.profile_dir, f"profiled-{name}{name_tag}" +
+                    ("" if gpu or args.throttle == "cfs" else f"-{args.throttle}") + ".yaml")
         run(emulate + [declared, "--", profile, "--config", args.config, "--out", profiled,
-             "--raw", os.path.join(work, f"profile-{name}.json")], os.path.join(work, f"profile-{name}.log"))
+             "--raw", os.path.join(work, f"profile-{name}.json")] + sets +
+            (["--quick"] if args.quick_profile else []), os.path.join(work, f"profile-{name}.log"))
         entry = {"declared_cluster": declared, "profiled_cluster": profiled, "strategies": {}}
-        entry["profile"] = profile_vs_quotas(args.build, profiled)
-        print(f"{name} profile: rate ratios vs quota ratios off by at most "
+        entry["profile"] = profile_vs_declared(args.build, profiled, speed_key)
+        entry["ideal_speedup_over_dp_ev"] = ideal_speedup(declared_devices, speed_key)
+        print(f"{name} profile: rate ratios vs {speed_key} ratios off by at most "
               f"{entry['profile']['max_ratio_deviation'] * 100:.1f}%", flush=True)
         # hap without overlap: the gradient all-reduces after the backward pass (the same numbers).
         runs = [(s, profiled, s, []) for s in strategies] + [
             ("hap-declared", declared, "hap", []),
             ("hap-no-overlap", profiled, "hap", ["--set", "parallel.overlap_grad_comm=false"])]
         # On several nodes: hap and dp-cp with every all-reduce flat (no hierarchical form).
-        with open(os.path.join(ROOT, declared)) as f:
-            several_nodes = len(yaml.safe_load(f).get("nodes", [])) > 1
+        several_nodes = len({d["node"] for d in declared_devices}) > 1
         flat = ["--set", "parallel.hierarchical_collectives=false"]
         if several_nodes:
             runs += [("hap-flat", profiled, "hap", flat), ("dp-cp-flat", profiled, "dp-cp", flat)]
         step_ms = {label: [] for label, _, _, _ in runs}
         round_medians = {label: [] for label, _, _, _ in runs}
         programs, predicted = {}, {}
+        # A run that fails under the memory caps runs again, from then on, with every device given
+        # the file's largest cap (lifted[label]: the cluster files it runs with); one that fails
+        # there too is recorded with its error and not run again.
+        lifted, failed, error_under_caps = {}, {}, {}
+        lifted_declared = memory_lifted(declared, declared_devices,
+                                        os.path.join(work, f"{name}-memory-lifted.yaml"))
         ddp_ms, ddp_round_medians, torch_version = [], [], None
         for rnd in range(args.rounds):
             for label, cluster_file, strategy, extra in runs:
+                if label in failed:
+                    continue
                 log = os.path.join(work, f"{name}-{label}-r{rnd}.jsonl")
                 plan = os.path.join(work, f"{name}-{label}-plan.json")
-                if os.path.exists(log):
-                    os.remove(log)
-                run(emulate + [declared, "--", train, "--config", args.config, "--cluster", cluster_file,
-                     "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
-                     "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
-                     "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
-                     "--plan-json", plan, "--quiet"] + extra, os.path.join(work, f"{name}-{label}.log"))
+                for path in (log, plan):
+                    if os.path.exists(path):
+                        os.remove(path)
+                def train_cmd(emulated, planned):
+                    return emulate + [emulated, "--", train, "--config", args.config, "--cluster", planned,
+                                      "--set", f"parallel.strategy={strategy}", "--set", f"train.steps={args.steps}",
+                                      "--set", f"train.warmup_steps={min(args.steps, 5)}", "--set", "train.log_every=1",
+                                      "--set", "train.eval_every=100000", "--set", f"train.log_file={log}",
+                                      "--plan-json", plan, "--quiet"] + sets + extra
+                train_log = os.path.join(work, f"{name}-{label}.log")
+                try:
+                    run(train_cmd(*lifted.get(label, (declared, cluster_file))), train_log, fatal=False)
+                except RunFailed as e:
+                    if label in lifted or rnd > 0 or "memory" not in e.tail.lower():
+                        failed[label] = e.tail
+                        print(f"{name} {label}: failed in round {rnd + 1}" +
+                              (" with memory lifted" if label in lifted else "") + "; left out", flush=True)
+                        continue
+                    error_under_caps[label] = e.tail
+                    lifted[label] = (lifted_declared, memory_lifted(
+                        cluster_file, describe(args.build, cluster_file),
+                        os.path.join(work, f"{name}-{label}-memory-lifted.yaml")))
+                    print(f"{name} {label}: failed under the memory caps; measured with every device "
+                          f"given the largest cap instead", flush=True)
+                    try:
+                        run(train_cmd(*lifted[label]), train_log, fatal=False)
+                    except RunFailed as e2:
+                        failed[label] = e2.tail
+                        print(f"{name} {label}: failed with memory lifted too; left out", flush=True)
+                        continue
                 ms = steps_from_log(log, args.skip)
                 step_ms[label] += ms
                 round_medians[label].append(statistics.median(ms))
@@ -205,12 +374,23 @@ def main(argv):
                 print(f"{name} pytorch-ddp round {rnd + 1}/{args.rounds}: median "
                       f"{ddp['median_ms']:.1f} ms/step", flush=True)
         for label, cluster_file, strategy, _ in runs:
-            median = statistics.median(step_ms[label])
-            result = {"median_ms": median, "predicted_ms": predicted[label],
-                      "cluster_file": cluster_file,
-                      "prediction_error": (predicted[label] - median) / median,
-                      "round_medians_ms": round_medians[label],
-                      "round_spread": spread(round_medians[label]), "step_ms": step_ms[label]}
+            if label in failed:
+                result = {"error": failed[label], "memory_lifted": label in lifted}
+                print(f"{name} {label}: failed; error recorded", flush=True)
+            else:
+                median = statistics.median(step_ms[label])
+                result = {"median_ms": median, "predicted_ms": predicted[label],
+                          "cluster_file": lifted.get(label, (None, cluster_file))[1],
+                          "prediction_error": (predicted[label] - median) / median,
+                          "round_medians_ms": round_medians[label],
+                          "round_spread": spread(round_medians[label]), "step_ms": step_ms[label],
+                          "memory_lifted": label in lifted}
+                print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
+                      f"(round medians {spread(round_medians[label]) * 100:.1f}% apart), predicted "
+                      f"{predicted[label]:.1f} ms" + (" (memory lifted)" if label in lifted else ""),
+                      flush=True)
+            if label in error_under_caps:
+                result["error_under_memory_caps"] = error_under_caps[label]
             if label == "hap-declared":
                 entry["hap_planned_on_declared_file"] = result
             elif label == "hap-no-overlap":
@@ -219,9 +399,6 @@ def main(argv):
                 entry.setdefault("flat_all_reduces", {})[strategy] = result
             else:
                 entry["strategies"][strategy] = result
-            print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
-                  f"(round medians {spread(round_medians[label]) * 100:.1f}% apart), predicted "
-                  f"{predicted[label]:.1f} ms", flush=True)
         if not args.no_ddp:
             entry["pytorch_ddp"] = {"median_ms": statistics.median(ddp_ms), "step_ms": ddp_ms,
                                     "round_medians_ms": ddp_round_medians,
@@ -231,32 +408,44 @@ def main(argv):
                   flush=True)
         # The same program planned under two names (hap finding dp-cp's, say) must measure alike.
         same = []
-        labels = [label for label, _, _, _ in runs if label in strategies]
+        s = entry["strategies"]
+        labels = [label for label, _, _, _ in runs if label in strategies and "median_ms" in s[label]]
         for i, a in enumerate(labels):
             for b in labels[i + 1:]:
-                if programs[a] == programs[b]:
-                    ma, mb = (entry["strategies"][x]["median_ms"] for x in (a, b))
+                if programs[a] == programs[b] and s[a]["memory_lifted"] == s[b]["memory_lifted"]:
+                    ma, mb = s[a]["median_ms"], s[b]["median_ms"]
                     same.append({"strategies": [a, b], "median_ms": [ma, mb],
                                  "apart": max(ma, mb) / min(ma, mb) - 1})
                     print(f"{name}: {a} and {b} are the same program; medians "
                           f"{(max(ma, mb) / min(ma, mb) - 1) * 100:.1f}% apart", flush=True)
         entry["identical_programs"] = same
-        s = entry["strategies"]
-        entry["hap_speedup_over_dp_ev"] = s["dp-ev"]["median_ms"] / s["hap"]["median_ms"]
-        entry["hap_speedup_over_best_baseline"] = min(
-            s[k]["median_ms"] for k in strategies if k != "hap") / s["hap"]["median_ms"]
-        if "pytorch_ddp" in entry:
-            entry["hap_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / s["hap"]["median_ms"]
-            entry["dp_ev_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / s["dp-ev"]["median_ms"]
-        entry["max_abs_prediction_error"] = max(abs(v["prediction_error"]) for v in s.values())
-        entry["hap_profiled_vs_declared_plan"] = (
-            entry["hap_planned_on_declared_file"]["median_ms"] / s["hap"]["median_ms"])
-        entry["overlap_speedup"] = entry["hap_without_overlap"]["median_ms"] / s["hap"]["median_ms"]
+        measured = {k: v["median_ms"] for k, v in s.items() if "median_ms" in v}
+        if "hap" in measured:
+            if "dp-ev" in measured:
+                entry["hap_speedup_over_dp_ev"] = measured["dp-ev"] / measured["hap"]
+                entry["hap_share_of_ideal_speedup"] = (entry["hap_speedup_over_dp_ev"] /
+                                                      entry["ideal_speedup_over_dp_ev"])
+            others = [v for k, v in measured.items() if k != "hap"]
+            if others:
+                entry["hap_speedup_over_best_baseline"] = min(others) / measured["hap"]
+            if "pytorch_ddp" in entry:
+                entry["hap_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / measured["hap"]
+            if "median_ms" in entry["hap_planned_on_declared_file"]:
+                entry["hap_profiled_vs_declared_plan"] = (
+                    entry["hap_planned_on_declared_file"]["median_ms"] / measured["hap"])
+            if "median_ms" in entry["hap_without_overlap"]:
+                entry["overlap_speedup"] = entry["hap_without_overlap"]["median_ms"] / measured["hap"]
+        if "pytorch_ddp" in entry and "dp-ev" in measured:
+            entry["dp_ev_speedup_over_pytorch_ddp"] = entry["pytorch_ddp"]["median_ms"] / measured["dp-ev"]
+        if measured:
+            entry["max_abs_prediction_error"] = max(
+                abs(v["prediction_error"]) for v in s.values() if "median_ms" in v)
         if "flat_all_reduces" in entry:  # measured and predicted speed-up of the hierarchical form
             entry["hierarchical_speedup"] = {
                 k: {"measured": v["median_ms"] / s[k]["median_ms"],
                     "predicted": v["predicted_ms"] / s[k]["predicted_ms"]}
-                for k, v in entry["flat_all_reduces"].items()}
+                for k, v in entry["flat_all_reduces"].items()
+                if "median_ms" in v and "median_ms" in s.get(k, {})}
         results["clusters"][name] = entry
 
     os.makedirs(os.path.dirname(os.path.join(ROOT, args.out)), exist_ok=True)
@@ -264,33 +453,52 @@ def main(argv):
         json.dump(results, f, indent=2)
     print(f"wrote {args.out}")
     chart(results, os.path.join(ROOT, args.png))
-    print(f"wrote {args.png}")
     for name, e in results["clusters"].items():
-        line = f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev"
+        line = f"{name}:"
+        if "hap_speedup_over_dp_ev" in e:
+            line += (f" hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev"
+                     + (" (dp-ev with memory lifted)" if e["strategies"]["dp-ev"]["memory_lifted"] else "")
+                     + f", {e['hap_share_of_ideal_speedup'] * 100:.0f}% of the ideal "
+                     f"{e['ideal_speedup_over_dp_ev']:.2f}x")
+        else:
+            line += " hap or dp-ev did not run (see the JSON's errors)"
         if "hap_speedup_over_pytorch_ddp" in e:
-            line += (f", {e['hap_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP; dp-ev "
-                     f"{e['dp_ev_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP")
-        line += (f"; prediction error at most {e['max_abs_prediction_error'] * 100:.0f}%; hap planned on "
-                 f"the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x the profiled plan's time"
-                 f"; without overlap hap takes {e['overlap_speedup']:.2f}x its time (predicted "
-                 f"{e['hap_without_overlap']['predicted_ms'] / e['strategies']['hap']['predicted_ms']:.2f}x)")
+            line += f", {e['hap_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP"
+            if "dp_ev_speedup_over_pytorch_ddp" in e:
+                line += f"; dp-ev {e['dp_ev_speedup_over_pytorch_ddp']:.2f}x over PyTorch DDP"
+        if "max_abs_prediction_error" in e:
+            line += f"; prediction error at most {e['max_abs_prediction_error'] * 100:.0f}%"
+        if "hap_profiled_vs_declared_plan" in e:
+            line += (f"; hap planned on the declared file takes {e['hap_profiled_vs_declared_plan']:.2f}x "
+                     f"the profiled plan's time")
+        if "overlap_speedup" in e:
+            line += (f"; without overlap hap takes {e['overlap_speedup']:.2f}x its time (predicted "
+                     f"{e['hap_without_overlap']['predicted_ms'] / e['strategies']['hap']['predicted_ms']:.2f}x)")
         for k, v in e.get("hierarchical_speedup", {}).items():
             line += (f"; {k} with hierarchical all-reduces {v['measured']:.2f}x as fast as flat "
                      f"(predicted {v['predicted']:.2f}x)")
+        failed_names = [k for k, v in e["strategies"].items() if "error" in v]
+        if failed_names:
+            line += f"; failed: {', '.join(failed_names)}"
         print(line)
     return 0
 
 
 def chart(results, path):
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"matplotlib not found: no chart; draw it later with --chart-only --out JSON --png {path}")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     clusters = list(results["clusters"].items())
     fig, axes = plt.subplots(1, len(clusters), figsize=(6 * len(clusters), 4.5), squeeze=False)
     for ax, (name, e) in zip(axes[0], clusters):
-        names = list(e["strategies"])
-        labels = names + (["pytorch-ddp"] if "pytorch_ddp" in e else [])
+        names = [k for k, v in e["strategies"].items() if "median_ms" in v]
+        labels = [k + (" (mem. lifted)" if e["strategies"][k]["memory_lifted"] else "") for k in names]
+        labels += ["pytorch-ddp"] if "pytorch_ddp" in e else []
         measured = [e["strategies"][s]["median_ms"] for s in names]
         predicted = [e["strategies"][s]["predicted_ms"] for s in names]
         if "pytorch_ddp" in e:
@@ -301,12 +509,18 @@ def chart(results, path):
         ax.set_xticks(list(x))
         ax.set_xticklabels(labels)
         ax.set_ylabel("ms per training step")
-        ax.set_title(f"{name}: hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev")
+        title = name
+        if "hap_speedup_over_dp_ev" in e:
+            title += (f": hap {e['hap_speedup_over_dp_ev']:.2f}x over dp-ev "
+                      f"(ideal {e['ideal_speedup_over_dp_ev']:.2f}x)")
+        ax.set_title(title)
         ax.legend()
-    fig.suptitle(f"{results['config']} on emulated mixed clusters, {results['steps']} steps per run, "
-                 f"{results.get('rounds', 1)} interleaved round(s)")
+    sets = f" ({', '.join(results['sets'])})" if results.get("sets") else ""
+    fig.suptitle(f"{results['config']}{sets} on emulated mixed {'GPU ' if results.get('device') == 'cuda' else ''}"
+                 f"clusters, {results['steps']} steps per run, {results.get('rounds', 1)} interleaved round(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
