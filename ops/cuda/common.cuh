@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/cuda/backend.h"
 #include "core/cuda/check.h"
 #include "core/cuda/indexing.cuh"
 #include "core/tensor.h"
@@ -31,7 +32,9 @@ T* ptr(const Tensor& t) {
 // Runs f on the float dtype of `out` (f32 or f64); other dtypes have no CUDA kernel yet.
 template <typename Fn>
 void on_float(const Tensor& out, const char* op, Fn fn) {
-  HAP_CUDA_CHECK(cudaSetDevice(out.device().index));
+  // (Not cudaSetDevice: that would make the primary context current and take a rank of an
+  // emulated mixed cluster out of its green context.)
+  hap::cuda::set_device(out.device().index);
   if (out.dtype() == DType::F32) {
     fn(float{});
   } else if (out.dtype() == DType::F64) {

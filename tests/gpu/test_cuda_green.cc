@@ -53,6 +53,12 @@ TEST(GreenContext, KernelsStayOnTheirGroupAndTheGroupsAreDisjoint) {
     // Our ops (a cuBLAS GEMM here) run inside it and compute the same.
     const Tensor c = matmul(a.to(kGpu), b.to(kGpu)).to(Device::cpu());
     EXPECT_EQ(c.to_vector(), expected.to_vector()) << "group " << group;
+    // Every op family keeps it current (an elementwise kernel, a reduction, a softmax), rather
+    // than falling back to the primary context.
+    const Tensor ag = a.to(kGpu);
+    const Tensor d = softmax(sum(ag * ag + ag, {1}, true) + ag, -1);
+    EXPECT_EQ(cuda::current_context_sms(), n) << "group " << group << " after the ops";
+    EXPECT_EQ(d.to(Device::cpu()).shape(), (Shape{67, 45}));
     cuda::leave_green_context();
     EXPECT_EQ(cuda::green_context().device, -1);
   }
