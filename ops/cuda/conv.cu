@@ -1,15 +1,21 @@
 // CUDA kernels of conv2d and its backward, max and average pooling and theirs, with the CPU's
 // semantics (ops/defs/conv.cc): zero padding for conv2d, padding never chosen by max pooling (the
 // first maximum in window order wins, a NaN over a number), padding counted in average pooling's
-// divisor. Convolution is im2col + cuBLAS GEMM, one GEMM per chunk of images batched over the
-// groups; every backward gathers in a fixed order (col2im and the pooling gradients: one thread
-// per input element; the bias gradient: one block per channel), so runs are deterministic and no
-// kernel uses atomics. Pooling matches the CPU bit for bit, except that the CPU may fuse average
-// pooling's backward multiply-add where the host compiler contracts it.
+// divisor. Convolution goes through cuDNN where it is available and accepts the geometry
+// (ops/cuda/conv_cudnn.h: deterministic algorithms, no TF32); otherwise, and with HAP_CUDNN=0, it
+// is im2col + cuBLAS GEMM, one GEMM per chunk of images batched over the groups. Pooling stays
+// with the own kernels: max pooling's rule for ties and NaNs is the CPU's, which cuDNN's pooling
+// does not promise, the op's backward takes the input where cuDNN's takes the output too, and
+// pooling is one memory-bound pass either way. Every own backward gathers in a fixed order
+// (col2im and the pooling gradients: one thread per input element; the bias gradient: one block
+// per channel), so runs are deterministic and no kernel uses atomics. Pooling matches the CPU bit
+// for bit, except that the CPU may fuse average pooling's backward multiply-add where the host
+// compiler contracts it.
 #include <cstdint>
 #include <vector>
 
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/conv_cudnn.h"
 #include "ops/cuda/kernels.h"
 #include "ops/defs/common.h"
 
@@ -153,6 +159,7 @@ std::vector<Tensor> conv2d(const KernelContext& c) {
   if (out.numel() == 0) return {out};
   const Tensor x = dense(c.inputs[0]), w = dense(c.inputs[1]);
   const Tensor b = c.inputs[2].defined() ? dense(c.inputs[2]) : Tensor();
+  if (cudnn_conv2d(x, w, b, out, attr<Conv2dAttrs>(c.attrs))) return {out};
   const ConvGeometry g =
       conv_geometry(x.shape(), w.shape(), out.shape(), attr<Conv2dAttrs>(c.attrs));
   const int64_t chunk = images_per_chunk(g);
@@ -198,6 +205,7 @@ std::vector<Tensor> conv2d_backward(const KernelContext& c) {
       zero(dw);
       return;
     }
+    if (cudnn_conv2d_backward(gy, x, w, dx, dw, attr<Conv2dAttrs>(c.attrs))) return;
     const Tensor cols = buffer(g.c * g.kh * g.kw * chunk * g.plane, dx),
                  gc = buffer(g.o * chunk * g.plane, dx);
     for (int64_t n0 = 0; n0 < g.n; n0 += chunk) {

@@ -1,7 +1,8 @@
 // conv2d, max and average pooling and their backward kernels on a GPU, against the CPU's
 // (ops/defs/conv.cc): strides, padding, dilation, groups (depthwise too), 1x1 and 3x3 kernels,
 // odd sizes, with and without bias, transposed input views, batches of several chunks, empty
-// batches, f32 and f64, and max pooling's tie rule on integer-valued inputs. Each test skips
+// batches, f32 and f64, through cuDNN and through the own im2col kernels, and max pooling's tie
+// rule on integer-valued inputs. Each test skips
 // without a visible GPU.
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda/cudnn.h"
 #include "core/rng.h"
 #include "ops/dispatch.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -100,6 +102,42 @@ void expect_conv_matches_cpu(const ConvCase& c, DType d, bool transposed) {
   for (size_t i = 0; i < 3; ++i) expect_close(got[i], want[i], rtol, atol, names[i]);
 }
 
+// cuDNN's convolutions (ops/cuda/conv_cudnn.h) and the own im2col kernels (HAP_CUDNN=0, or where
+// cuDNN refuses a geometry) each match the CPU on every geometry. cuDNN must be found
+// (HAP_CUDNN_LIBRARY, the library path or the toolkit's folder) and must run the convolutions of
+// most geometries; with it off, it runs none.
+TEST(CudaConv, CudnnAndTheOwnKernelsEachMatchTheCpu) {
+  HAP_REQUIRE_GPU();
+  ASSERT_NE(cuda::cudnn(), nullptr) << cuda::cudnn_unavailable_reason();
+  struct Restore {
+    ~Restore() { cuda::set_cudnn_enabled(true); }
+  } restore;
+  for (const bool use_cudnn : {true, false}) {
+    cuda::set_cudnn_enabled(use_cudnn);
+    int cases = 0, by_cudnn = 0;
+    for (const ConvCase& c : conv_cases()) {
+      for (DType d : {DType::F32, DType::F64}) {
+        SCOPED_TRACE(c.label + " " + dtype_name(d) + (use_cudnn ? ", cuDNN" : ", own kernels"));
+        const int64_t before = cuda::cudnn_convolutions();
+        expect_conv_matches_cpu(c, d, false);
+        ++cases;
+        // A forward and both backward convolutions, all by cuDNN or none.
+        const int64_t calls = cuda::cudnn_convolutions() - before;
+        if (use_cudnn) {
+          EXPECT_TRUE(calls == 0 || calls == 3) << calls << " cuDNN calls";
+          by_cudnn += calls > 0;
+        } else {
+          EXPECT_EQ(calls, 0) << "cuDNN ran while turned off";
+        }
+      }
+    }
+    if (use_cudnn) {
+      EXPECT_GE(2 * by_cudnn, cases) << "cuDNN ran " << by_cudnn << " of " << cases
+                                     << " geometries; the others fell back to the own kernels";
+    }
+  }
+}
+
 TEST(CudaConv, Conv2dAndItsGradientsMatchTheCpuForEveryGeometry) {
   HAP_REQUIRE_GPU();
   for (const ConvCase& c : conv_cases()) {
@@ -117,9 +155,16 @@ TEST(CudaConv, Conv2dAndItsGradientsMatchTheCpuForEveryGeometry) {
 // gradient sums over all of them. f64, so the tolerance only covers the summation order.
 TEST(CudaConv, BatchesLargerThanOneChunkMatchTheCpu) {
   HAP_REQUIRE_GPU();
-  expect_conv_matches_cpu(
-      {"7 large images", {7, 16, 200, 210}, {4, 16, 3, 3}, true, {{1, 1}, {1, 1}, {1, 1}, 1}},
-      DType::F64, false);
+  struct Restore {
+    ~Restore() { cuda::set_cudnn_enabled(true); }
+  } restore;
+  for (const bool use_cudnn : {true, false}) {  // (the chunks are the own kernels')
+    SCOPED_TRACE(use_cudnn ? "cuDNN" : "own kernels");
+    cuda::set_cudnn_enabled(use_cudnn);
+    expect_conv_matches_cpu(
+        {"7 large images", {7, 16, 200, 210}, {4, 16, 3, 3}, true, {{1, 1}, {1, 1}, {1, 1}, 1}},
+        DType::F64, false);
+  }
 }
 
 TEST(CudaConv, TheBackwardIsDeterministic) {
