@@ -18,10 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/rng.h"
-#ifdef HAP_HAVE_CUDA
-#include "core/cuda/backend.h"
-#endif
 #include "models/gpt.h"
 #include "models/optim.h"
 #include "ops/cpu/blas.h"
@@ -44,15 +42,6 @@ double median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Waits for the device's queued work (GPU kernels run asynchronously): a step's time ends there.
-void synchronize(hap::Device device) {
-#ifdef HAP_HAVE_CUDA
-  if (device.is_cuda()) hap::cuda::synchronize(device.index);
-#else
-  (void)device;
-#endif
-}
-
 // Model FLOPs of a training step: 6 per parameter and token plus attention's 12 L T C per token
 // (the PaLM appendix's count).
 double step_flops(const Size& s, int64_t n_params) {
@@ -70,7 +59,7 @@ double gemm_peak(hap::Device device, int iters, hap::DType dtype = hap::DType::F
   for (int i = 0; i < iters + 2; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     hap::Tensor c = hap::ops::call1(hap::ops::OpKind::MatMul, {a, b});
-    synchronize(device);
+    hap::synchronize(device);
     double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (i >= 2) s.push_back(t);
   }
@@ -105,7 +94,7 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
     }
     hap::Tensor x = hap::Tensor::from_vector(idx, {s.batch, s.seq}).to(device);
     hap::Tensor y = hap::Tensor::from_vector(tgt, {s.batch, s.seq}).to(device);
-    synchronize(device);
+    hap::synchronize(device);
     auto t0 = std::chrono::steady_clock::now();
     hap::Tensor loss;
     {
@@ -115,7 +104,7 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
     loss.backward();
     opt.step();
     opt.zero_grad();
-    synchronize(device);
+    hap::synchronize(device);
     double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= warmup) ms.push_back(t);

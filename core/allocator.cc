@@ -143,6 +143,7 @@ struct Registry {
   std::mutex mu;
   std::array<Allocator*, kKinds> allocators{};
   std::array<DeviceCopyFn, kKinds> copies{};
+  std::array<DeviceSyncFn, kKinds> syncs{};
   Allocator* pinned = nullptr;
 };
 
@@ -214,6 +215,33 @@ void register_device_copy(DeviceKind kind, DeviceCopyFn copy) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   r.copies[static_cast<size_t>(kind)] = copy;
+}
+
+void register_device_synchronize(DeviceKind kind, DeviceSyncFn sync) {
+  HAP_CHECK(kind != DeviceKind::CPU,
+            "register_device_synchronize: the CPU has nothing to wait for");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  r.syncs[static_cast<size_t>(kind)] = sync;
+}
+
+DeviceSyncFn registered_device_synchronize(DeviceKind kind) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.syncs[static_cast<size_t>(kind)];
+}
+
+void synchronize(Device device) {
+  if (device.is_cpu()) return;
+  DeviceSyncFn sync = nullptr;
+  {
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mu);
+    sync = r.syncs[static_cast<size_t>(device.kind)];
+  }
+  HAP_CHECK(sync != nullptr, "waiting for ", device.str(), ": no ", kind_name(device.kind),
+            " backend registered how");
+  sync(device);
 }
 
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes) {

@@ -46,6 +46,16 @@ Allocator* registered_allocator(DeviceKind kind);
 DeviceCopyFn registered_device_copy(DeviceKind kind);
 void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device, size_t nbytes);
 
+// Waiting for a device's queued work, registered by its backend (a GPU's kernels run after their
+// launch; CUDA: cudaDeviceSynchronize in the device's context).
+using DeviceSyncFn = void (*)(Device device);
+void register_device_synchronize(DeviceKind kind, DeviceSyncFn sync);  // null removes it
+DeviceSyncFn registered_device_synchronize(DeviceKind kind);
+// Returns once every kernel and copy queued on `device` has finished, so that a time taken after
+// it covers the work and not only its launch: nothing to wait for on the CPU (its kernels finish
+// before they return); an error naming the device where no backend registered one.
+void synchronize(Device device);
+
 // Page-locked ("pinned") host memory, registered by a device backend (CUDA: cudaHostAlloc, cached):
 // host tensors made with TensorOptions::pinned come from it, so that copies between them and
 // the device run at the link's full rate (staging, parallel/staging.h). Null where none is

@@ -8,10 +8,8 @@
 #include <optional>
 #include <thread>
 
+#include "core/allocator.h"
 #include "core/timeline.h"
-#ifdef HAP_HAVE_CUDA
-#include "core/cuda/backend.h"
-#endif
 
 namespace hap::ops {
 
@@ -75,6 +73,7 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
 }  // namespace
 
 void set_record_hook(RecordHook hook) { g_record_hook = hook; }
+RecordHook record_hook() { return g_record_hook; }
 
 AutocastGuard::AutocastGuard(DType dtype) : prev_(t_autocast) {
   HAP_CHECK(dtype == DType::F32 || dtype == DType::BF16,
@@ -243,9 +242,7 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   if (timeline::recording()) span.emplace("op", def.name, current_scope());
   // A GPU's kernels run after their launch: profiling waits for the device around each op.
   auto wait_for_device = [&] {
-#ifdef HAP_HAVE_CUDA
-    if (g_profiling && device.is_cuda()) cuda::synchronize(device.index);
-#endif
+    if (g_profiling) hap::synchronize(device);
   };
   wait_for_device();
   // An emulated slower device (HAP_EMULATE_SPEED): its CPU kernels slowed to that speed.

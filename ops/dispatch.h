@@ -17,6 +17,7 @@ Tensor call1(OpKind kind, std::vector<Tensor> inputs, Attrs attrs = NoAttrs{});
 using RecordHook = void (*)(OpKind kind, const std::vector<Tensor>& inputs,
                             std::vector<Tensor>& outputs, const Attrs& attrs);
 void set_record_hook(RecordHook hook);
+RecordHook record_hook();  // the one installed now (null: none), for a hook that chains to it
 
 // Tracing: while a TraceHook is installed on this thread, op calls run no kernel; their outputs
 // are shape-only tensors from the op's inference, and the hook sees every call. synth/ uses it

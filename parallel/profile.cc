@@ -8,6 +8,7 @@
 #include <sstream>
 #include <string>
 
+#include "core/allocator.h"
 #include "core/error.h"
 #include "core/rng.h"
 #ifdef HAP_HAVE_CUDA
@@ -42,15 +43,6 @@ constexpr int64_t kRowFloats = 256;
 
 }  // namespace
 
-void wait_for_device(Device device) {
-  if (device.is_cpu()) return;
-#ifdef HAP_HAVE_CUDA
-  cuda::synchronize(device.index);
-#else
-  HAP_CHECK(false, "wait_for_device: ", device.str(), " without the CUDA backend");
-#endif
-}
-
 GemmRate profile_gemm(int64_t n, int reps, Device device, DType dtype) {
   HAP_CHECK(n >= 1 && reps >= 1, "profile_gemm: expected n >= 1 and reps >= 1, got n=", n,
             " reps=", reps);
@@ -59,12 +51,12 @@ GemmRate profile_gemm(int64_t n, int reps, Device device, DType dtype) {
   Tensor a = randn({n, n}, 1, 0).to(dtype).to(device);
   Tensor b = randn({n, n}, 1, 1).to(dtype).to(device);
   hap::matmul(a, b);  // warm-up: allocator, thread pool, pages, library handles
-  wait_for_device(device);
+  hap::synchronize(device);
   std::vector<double> times;
   for (int i = 0; i < reps; ++i) {
     auto t0 = Clock::now();
     Tensor c = hap::matmul(a, b);
-    wait_for_device(device);
+    hap::synchronize(device);
     times.push_back(seconds_since(t0));
   }
   GemmRate g;
@@ -122,7 +114,7 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
       default:
         HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
     }
-    wait_for_device(device);  // (a GPU backend may return before the collective is done)
+    hap::synchronize(device);  // (a GPU backend may return before the collective is done)
   };
   run_once();  // warm-up: connections, buffers
   // The compute before each call, on the rank's device: a GPU's kernels are queued, so the

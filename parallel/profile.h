@@ -23,9 +23,6 @@ struct GemmRate {
 };
 GemmRate profile_gemm(int64_t n, int reps, Device device = Device::cpu(), DType dtype = DType::F32);
 
-// Waits for the work queued on `device` (nothing to wait for on the CPU).
-void wait_for_device(Device device);
-
 // One timed collective on a group: every rank of the group calls it with its own shard.
 struct CollectiveSample {
   synth::InstrKind kind =

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/allocator.h"
 #include "core/atomic_file.h"
 #include "core/philox.h"
 #include "core/rng.h"
@@ -262,13 +263,13 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     }
     opt->zero_grad();
     loss.backward();
-    hap::parallel::wait_for_device(device);  // (a GPU's kernels run after their launch)
+    hap::synchronize(device);  // (a GPU's kernels run after their launch)
     auto t1 = Clock::now();
     // As the trainer: the norm, then the update with clipping's coefficient.
     const double norm = hap::nn::grad_norm(params);
     const double clip = config.train.grad_clip > 0 ? config.train.grad_clip / (norm + 1e-6) : 1.0;
     opt->step(clip < 1 ? clip : 1.0);
-    hap::parallel::wait_for_device(device);
+    hap::synchronize(device);
     auto t2 = Clock::now();
     graph_s += std::chrono::duration<double>(t1 - t0).count();
     update_s += std::chrono::duration<double>(t2 - t1).count();

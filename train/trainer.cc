@@ -16,6 +16,7 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
+#include "core/allocator.h"
 #include "core/atomic_file.h"
 #ifdef HAP_HAVE_CUDA
 #include "core/cuda/backend.h"
@@ -67,9 +68,7 @@ GemmPeak measured_gemm_peak(Device device, DType precision) {
   const Tensor a = Tensor::full({n, n}, 0.5, o), b = Tensor::full({n, n}, 0.25, o);
   auto product = [&] {
     Tensor c = ops::call1(ops::OpKind::MatMul, {a, b}, {});
-#ifdef HAP_HAVE_CUDA
-    if (device.is_cuda()) cuda::synchronize(device.index);  // the kernel ran, not only launched
-#endif
+    hap::synchronize(device);  // the kernel ran, not only launched
   };
   product();  // warm-up: libraries load, the GEMM heuristics choose
   double best = 0;

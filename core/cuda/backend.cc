@@ -248,6 +248,7 @@ const bool g_registered = [] {
   static PinnedHostAllocator* pinned = new PinnedHostAllocator();  // outlives static tensors
   register_pinned_host_allocator(pinned);
   register_device_copy(DeviceKind::CUDA, copy);
+  register_device_synchronize(DeviceKind::CUDA, [](Device d) { synchronize(d.index); });
   register_device_tensor_ops(DeviceKind::CUDA, {fill_elements, copy_elements});
   return true;
 }();

@@ -21,6 +21,7 @@
 #include "core/shape.h"
 #include "core/strided_copy.h"
 #include "core/tensor.h"
+#include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "tests/stand_in_device.h"
 #include "tests/test_util.h"
@@ -549,6 +550,32 @@ TEST_F(FakeDevice, StorageComesFromTheDevicesAllocatorAndToCopiesBothWays) {
   EXPECT_EQ(d.to_vector(), back.to_vector()) << "reading a device tensor goes through the host";
   d = Tensor();
   EXPECT_EQ(allocator_.live, 0u) << "the device's memory goes back to its allocator";
+}
+
+// Waiting for a device goes to its backend, with the device; the CPU has nothing to wait for;
+// without a backend's wait, waiting is an error naming the device.
+TEST_F(FakeDevice, SynchronizeWaitsThroughTheBackendAndNotForTheCpu) {
+  const int syncs = test_util::g_stand_in_syncs;
+  synchronize(Device::cpu());
+  EXPECT_EQ(test_util::g_stand_in_syncs, syncs);
+  synchronize(Device::cuda(3));
+  EXPECT_EQ(test_util::g_stand_in_syncs, syncs + 1);
+  EXPECT_EQ(test_util::g_stand_in_synced_index, 3);
+  // Profiling waits for the device before and after each op (a GPU's kernels run after their
+  // launch); a permute runs on any device (a view).
+  const Tensor d = Tensor::ones({2, 3}).to(Device::cuda(1));
+  ops::call1(ops::OpKind::Permute, {d}, ops::PermuteAttrs{{1, 0}});
+  EXPECT_EQ(test_util::g_stand_in_syncs, syncs + 1) << "no waits without profiling";
+  ops::set_profiling(true);
+  const Tensor t = ops::call1(ops::OpKind::Permute, {d}, ops::PermuteAttrs{{1, 0}});
+  ops::set_profiling(false);
+  EXPECT_EQ(t.shape(), (Shape{3, 2}));
+  EXPECT_EQ(test_util::g_stand_in_syncs, syncs + 3) << "profiling waits around the op";
+  EXPECT_EQ(test_util::g_stand_in_synced_index, 1);
+  register_device_synchronize(DeviceKind::CUDA, nullptr);
+  EXPECT_HAS(test_util::error_of([] { synchronize(Device::cuda(0)); }),
+             "waiting for cuda:0: no cuda backend registered how");
+  register_device_synchronize(DeviceKind::CUDA, &test_util::stand_in_synchronize);
 }
 
 TEST_F(FakeDevice, HostAccessToADeviceTensorIsAnErrorThatNamesTheDevice) {
