@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "core/cuda/backend.h"
@@ -214,6 +215,8 @@ class NcclBackend : public Backend {
   ~NcclBackend() override {
     if (comm_ != nullptr) nccl().comm_destroy(comm_);
     if (done_ != nullptr) cudaEventDestroy(done_);
+    if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
   NcclBackend(const NcclBackend&) = delete;
   NcclBackend& operator=(const NcclBackend&) = delete;
@@ -269,50 +272,42 @@ class NcclBackend : public Backend {
   }
   void all_gather(const Tensor& in, const Tensor& out, const BlockLayout& layout) override {
     if (on_host(in, out)) return host_->all_gather(in, out, layout);
-    const ncclDataType_t type = nccl_type(in.dtype());
-    if (layout.regular() && layout.total() == out.numel()) {
-      HAP_NCCL_CHECK(nccl().all_gather(in.raw_data(), out.raw_data(),
-                                       static_cast<size_t>(layout.counts[0]), type, comm_, 0));
-      return finish("all_gather");
-    }
-    grouped([&] {  // one broadcast per block, from its rank
-      for (int r = 0; r < size(); ++r) {
-        const int64_t n = layout.counts[static_cast<size_t>(r)];
-        if (n == 0) continue;
-        HAP_NCCL_CHECK(nccl().broadcast(in.raw_data(),
-                                        at(out, layout.displs[static_cast<size_t>(r)]),
-                                        static_cast<size_t>(n), type, r, comm_, 0));
-      }
-    });
-    finish("all_gather (grouped broadcasts)");
+    finish(issue_all_gather(in, out, layout, 0));
   }
   void reduce_scatter(const Tensor& in, const BlockLayout& layout, const Tensor& out) override {
     if (on_host(in, out)) return host_->reduce_scatter(in, layout, out);
-    summable(in, "reduce_scatter");
-    const ncclDataType_t type = nccl_type(in.dtype());
-    if (layout.regular() && layout.total() == in.numel()) {
-      HAP_NCCL_CHECK(nccl().reduce_scatter(in.raw_data(), out.raw_data(),
-                                           static_cast<size_t>(layout.counts[0]), type, ncclSum,
-                                           comm_, 0));
-      return finish("reduce_scatter");
-    }
-    grouped([&] {  // one reduce per block, to its rank
-      for (int r = 0; r < size(); ++r) {
-        const int64_t n = layout.counts[static_cast<size_t>(r)];
-        if (n == 0) continue;
-        HAP_NCCL_CHECK(nccl().reduce(at(in, layout.displs[static_cast<size_t>(r)]),
-                                     r == rank() ? out.raw_data() : nullptr, static_cast<size_t>(n),
-                                     type, ncclSum, r, comm_, 0));
-      }
-    });
-    finish("reduce_scatter (grouped reduces)");
+    finish(issue_reduce_scatter(in, layout, out, 0));
   }
   void all_reduce(const Tensor& in, const Tensor& out) override {
     if (on_host(in, out)) return host_->all_reduce(in, out);
-    summable(in, "all_reduce");
-    HAP_NCCL_CHECK(nccl().all_reduce(in.raw_data(), out.raw_data(), count(in),
-                                     nccl_type(in.dtype()), ncclSum, comm_, 0));
-    finish("all_reduce");
+    finish(issue_all_reduce(in, out, 0));
+  }
+
+  // ---- nonblocking: on the communication stream ----
+  // The collective is queued on this backend's own stream (non-blocking with respect to the
+  // legacy default stream our kernels run on), after an event recorded on the compute stream (so
+  // it reads what the kernels before it wrote), and returns at once: the compute stream goes on
+  // with the next kernels while NCCL runs. Completing it (test() true, or wait()) makes the
+  // compute stream wait for its end event, so every later kernel, copy or reuse of a freed block
+  // comes after it, without the host waiting for the GPU beyond polling the event.
+  bool nonblocking_all_reduce() const override { return true; }
+  std::unique_ptr<PendingCollective> start_all_reduce(const Tensor& in,
+                                                      const Tensor& out) override {
+    if (on_host(in, out)) return host_->start_all_reduce(in, out);
+    return on_comm_stream({in, out}, [&](cudaStream_t s) { return issue_all_reduce(in, out, s); });
+  }
+  std::unique_ptr<PendingCollective> start_reduce_scatter(const Tensor& in,
+                                                          const BlockLayout& layout,
+                                                          const Tensor& out) override {
+    if (on_host(in, out)) return host_->start_reduce_scatter(in, layout, out);
+    return on_comm_stream({in, out},
+                          [&](cudaStream_t s) { return issue_reduce_scatter(in, layout, out, s); });
+  }
+  std::unique_ptr<PendingCollective> start_all_gather(const Tensor& in, const Tensor& out,
+                                                      const BlockLayout& layout) override {
+    if (on_host(in, out)) return host_->start_all_gather(in, out, layout);
+    return on_comm_stream({in, out},
+                          [&](cudaStream_t s) { return issue_all_gather(in, out, layout, s); });
   }
   void all_to_all(const Tensor& in, const BlockLayout& send, const Tensor& out,
                   const BlockLayout& recv) override {
@@ -333,6 +328,138 @@ class NcclBackend : public Backend {
   }
 
  private:
+  // Queue the collectives on stream `s`; each returns what it queued, for errors.
+  const char* issue_all_reduce(const Tensor& in, const Tensor& out, cudaStream_t s) {
+    summable(in, "all_reduce");
+    HAP_NCCL_CHECK(nccl().all_reduce(in.raw_data(), out.raw_data(), count(in),
+                                     nccl_type(in.dtype()), ncclSum, comm_, s));
+    return "all_reduce";
+  }
+  const char* issue_all_gather(const Tensor& in, const Tensor& out, const BlockLayout& layout,
+                               cudaStream_t s) {
+    const ncclDataType_t type = nccl_type(in.dtype());
+    if (layout.regular() && layout.total() == out.numel()) {
+      HAP_NCCL_CHECK(nccl().all_gather(in.raw_data(), out.raw_data(),
+                                       static_cast<size_t>(layout.counts[0]), type, comm_, s));
+      return "all_gather";
+    }
+    grouped([&] {  // one broadcast per block, from its rank
+      for (int r = 0; r < size(); ++r) {
+        const int64_t n = layout.counts[static_cast<size_t>(r)];
+        if (n == 0) continue;
+        HAP_NCCL_CHECK(nccl().broadcast(in.raw_data(),
+                                        at(out, layout.displs[static_cast<size_t>(r)]),
+                                        static_cast<size_t>(n), type, r, comm_, s));
+      }
+    });
+    return "all_gather (grouped broadcasts)";
+  }
+  const char* issue_reduce_scatter(const Tensor& in, const BlockLayout& layout, const Tensor& out,
+                                   cudaStream_t s) {
+    summable(in, "reduce_scatter");
+    const ncclDataType_t type = nccl_type(in.dtype());
+    if (layout.regular() && layout.total() == in.numel()) {
+      HAP_NCCL_CHECK(nccl().reduce_scatter(in.raw_data(), out.raw_data(),
+                                           static_cast<size_t>(layout.counts[0]), type, ncclSum,
+                                           comm_, s));
+      return "reduce_scatter";
+    }
+    grouped([&] {  // one reduce per block, to its rank
+      for (int r = 0; r < size(); ++r) {
+        const int64_t n = layout.counts[static_cast<size_t>(r)];
+        if (n == 0) continue;
+        HAP_NCCL_CHECK(nccl().reduce(at(in, layout.displs[static_cast<size_t>(r)]),
+                                     r == rank() ? out.raw_data() : nullptr, static_cast<size_t>(n),
+                                     type, ncclSum, r, comm_, s));
+      }
+    });
+    return "reduce_scatter (grouped reduces)";
+  }
+
+  // A collective queued on the communication stream: completes when its end event has been
+  // reached, polling NCCL's asynchronous errors meanwhile (as finish() does).
+  class Pending final : public PendingCollective {
+   public:
+    Pending(NcclBackend* b, cudaEvent_t end, std::vector<Tensor> keep, const char* what)
+        : b_(b), end_(end), keep_(std::move(keep)), what_(what) {}
+    Pending(const Pending&) = delete;
+    Pending& operator=(const Pending&) = delete;
+    ~Pending() override {
+      // Not completed: the compute stream still waits for it, so the tensors' blocks are reused
+      // only after it (errors ignored: a destructor must not throw).
+      if (end_ != nullptr) {
+        ::hap::cuda::set_device(b_->device_);
+        cudaStreamWaitEvent(0, end_, 0);
+        cudaEventDestroy(end_);
+      }
+    }
+    bool test() override {
+      if (end_ == nullptr) return true;
+      ::hap::cuda::set_device(b_->device_);
+      if (!b_->reached(end_, what_)) return false;
+      HAP_CUDA_CHECK(cudaStreamWaitEvent(0, end_, 0));  // later kernels come after it
+      HAP_CUDA_CHECK(cudaEventDestroy(end_));
+      end_ = nullptr;
+      keep_.clear();
+      return true;
+    }
+    void wait() override {
+      b_->poll_until([&] { return test(); }, what_);
+    }
+
+   private:
+    NcclBackend* b_;
+    cudaEvent_t end_;
+    std::vector<Tensor> keep_;
+    const char* what_;
+  };
+
+  template <typename Issue>
+  std::unique_ptr<PendingCollective> on_comm_stream(std::vector<Tensor> keep, Issue issue) {
+    if (stream_ == nullptr) {
+      HAP_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+      HAP_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+    }
+    HAP_CUDA_CHECK(cudaEventRecord(inputs_ready_, 0));  // the kernels that wrote the inputs
+    HAP_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+    const char* what = issue(stream_);
+    cudaEvent_t end = nullptr;
+    HAP_CUDA_CHECK(cudaEventCreateWithFlags(&end, cudaEventDisableTiming));
+    HAP_CUDA_CHECK(cudaEventRecord(end, stream_));
+    return std::make_unique<Pending>(this, end, std::move(keep), what);
+  }
+
+  // Whether `event` has been reached; throws (after aborting the communicator) on NCCL's
+  // asynchronous error.
+  bool reached(cudaEvent_t event, const char* what) {
+    const cudaError_t q = cudaEventQuery(event);
+    if (q == cudaSuccess) return true;
+    if (q != cudaErrorNotReady) HAP_CUDA_CHECK(q);
+    HAP_CHECK(comm_ != nullptr, "NCCL ", what, " on rank ", rank(),
+              ": the communicator was aborted after an earlier error");
+    ncclResult_t async = ncclSuccess;
+    HAP_NCCL_CHECK(nccl().comm_get_async_error(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress) {
+      nccl().comm_abort(comm_);
+      comm_ = nullptr;
+      HAP_CHECK(false, "NCCL ", what, " on rank ", rank(), " failed: ", nccl().error_string(async),
+                " (an asynchronous error: a rank failed or a link broke)");
+    }
+    return false;
+  }
+
+  // Polls `done` under the collective timeout (wait_until); a timeout or error aborts the
+  // communicator, which frees the GPU's NCCL kernels.
+  void poll_until(const std::function<bool()>& done, const char* what) {
+    try {
+      wait_until(done, std::string("NCCL ") + what);
+    } catch (...) {
+      if (comm_ != nullptr) nccl().comm_abort(comm_);
+      comm_ = nullptr;
+      throw;
+    }
+  }
+
   // Waits for the NCCL call just queued (and the kernels before it) by polling, rather than
   // blocking in the driver: between polls it asks NCCL for an asynchronous error (a peer that
   // failed, a broken link), and the collective timeout bounds the wait (parallel.collective_
@@ -342,25 +469,7 @@ class NcclBackend : public Backend {
   void finish(const char* what) {
     if (done_ == nullptr) HAP_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     HAP_CUDA_CHECK(cudaEventRecord(done_, 0));
-    try {
-      wait_until(
-          [&] {
-            const cudaError_t q = cudaEventQuery(done_);
-            if (q == cudaSuccess) return true;
-            if (q != cudaErrorNotReady) HAP_CUDA_CHECK(q);
-            ncclResult_t async = ncclSuccess;
-            HAP_NCCL_CHECK(nccl().comm_get_async_error(comm_, &async));
-            HAP_CHECK(async == ncclSuccess || async == ncclInProgress, "NCCL ", what, " on rank ",
-                      rank(), " failed: ", nccl().error_string(async),
-                      " (an asynchronous error: a rank failed or a link broke)");
-            return false;
-          },
-          std::string("NCCL ") + what);
-    } catch (...) {
-      nccl().comm_abort(comm_);
-      comm_ = nullptr;
-      throw;
-    }
+    poll_until([&] { return reached(done_, what); }, what);
   }
 
   // Whether the operands are host tensors (carried by the host backend); device operands must be
@@ -391,6 +500,10 @@ class NcclBackend : public Backend {
   int device_;
   ncclComm_t comm_ = nullptr;
   cudaEvent_t done_ = nullptr;  // recorded after each call; finish() polls it
+  // The communication stream of started collectives, and the event that orders it after the
+  // compute stream's kernels (made on the first start).
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t inputs_ready_ = nullptr;
 };
 
 }  // namespace

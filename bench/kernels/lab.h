@@ -136,8 +136,23 @@ inline double replay(const Recorded& r, int iters, Device device) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / iters;
 }
 
+inline int run_lab_or_throw(int argc, char** argv, const std::string& family,
+                            const std::vector<Case>& cases);
+
+// The program's main: run_lab_or_throw, with an error (no GPU, say) printed as one line and exit
+// status 1.
 inline int run_lab(int argc, char** argv, const std::string& family,
                    const std::vector<Case>& cases) {
+  try {
+    return run_lab_or_throw(argc, argv, family, cases);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kernel_%s: error: %s\n", family.c_str(), e.what());
+    return 1;
+  }
+}
+
+inline int run_lab_or_throw(int argc, char** argv, const std::string& family,
+                            const std::vector<Case>& cases) {
   CLI::App cli{"kernel lab: " + family + " kernels, checked against the CPU and timed"};
   std::string device_arg = "cpu", dtype_arg = "f32", json_path, only;
   double scale = 0, check_scale = 1.0 / 16;

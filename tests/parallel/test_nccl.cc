@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "ops/functional.h"
 #include "parallel/nccl.h"
 #include "parallel_test_util.h"
 #ifdef HAP_HAVE_CUDA
@@ -120,6 +121,66 @@ TEST(Nccl, EveryCollectiveEqualsTheMpiBackends) {
   Tensor host = Tensor::full({3}, 1.0);
   nccl->all_reduce(host, host);
   EXPECT_EQ(host.to_vector(), std::vector<double>(3, static_cast<double>(n)));
+  nccl->barrier();
+}
+
+// Started collectives run on the backend's communication stream while the compute stream goes on
+// (a product queued behind them here), and give the blocking collectives' results; once
+// completed, kernels on the compute stream see their outputs.
+TEST(Nccl, StartedCollectivesOnTheCommunicationStreamEqualTheBlockingOnes) {
+  if (visible_gpus() < world().size() || !nccl_unavailable_reason().empty())
+    GTEST_SKIP() << "needs one GPU per rank (" << visible_gpus() << " visible for "
+                 << world().size() << " ranks) and NCCL (" << nccl_unavailable_reason() << ")";
+  const int n = world().size(), r = world().rank();
+  const Device gpu = Device::cuda(r);
+  std::shared_ptr<Backend> nccl = make_nccl_backend(world().backend_ptr(), r);
+  Backend& mpi = world().backend();
+  EXPECT_TRUE(nccl->nonblocking_all_reduce());
+  const TensorOptions on_gpu = TensorOptions{}.with_device(gpu);
+  const Tensor a = randn({512, 512}, 7, static_cast<uint64_t>(r)).to(gpu);
+  auto busy = [&] { return matmul(a, a); };  // compute-stream work while a collective is pending
+  {
+    const Tensor x = randn({100003}, 300, static_cast<uint64_t>(r));
+    Tensor want = Tensor::empty({100003});
+    mpi.all_reduce(x, want);
+    Tensor got = Tensor::zeros({100003}, on_gpu);
+    std::unique_ptr<PendingCollective> p = nccl->start_all_reduce(x.to(gpu), got);
+    const Tensor product = busy();
+    p->wait();
+    EXPECT_TRUE(p->test());
+    expect_close(got, want, 1e-5, "started all_reduce");
+    expect_close(got * 2.0, want * 2.0, 1e-5, "a kernel after it reads its output");
+    expect_close(product, matmul(a, a).to(Device::cpu()), 1e-5, "the product queued beside it");
+  }
+  std::vector<int64_t> counts(static_cast<size_t>(n));
+  std::iota(counts.begin(), counts.end(), int64_t{1000});
+  for (const BlockLayout& layout :
+       {BlockLayout::packed(std::vector<int64_t>(static_cast<size_t>(n), 999)),
+        BlockLayout::packed(counts)}) {
+    SCOPED_TRACE(layout.regular() ? "even blocks" : "uneven blocks");
+    const Tensor all = randn({layout.total()}, 301, static_cast<uint64_t>(r));
+    Tensor want_rs = Tensor::empty({layout.counts[static_cast<size_t>(r)]});
+    mpi.reduce_scatter(all, layout, want_rs);
+    Tensor got_rs = Tensor::zeros(want_rs.shape(), on_gpu);
+    std::unique_ptr<PendingCollective> rs = nccl->start_reduce_scatter(all.to(gpu), layout, got_rs);
+    busy();
+    while (!rs->test()) {
+    }
+    expect_close(got_rs, want_rs, 1e-5, "started reduce_scatter");
+
+    Tensor want_ag = Tensor::empty({layout.total()});
+    mpi.all_gather(want_rs, want_ag, layout);
+    Tensor got_ag = Tensor::zeros({layout.total()}, on_gpu);
+    std::unique_ptr<PendingCollective> ag = nccl->start_all_gather(got_rs, got_ag, layout);
+    busy();
+    ag->wait();
+    expect_close(got_ag, want_ag, 1e-5, "started all_gather");
+  }
+  {  // dropped before completing: the compute stream still waits for it
+    Tensor got = Tensor::zeros({4096}, on_gpu);
+    nccl->start_all_reduce(Tensor::full({4096}, 1.0, on_gpu), got).reset();
+    EXPECT_EQ(got.to(Device::cpu()).to_vector(), std::vector<double>(4096, static_cast<double>(n)));
+  }
   nccl->barrier();
 }
 
