@@ -53,8 +53,12 @@ int run_distributed(int argc, char** argv, const RunConfig& config, const std::s
       std::printf("%s\n", core_rate_line(cluster_path, loaded).c_str());
     hap::synth::SynthesisOptions synthesis = synthesis_options(config);
     synthesis.devices = pinned_devices(config.parallel, cluster);
-    DistributedOptions dist{std::move(cluster), std::move(synthesis), plan_file,
-                            config.parallel.collective_timeout_s, config.parallel.backend};
+    DistributedOptions dist{std::move(cluster),
+                            std::move(synthesis),
+                            plan_file,
+                            config.parallel.collective_timeout_s,
+                            config.parallel.backend,
+                            config.parallel.share_gpus};
     if (!plan_json.empty())
       if (const std::string reason = unwritable_reason(plan_json); !reason.empty())
         throw ConfigError("--plan-json '" + plan_json + "': cannot write: " + reason);

@@ -39,13 +39,19 @@ using detail::SectionReader;
 // ---- the schema: the keys of each section, in the order the YAML files list them ----
 
 constexpr std::array<std::string_view, 4> kSections = {"model", "data", "train", "parallel"};
-constexpr std::array<std::string_view, 12> kParallelKeys = {
-    "strategy",      "segments",
-    "search_budget", "collective_timeout_s",
-    "backend",       "overlap_grad_comm",
-    "devices",       "select_devices",
-    "recompute",     "hierarchical_collectives",
-    "zero_storage",  "factor_broadcast"};
+constexpr std::array<std::string_view, 13> kParallelKeys = {"strategy",
+                                                            "segments",
+                                                            "search_budget",
+                                                            "collective_timeout_s",
+                                                            "backend",
+                                                            "share_gpus",
+                                                            "overlap_grad_comm",
+                                                            "devices",
+                                                            "select_devices",
+                                                            "recompute",
+                                                            "hierarchical_collectives",
+                                                            "zero_storage",
+                                                            "factor_broadcast"};
 constexpr std::array<std::string_view, 23> kTrainKeys = {"batch_size",     "steps",
                                                          "optimizer",      "lr",
                                                          "min_lr",         "warmup_steps",
@@ -346,6 +352,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.collective_timeout_s =
       s.number("collective_timeout_s", p.collective_timeout_s, RealRange::at_least(0.0));
   p.backend = s.choice("backend", kCommBackends, p.backend);
+  p.share_gpus = s.boolean("share_gpus", p.share_gpus);
   p.overlap_grad_comm = s.boolean("overlap_grad_comm", p.overlap_grad_comm);
   p.devices = s.string("devices", p.devices, /*allow_empty=*/true);
   p.select_devices = s.boolean("select_devices", p.select_devices);
@@ -491,6 +498,7 @@ nlohmann::json to_json(const RunConfig& config) {
         {"search_budget", config.parallel.search_budget},
         {"collective_timeout_s", config.parallel.collective_timeout_s},
         {"backend", std::string(to_string(config.parallel.backend))},
+        {"share_gpus", config.parallel.share_gpus},
         {"overlap_grad_comm", config.parallel.overlap_grad_comm},
         {"devices", config.parallel.devices},
         {"select_devices", config.parallel.select_devices},

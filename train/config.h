@@ -112,6 +112,12 @@ struct ParallelConfig {
   // may share a GPU), or auto (nccl where every rank has a GPU of its own and NCCL loads, else
   // mpi). CPU ranks always use MPI; nccl there is an error.
   CommBackend backend = CommBackend::kAuto;
+  // Whether GPU ranks of one node may share its GPUs when there are more ranks than GPUs (without
+  // the emulator): off, such a run is an error, since each rank of a cluster file stands for a
+  // GPU of its own, with the speed and memory the file gives; on (tests, debugging), ranks take
+  // cuda:((N + node-local rank) mod GPUs) and share those GPUs' SMs and memory. A mixed GPU
+  // cluster emulated on one GPU (scripts/hap-emulate, sm_count devices) shares it either way.
+  bool share_gpus = false;
   // Whether gradient all-reduces run while the backward pass goes on (bucketed, as soon as
   // their gradients are complete) or after it; the planner prices the one chosen. The same
   // numbers either way.

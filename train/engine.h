@@ -85,9 +85,18 @@ class Engine {
 void check_training_device(Device device);
 // The GPU a rank trains on: with train.device=cuda:N, node-local rank k takes
 // cuda:((N + k) mod the GPUs it sees), so ranks spread over a node's GPUs and share them when
-// there are more ranks than GPUs (their collectives then go through the host). Collective over
-// `comm`. (trainer.cc)
+// there are more ranks than GPUs (their collectives then go through the host; the trainer allows
+// that only as gpu_sharing_error says). Collective over `comm`. (trainer.cc)
 Device rank_device(Device device, const parallel::Communicator& comm);
+// The GPUs this process sees for `device`'s kind (0 for the CPU or without a CUDA backend).
+int visible_gpus(Device device);
+// Whether this rank is one of a mixed GPU cluster emulated on one GPU (HAP_EMULATE_SMS set by
+// scripts/hap-emulate), whose ranks share the GPU by design.
+bool gpu_cluster_emulated();
+// Why `node_ranks` GPU ranks of one node may not train on its `visible` GPUs ("" when they may):
+// more ranks than GPUs, not emulated, and parallel.share_gpus off. No GPU at all is left to the
+// device check, which names why.
+std::string gpu_sharing_error(int node_ranks, int visible, bool emulated, bool share_gpus);
 // What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
 // GPU ranks NCCL (one GPU per rank), MPI staged through the host, or auto. Collective over `comm`.
 // (spmd_engine.cc)

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -131,13 +132,33 @@ void check_training_device(Device device) {
 // The GPU a rank trains on: with train.device=cuda:N, node-local rank k takes
 // cuda:((N + k) mod the GPUs it sees), so ranks spread over a node's GPUs and share them when
 // there are more ranks than GPUs (their collectives then go through the host).
+int visible_gpus(Device device) {
+#ifdef HAP_HAVE_CUDA
+  return device.is_cuda() ? cuda::device_count() : 0;
+#else
+  (void)device;
+  return 0;
+#endif
+}
+
+bool gpu_cluster_emulated() {
+  const char* sms = std::getenv("HAP_EMULATE_SMS");
+  return sms != nullptr && *sms != '\0';
+}
+
+std::string gpu_sharing_error(int node_ranks, int visible, bool emulated, bool share_gpus) {
+  if (visible == 0 || node_ranks <= visible || emulated || share_gpus) return "";
+  return detail::concat(
+      "train.device=cuda: ", node_ranks, " ranks on this node but ", visible,
+      " GPU(s) visible: each rank of a cluster file stands for a GPU of its own, with the speed "
+      "and memory the file gives it, and ranks sharing a GPU would get neither; run one rank per "
+      "GPU, emulate a mixed GPU cluster on one GPU (scripts/hap-emulate with sm_count devices), "
+      "or let ranks share GPUs anyway with parallel.share_gpus=true");
+}
+
 Device rank_device(Device device, const parallel::Communicator& comm) {
   const int local = comm.split_by_node().rank();
-#ifdef HAP_HAVE_CUDA
-  const int visible = device.is_cuda() ? cuda::device_count() : 0;
-#else
-  const int visible = 0;
-#endif
+  const int visible = visible_gpus(device);
   if (visible == 0) return device;  // the device check names why
   return Device{device.kind, static_cast<int>((int64_t{device.index} + local) % visible)};
 }
@@ -161,6 +182,10 @@ Trainer::Trainer(std::shared_ptr<nn::Model> model, std::shared_ptr<Dataset> data
   HAP_CHECK(model_ && data_, "Trainer: the model and the dataset must not be null");
   cpu::gemm_path();  // HAP_CPU_GEMM is checked before anything runs
   if (!config_.device.is_cpu()) {
+    const std::string sharing =
+        gpu_sharing_error(comm.split_by_node().size(), visible_gpus(config_.device),
+                          gpu_cluster_emulated(), distributed.share_gpus);
+    HAP_CHECK(sharing.empty(), sharing);
     config_.device = rank_device(config_.device, comm);
     check_training_device(config_.device);
   }

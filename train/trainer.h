@@ -109,6 +109,7 @@ struct DistributedOptions {
   std::string plan_file;  // run this plan (written by hap-plan --json) instead of synthesizing
   double collective_timeout_s = 300;         // parallel.collective_timeout_s (0: wait forever)
   CommBackend backend = CommBackend::kAuto;  // parallel.backend: what carries GPU collectives
+  bool share_gpus = false;                   // parallel.share_gpus: ranks may share a GPU
 };
 
 class Engine;

@@ -16,8 +16,9 @@ trap 'rm -rf "$TMP"' EXIT
 source "$SRC/tests/losses.sh"
 ARGS=(--config "$SRC/configs/gpt-tiny.yaml" --set train.steps=12 --set train.log_every=4)
 [ -n "$DATA" ] && ARGS+=(--set "data.path=$DATA")
+# (Two ranks may share one GPU here: parallel.share_gpus.)
 RANKS=(--allow-run-as-root --oversubscribe -np 2 "$TRAIN" "${ARGS[@]}"
-       --cluster "$SRC/configs/clusters/two-devices.yaml")
+       --cluster "$SRC/configs/clusters/two-devices.yaml" --set parallel.share_gpus=true)
 last() { losses | tail -n 1; }
 near() {  # near WHAT A B TOLERANCE
   python3 -c "import sys; a,b=float('$2'),float('${3:-nan}'); sys.exit(0 if abs(a-b) <= $4*abs(a) else 1)" \

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "train/config.h"
+#include "train/engine.h"
 #include "yaml_file_test.h"
 
 namespace hap::train {
@@ -597,6 +598,27 @@ TEST(ParallelSection, OverlapOfGradientAllReducesIsOnByDefaultAndReachesTheSynth
   EXPECT_EQ(to_json(off)["parallel"]["overlap_grad_comm"], false);
   const std::string m = load_error(path, {"parallel.overlap_grad_comm=maybe"});
   EXPECT_NE(m.find("parallel.overlap_grad_comm"), std::string::npos) << m;
+}
+
+// parallel.share_gpus: off by default; with it off, more GPU ranks on a node than GPUs is an
+// error naming both counts and the ways out, unless the cluster is emulated on one GPU.
+TEST(ParallelSection, RanksShareAGpuOnlyWhenAskedOrEmulated) {
+  const std::string path = std::string(HAP_SOURCE_DIR) + "/configs/gpt-tiny.yaml";
+  EXPECT_FALSE(load_run_config(path, {}).parallel.share_gpus);
+  const RunConfig on = load_run_config(path, {"parallel.share_gpus=true"});
+  EXPECT_TRUE(on.parallel.share_gpus);
+  EXPECT_EQ(to_json(on)["parallel"]["share_gpus"], true);
+  EXPECT_NE(load_error(path, {"parallel.share_gpus=2"}).find("parallel.share_gpus"),
+            std::string::npos);
+  const std::string m = gpu_sharing_error(4, 2, false, false);
+  EXPECT_NE(m.find("4 ranks on this node but 2 GPU(s) visible"), std::string::npos) << m;
+  EXPECT_NE(m.find("scripts/hap-emulate"), std::string::npos) << m;
+  EXPECT_NE(m.find("parallel.share_gpus=true"), std::string::npos) << m;
+  EXPECT_EQ(gpu_sharing_error(4, 2, false, true), "");   // asked for
+  EXPECT_EQ(gpu_sharing_error(4, 1, true, false), "");   // an emulated mixed GPU cluster
+  EXPECT_EQ(gpu_sharing_error(2, 2, false, false), "");  // one GPU each
+  EXPECT_EQ(gpu_sharing_error(1, 8, false, false), "");
+  EXPECT_EQ(gpu_sharing_error(4, 0, false, false), "");  // no GPU: the device check says why
 }
 
 // parallel.recompute: auto by default, off and all reach the synthesizer, anything else is a
