@@ -14,6 +14,7 @@
 
 #include "core/cuda/backend.h"
 #include "core/cuda/check.h"
+#include "core/cuda/library.h"
 #include "parallel/mpi.h"
 #endif
 
@@ -62,32 +63,15 @@ struct Loaded {
 
 template <typename F>
 bool resolve(void* lib, const char* name, F* fn, std::string* error) {
-  void* sym = dlsym(lib, name);
-  if (sym == nullptr) {
-    *error = std::string("libnccl.so.2 has no function ") + name + " (an NCCL older than 2.7?)";
-    return false;
-  }
-  *fn = reinterpret_cast<F>(sym);
-  return true;
+  return cuda::resolve_function(lib, "libnccl.so.2", name, fn, error, "an NCCL older than 2.7?");
 }
 
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
-    std::vector<std::string> tries;
-    if (const char* env = std::getenv("HAP_NCCL_LIBRARY"); env && *env) tries.push_back(env);
-    tries.push_back("libnccl.so.2");
-#ifdef HAP_CUDA_LIBRARY_DIR
-    tries.push_back(HAP_CUDA_LIBRARY_DIR "/libnccl.so.2");
-    tries.push_back(HAP_CUDA_LIBRARY_DIR "/../lib/libnccl.so.2");
-#endif
-    void* lib = nullptr;
     std::string why;
-    for (const std::string& t : tries) {
-      lib = dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      if (why.empty()) why = dlerror();
-    }
+    void* lib =
+        cuda::open_library(cuda::library_candidates("HAP_NCCL_LIBRARY", "libnccl.so.2"), &why);
     if (lib == nullptr) {
       r.error = "cannot open libnccl.so.2 (" + why +
                 "): install NCCL, put its folder on LD_LIBRARY_PATH or name the file in "

@@ -1,13 +1,12 @@
 #include "core/cuda/cublas.h"
 
-#include <dlfcn.h>
-
 #include <map>
 #include <mutex>
 #include <string>
 
 #include "core/cuda/backend.h"
 #include "core/cuda/check.h"
+#include "core/cuda/library.h"
 
 namespace hap::cuda {
 
@@ -17,10 +16,9 @@ constexpr const char* kLibrary = "libcublas.so.13";
 
 template <typename F>
 void resolve(void* lib, const char* name, F* fn) {
-  void* sym = dlsym(lib, name);
-  HAP_CHECK(sym != nullptr, "cuBLAS: ", kLibrary, " has no function ", name,
-            " (a cuBLAS older than CUDA 13's?)");
-  *fn = reinterpret_cast<F>(sym);
+  std::string why;
+  HAP_CHECK(resolve_function(lib, kLibrary, name, fn, &why, "a cuBLAS older than CUDA 13's?"),
+            "cuBLAS: ", why);
 }
 
 }  // namespace
@@ -28,12 +26,8 @@ void resolve(void* lib, const char* name, F* fn) {
 const Cublas& cublas() {
   static const Cublas c = [] {
     // The library path and folders first, then the toolkit's folder this build was made with.
-    void* lib = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
-    std::string why = lib ? "" : dlerror();
-#ifdef HAP_CUDA_LIBRARY_DIR
-    if (lib == nullptr)
-      lib = dlopen(HAP_CUDA_LIBRARY_DIR "/libcublas.so.13", RTLD_NOW | RTLD_LOCAL);
-#endif
+    std::string why;
+    void* lib = open_library(library_candidates(nullptr, kLibrary), &why);
     HAP_CHECK(lib != nullptr, "cuBLAS: cannot open ", kLibrary, " (", why,
               "): install the CUDA toolkit's cuBLAS or put its folder on LD_LIBRARY_PATH");
     Cublas r{};

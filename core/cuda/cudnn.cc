@@ -1,7 +1,5 @@
 #include "core/cuda/cudnn.h"
 
-#include <dlfcn.h>
-
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -11,6 +9,7 @@
 #include <vector>
 
 #include "core/cuda/backend.h"
+#include "core/cuda/library.h"
 
 namespace hap::cuda {
 
@@ -23,32 +22,14 @@ struct Loaded {
 
 template <typename F>
 bool resolve(void* lib, const char* name, F* fn, std::string* error) {
-  void* sym = dlsym(lib, name);
-  if (sym == nullptr) {
-    *error = std::string("libcudnn.so.9 has no function ") + name + " (a cuDNN older than 9?)";
-    return false;
-  }
-  *fn = reinterpret_cast<F>(sym);
-  return true;
+  return resolve_function(lib, "libcudnn.so.9", name, fn, error, "a cuDNN older than 9?");
 }
 
 const Loaded& loaded() {
   static const Loaded l = [] {
     Loaded r;
-    std::vector<std::string> tries;
-    if (const char* env = std::getenv("HAP_CUDNN_LIBRARY"); env && *env) tries.push_back(env);
-    tries.push_back("libcudnn.so.9");
-#ifdef HAP_CUDA_LIBRARY_DIR
-    tries.push_back(HAP_CUDA_LIBRARY_DIR "/libcudnn.so.9");
-#endif
-    void* lib = nullptr;
     std::string why;
-    for (const std::string& t : tries) {
-      lib = dlopen(t.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (lib) break;
-      const char* e = dlerror();
-      why += (why.empty() ? "" : "; ") + std::string(e ? e : t + ": not found");
-    }
+    void* lib = open_library(library_candidates("HAP_CUDNN_LIBRARY", "libcudnn.so.9"), &why);
     if (lib == nullptr) {
       r.error = "cannot open libcudnn.so.9 (" + why +
                 "): install cuDNN 9, put its folder on LD_LIBRARY_PATH or name the file in "

@@ -28,6 +28,13 @@ int visible_gpus() {
 #endif
 }
 
+// Why the NCCL tests cannot run here ("" when they can): they need a GPU per rank and NCCL.
+std::string one_gpu_per_rank() {
+  if (visible_gpus() >= world().size() && nccl_unavailable_reason().empty()) return "";
+  return "needs one GPU per rank (" + std::to_string(visible_gpus()) + " visible for " +
+         std::to_string(world().size()) + " ranks) and NCCL (" + nccl_unavailable_reason() + ")";
+}
+
 // Close to rounding (NCCL sums in its own order), exact for moves.
 void expect_close(const Tensor& got, const Tensor& want, double tol, const char* what) {
   const std::vector<double> a = got.to(Device::cpu()).to_vector(), b = want.to_vector();
@@ -56,9 +63,7 @@ TEST(Nccl, TwoRanksOnOneGpuAreRefused) {
 }
 
 TEST(Nccl, EveryCollectiveEqualsTheMpiBackends) {
-  if (visible_gpus() < world().size() || !nccl_unavailable_reason().empty())
-    GTEST_SKIP() << "needs one GPU per rank (" << visible_gpus() << " visible for "
-                 << world().size() << " ranks) and NCCL (" << nccl_unavailable_reason() << ")";
+  if (const std::string why = one_gpu_per_rank(); !why.empty()) GTEST_SKIP() << why;
   const int n = world().size(), r = world().rank();
   const Device gpu = Device::cuda(r);
   std::shared_ptr<Backend> nccl = make_nccl_backend(world().backend_ptr(), r);
@@ -128,9 +133,7 @@ TEST(Nccl, EveryCollectiveEqualsTheMpiBackends) {
 // (a product queued behind them here), and give the blocking collectives' results; once
 // completed, kernels on the compute stream see their outputs.
 TEST(Nccl, StartedCollectivesOnTheCommunicationStreamEqualTheBlockingOnes) {
-  if (visible_gpus() < world().size() || !nccl_unavailable_reason().empty())
-    GTEST_SKIP() << "needs one GPU per rank (" << visible_gpus() << " visible for "
-                 << world().size() << " ranks) and NCCL (" << nccl_unavailable_reason() << ")";
+  if (const std::string why = one_gpu_per_rank(); !why.empty()) GTEST_SKIP() << why;
   const int n = world().size(), r = world().rank();
   const Device gpu = Device::cuda(r);
   std::shared_ptr<Backend> nccl = make_nccl_backend(world().backend_ptr(), r);
