@@ -25,6 +25,7 @@ struct ScopePart {
 thread_local std::vector<ScopePart> t_scope;
 
 thread_local DType t_autocast = DType::F32;
+thread_local bool t_bf16_route = false;
 
 // The casts mixed precision makes before an op runs (OpDef::autocast).
 void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
@@ -74,6 +75,7 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
 
 void set_record_hook(RecordHook hook) { g_record_hook = hook; }
 RecordHook record_hook() { return g_record_hook; }
+bool in_bf16_route() { return t_bf16_route; }
 
 AutocastGuard::AutocastGuard(DType dtype) : prev_(t_autocast) {
   HAP_CHECK(dtype == DType::F32 || dtype == DType::BF16,
@@ -207,6 +209,11 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
     std::vector<Tensor> outs;
     {
       AutocastGuard as_cast(DType::F32);  // the op itself, on the f32 copies
+      struct Route {  // in_bf16_route() for the op's own kernels, not the casts around them
+        bool previous = t_bf16_route;
+        Route() { t_bf16_route = true; }
+        ~Route() { t_bf16_route = previous; }
+      } route;
       outs = call(kind, std::move(inputs), attrs);
     }
     for (Tensor& t : outs)

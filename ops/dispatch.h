@@ -19,6 +19,13 @@ using RecordHook = void (*)(OpKind kind, const std::vector<Tensor>& inputs,
 void set_record_hook(RecordHook hook);
 RecordHook record_hook();  // the one installed now (null: none), for a hook that chains to it
 
+// Whether this thread is inside an op that was given bf16 inputs and computes in f32 between
+// casts (an op without a bf16 kernel for its device: the inputs are widened, the op runs in f32,
+// its f32 outputs are rounded to bf16). Its kernels may then form f32 products in TF32 on a GPU
+// (tensor cores; 10 mantissa bits, against bf16's 7 that the run keeps): the CUDA GEMMs and cuDNN
+// convolutions inside such ops do. Plain f32 ops never do.
+bool in_bf16_route();
+
 // Tracing: while a TraceHook is installed on this thread, op calls run no kernel; their outputs
 // are shape-only tensors from the op's inference, and the hook sees every call. synth/ uses it
 // to capture a model's graph.

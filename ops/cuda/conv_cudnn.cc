@@ -8,6 +8,7 @@
 
 #include "core/cuda/backend.h"
 #include "core/cuda/cudnn.h"
+#include "ops/dispatch.h"
 
 namespace hap::ops::cuda {
 
@@ -61,9 +62,10 @@ bool set_dense(const Cudnn& c, cudnnTensorDescriptor_t d, cudnnDataType_t t, con
 }
 
 // The descriptors of x [N, C, H, W] * w [O, C / groups, KH, KW] -> y [N, O, OH, OW] (and the bias
-// [1, O, 1, 1] where asked), with TF32 off; false where cuDNN refuses any of them.
+// [1, O, 1, 1] where asked), with TF32 off unless `tf32` (inside an op given bf16 inputs:
+// ops::in_bf16_route); false where cuDNN refuses any of them.
 bool describe(Descriptors& d, cudnnDataType_t t, const Shape& xs, const Shape& ws, const Shape& ys,
-              const Conv2dAttrs& a, bool bias) {
+              const Conv2dAttrs& a, bool bias, bool tf32) {
   const Cudnn& c = d.c;
   if (!fits(xs) || !fits(ws) || !fits(ys)) return false;
   for (int64_t v : {a.stride[0], a.stride[1], a.padding[0], a.padding[1], a.dilation[0],
@@ -81,7 +83,7 @@ bool describe(Descriptors& d, cudnnDataType_t t, const Shape& xs, const Shape& w
   const int dilation[2] = {static_cast<int>(a.dilation[0]), static_cast<int>(a.dilation[1])};
   if (!ok(c.set_conv(d.conv, 2, pad, stride, dilation, CUDNN_CROSS_CORRELATION, t)) ||
       !ok(c.set_conv_groups(d.conv, static_cast<int>(a.groups))) ||
-      !ok(c.set_conv_math(d.conv, CUDNN_FMA_MATH)))
+      !ok(c.set_conv_math(d.conv, tf32 ? CUDNN_TENSOR_OP_MATH : CUDNN_FMA_MATH)))
     return false;
   if (bias) {
     if (!ok(c.create_tensor(&d.b)) || !set_dense(c, d.b, t, {1, ys[1], 1, 1})) return false;
@@ -100,21 +102,23 @@ std::mutex g_mu;
 std::map<std::string, Choice> g_choices;
 
 std::string key_of(char direction, const Tensor& x, const Shape& ws, const Shape& ys,
-                   const Conv2dAttrs& a) {
-  return detail::concat(direction, x.device().index, dtype_name(x.dtype()), shape_str(x.shape()),
-                        shape_str(ws), shape_str(ys), a.stride[0], ',', a.stride[1], ',',
-                        a.padding[0], ',', a.padding[1], ',', a.dilation[0], ',', a.dilation[1],
-                        ',', a.groups);
+                   const Conv2dAttrs& a, bool tf32) {
+  return detail::concat(direction, tf32 ? "tf32" : "", x.device().index, dtype_name(x.dtype()),
+                        shape_str(x.shape()), shape_str(ws), shape_str(ys), a.stride[0], ',',
+                        a.stride[1], ',', a.padding[0], ',', a.padding[1], ',', a.dilation[0], ',',
+                        a.dilation[1], ',', a.groups);
 }
 
 // The first of cuDNN's ranked algorithms that HAP accepts (ops/cuda/conv_cudnn.h): succeeded,
-// deterministic, without tensor-op math, summing in order, with a bounded workspace.
+// deterministic, without tensor-op math (unless `tf32`), summing in order, with a bounded
+// workspace.
 template <typename Perf>
-Choice pick(const Perf* perf, int n, std::initializer_list<int> in_order) {
+Choice pick(const Perf* perf, int n, std::initializer_list<int> in_order, bool tf32) {
   for (int i = 0; i < n; ++i) {
     const Perf& p = perf[i];
     if (p.status != CUDNN_STATUS_SUCCESS || p.determinism != CUDNN_DETERMINISTIC) continue;
-    if (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION)
+    if (!tf32 &&
+        (p.mathType == CUDNN_TENSOR_OP_MATH || p.mathType == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION))
       continue;
     if (p.memory > kMaxWorkspace) continue;
     for (int allowed : in_order)
@@ -193,11 +197,12 @@ bool cudnn_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tenso
   if (!hap::cuda::cudnn_enabled() || !data_type(y.dtype(), &t)) return false;
   const Cudnn& c = *hap::cuda::cudnn();
   Descriptors d(c);
-  if (!describe(d, t, x.shape(), w.shape(), y.shape(), a, b.defined())) return false;
+  const bool tf32 = t == CUDNN_DATA_FLOAT && in_bf16_route();
+  if (!describe(d, t, x.shape(), w.shape(), y.shape(), a, b.defined(), tf32)) return false;
   const int index = y.device().index;
   hap::cuda::set_device(index);
   cudnnHandle_t h = hap::cuda::cudnn_handle(index);
-  const std::string key = key_of('f', x, w.shape(), y.shape(), a);
+  const std::string key = key_of('f', x, w.shape(), y.shape(), a, tf32);
   const Choice ch = choice_for(key, [&] {
     cudnnConvolutionFwdAlgoPerf_t perf[kAlgorithms];
     int n = 0;
@@ -205,7 +210,8 @@ bool cudnn_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tenso
     return pick(
         perf, n,
         {CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-         CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_DIRECT});
+         CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_DIRECT},
+        tf32);
   });
   if (!ch.usable) return false;
   const Tensor ws = workspace(ch.workspace, y);
@@ -226,18 +232,20 @@ bool cudnn_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, c
   if (!hap::cuda::cudnn_enabled() || !data_type(dx.dtype(), &t)) return false;
   const Cudnn& c = *hap::cuda::cudnn();
   Descriptors d(c);
-  if (!describe(d, t, x.shape(), w.shape(), gy.shape(), a, false)) return false;
+  const bool tf32 = t == CUDNN_DATA_FLOAT && in_bf16_route();
+  if (!describe(d, t, x.shape(), w.shape(), gy.shape(), a, false, tf32)) return false;
   const int index = dx.device().index;
   hap::cuda::set_device(index);
   cudnnHandle_t h = hap::cuda::cudnn_handle(index);
-  const std::string data_key = key_of('d', x, w.shape(), gy.shape(), a),
-                    filter_key = key_of('w', x, w.shape(), gy.shape(), a);
+  const std::string data_key = key_of('d', x, w.shape(), gy.shape(), a, tf32),
+                    filter_key = key_of('w', x, w.shape(), gy.shape(), a, tf32);
   const Choice data = choice_for(data_key, [&] {
     cudnnConvolutionBwdDataAlgoPerf_t perf[kAlgorithms];
     int n = 0;
     if (!ok(c.backward_data_algorithms(h, d.w, d.y, d.conv, d.x, kAlgorithms, &n, perf)))
       return Choice{};
-    return pick(perf, n, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0});
+    return pick(perf, n, {CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0},
+                tf32);
   });
   const Choice filter = choice_for(filter_key, [&] {
     cudnnConvolutionBwdFilterAlgoPerf_t perf[kAlgorithms];
@@ -246,7 +254,8 @@ bool cudnn_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, c
       return Choice{};
     return pick(perf, n,
                 {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
-                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3});
+                 CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3},
+                tf32);
   });
   if (!data.usable || !filter.usable) return false;
   const Tensor ws =

@@ -4,10 +4,11 @@
 // the caller then runs its own im2col kernels.
 //
 // Accepted algorithms: deterministic (the same bits every run, as HAP's own kernels), without TF32
-// in f32 (CUDNN_FMA_MATH), and summing in the convolution's own order (implicit GEMM, precomputed
-// implicit GEMM, GEMM, direct; the FFT and Winograd algorithms transform the sum and round
-// differently from the CPU by more than a product's order of additions), whose workspace is at
-// most 256 MiB. f32 and f64, all tensors dense.
+// in f32 (CUDNN_FMA_MATH; with it inside an op given bf16 inputs, ops::in_bf16_route), and summing
+// in the convolution's own order (implicit GEMM, precomputed implicit GEMM, GEMM, direct; the FFT
+// and Winograd algorithms transform the sum and round differently from the CPU by more than a
+// product's order of additions), whose workspace is at most 256 MiB. f32 and f64, all tensors
+// dense.
 #pragma once
 #include "core/tensor.h"
 #include "ops/attrs.h"

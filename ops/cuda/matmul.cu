@@ -1,8 +1,9 @@
 // CUDA kernels of matmul and linear: cuBLAS strided-batched GEMMs (f32 with f32 compute, TF32
-// off; f64; bf16 operands with f32 accumulation on the tensor cores, one rounding at the end),
-// operands made contiguous first where they are not (a broadcast batch operand is expanded), a's
-// batch folded into the rows when b has none. Linear's bias is written into the output first and
-// the GEMM adds to it (beta = 1), as the CPU kernel does: bias + x W^T is rounded once.
+// off, except inside an op given bf16 inputs that computes in f32: ops::in_bf16_route; f64; bf16
+// operands with f32 accumulation on the tensor cores, one rounding at the end), operands made
+// contiguous first where they are not (a broadcast batch operand is expanded), a's batch folded
+// into the rows when b has none. Linear's bias is written into the output first and the GEMM adds
+// to it (beta = 1), as the CPU kernel does: bias + x W^T is rounded once.
 #include <cublas_api.h>
 
 #include "core/cuda/backend.h"
@@ -10,6 +11,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/defs/common.h"
+#include "ops/dispatch.h"
 
 namespace hap::ops::cuda {
 namespace {
@@ -46,13 +48,17 @@ void gemm(const Tensor& c, const Tensor& a, bool a_trans, const Tensor& b, bool 
   const float alpha32 = static_cast<float>(alpha), beta32 = static_cast<float>(beta);
   const double alpha64 = alpha, beta64 = beta;
   const bool f64 = c.dtype() == DType::F64;
+  // Inside an op given bf16 inputs (ops::in_bf16_route), f32 products may use TF32.
+  const cublasComputeType_t compute =
+      f64 ? CUBLAS_COMPUTE_64F
+          : (c.dtype() == DType::F32 && in_bf16_route() ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                        : CUBLAS_COMPUTE_32F);
   HAP_CUBLAS_CHECK(::hap::cuda::cublas().gemm_strided_batched(
       h, b_trans ? CUBLAS_OP_T : CUBLAS_OP_N, a_trans ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k,
       f64 ? static_cast<const void*>(&alpha64) : &alpha32, b.raw_data(), type, b_trans ? k : n,
       static_cast<long long>(k * n), a.raw_data(), type, a_trans ? m : k,
       static_cast<long long>(m * k), f64 ? static_cast<const void*>(&beta64) : &beta32,
-      c.raw_data(), type, n, static_cast<long long>(m * n), batch,
-      f64 ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      c.raw_data(), type, n, static_cast<long long>(m * n), batch, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 namespace {

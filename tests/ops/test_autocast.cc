@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "autograd/grad_mode.h"
 #include "ops/dispatch.h"
@@ -143,6 +145,34 @@ TEST(Autocast, GradientsReachF32ParametersInF32AndBackwardIgnoresTheGuard) {
   expect_bitwise(outside[1], w.grad(), "weight gradient");
   expect_bitwise(outside[2], b.grad(), "bias gradient");
   expect_bitwise(outside[3], g.grad(), "layer-norm gain gradient");
+}
+
+// An op given bf16 inputs without a bf16 kernel computes in f32 between casts: its own kernel runs
+// with ops::in_bf16_route() set (a GPU's GEMMs there may use TF32), the casts around it and
+// plain f32 ops without.
+std::vector<std::pair<ops::OpKind, bool>> g_route_seen;
+ops::RecordHook g_route_chained = nullptr;
+void note_route(ops::OpKind kind, const std::vector<Tensor>& in, std::vector<Tensor>& out,
+                const ops::Attrs& attrs) {
+  g_route_seen.emplace_back(kind, ops::in_bf16_route());
+  if (g_route_chained) g_route_chained(kind, in, out, attrs);
+}
+
+TEST(Autocast, OnlyTheKernelOfAnOpComputingBf16InF32RunsInTheBf16Route) {
+  const Tensor x = randn({4, 6}, 1), xb = bf(x);
+  g_route_chained = ops::record_hook();
+  ops::set_record_hook(&note_route);
+  g_route_seen.clear();
+  const Tensor yb = gelu(xb);  // no bf16 kernel: cast, gelu in f32, cast back
+  const Tensor y = gelu(x);    // f32: no route
+  ops::set_record_hook(g_route_chained);
+  EXPECT_FALSE(ops::in_bf16_route());
+  EXPECT_EQ(yb.dtype(), DType::BF16);
+  std::vector<std::pair<ops::OpKind, bool>> want = {{ops::OpKind::Cast, false},
+                                                    {ops::OpKind::Gelu, true},
+                                                    {ops::OpKind::Cast, false},
+                                                    {ops::OpKind::Gelu, false}};
+  EXPECT_EQ(g_route_seen, want);
 }
 
 TEST(Autocast, OutsideTheGuardNothingChanges) {
