@@ -251,22 +251,19 @@ inline int run_lab_or_throw(int argc, char** argv, const std::string& family,
       char buf[160];
       std::snprintf(buf, sizeof(buf), "  %-24s %9.1f us", ops::op_name(t.kind), s * 1e6);
       std::string line = buf;
-      if (s > 0 && t.bytes > 0) {
-        op["bytes_per_call"] = t.bytes;
-        op["bytes_per_s"] = t.bytes / s;
-        op["share_of_copy_bandwidth"] = t.bytes / s / bandwidth;
-        std::snprintf(buf, sizeof(buf), "  %8.1f GB/s (%3.0f%% of copy)", t.bytes / s / 1e9,
-                      100 * t.bytes / s / bandwidth);
+      // The op's amount per call (bytes or FLOPs) against its ceiling: JSON keys and a column.
+      auto rate = [&](double amount, const std::string& what, double ceiling, const char* share_key,
+                      double unit, const char* unit_name, const char* ceiling_name) {
+        if (s <= 0 || amount <= 0) return;
+        op[what + "_per_call"] = amount;
+        op[what + "_per_s"] = amount / s;
+        op[share_key] = amount / s / ceiling;
+        std::snprintf(buf, sizeof(buf), "  %8.2f %s (%3.0f%% of %s)", amount / s / unit, unit_name,
+                      100 * amount / s / ceiling, ceiling_name);
         line += buf;
-      }
-      if (s > 0 && t.flops > 0) {
-        op["flops_per_call"] = t.flops;
-        op["flops_per_s"] = t.flops / s;
-        op["share_of_gemm_rate"] = t.flops / s / gemm;
-        std::snprintf(buf, sizeof(buf), "  %8.2f TFLOP/s (%3.0f%% of GEMM)", t.flops / s / 1e12,
-                      100 * t.flops / s / gemm);
-        line += buf;
-      }
+      };
+      rate(t.bytes, "bytes", bandwidth, "share_of_copy_bandwidth", 1e9, "GB/s", "copy");
+      rate(t.flops, "flops", gemm, "share_of_gemm_rate", 1e12, "TFLOP/s", "GEMM");
       if (it == calls.end()) line += "  (not called)";
       std::printf("%s\n", line.c_str());
       row["ops"].push_back(op);

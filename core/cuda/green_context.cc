@@ -98,16 +98,20 @@ SmGranularity granularity_of(const CUdevResource& r) {
           static_cast<int>(r.sm.smCoscheduledAlignment)};
 }
 
+// The whole GPU's SM resource (and its driver handle in *dev).
+CUdevResource whole_gpu(int device, CUdevice* dev) {
+  HAP_CU_CHECK(driver().device_get(dev, device));
+  CUdevResource whole{};
+  HAP_CU_CHECK(driver().device_get_dev_resource(*dev, &whole, CU_DEV_RESOURCE_TYPE_SM));
+  return whole;
+}
+
 }  // namespace
 
 SmGranularity sm_granularity(int device) {
   check_device(device);
-  const Driver& d = driver();
   CUdevice dev = 0;
-  HAP_CU_CHECK(d.device_get(&dev, device));
-  CUdevResource whole{};
-  HAP_CU_CHECK(d.device_get_dev_resource(dev, &whole, CU_DEV_RESOURCE_TYPE_SM));
-  return granularity_of(whole);
+  return granularity_of(whole_gpu(device, &dev));
 }
 
 const GreenContextInfo& enter_green_context(int device, const std::vector<int>& asked, int group) {
@@ -123,9 +127,7 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
   HAP_CUDA_CHECK(cudaSetDevice(device));
   HAP_CUDA_CHECK(cudaFree(nullptr));
   CUdevice dev = 0;
-  HAP_CU_CHECK(d.device_get(&dev, device));
-  CUdevResource whole{};
-  HAP_CU_CHECK(d.device_get_dev_resource(dev, &whole, CU_DEV_RESOURCE_TYPE_SM));
+  const CUdevResource whole = whole_gpu(device, &dev);
   GreenContextInfo info;
   info.device = device;
   info.group = group;
