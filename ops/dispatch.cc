@@ -28,10 +28,15 @@ thread_local DType t_autocast = DType::F32;
 thread_local bool t_bf16_route = false;
 
 // The casts mixed precision makes before an op runs (OpDef::autocast).
+// Inputs holding f32 statistics (OpDef::f32_stat_inputs) are left as they are.
 void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
+  auto operand = [&](size_t i) {
+    return inputs[i].defined() && !(def.f32_stat_inputs & (1u << i));
+  };
   auto cast_all = [&](DType from, DType to) {
-    for (Tensor& t : inputs)
-      if (t.defined() && t.dtype() == from) t = call1(OpKind::Cast, {t}, CastAttrs{to});
+    for (size_t i = 0; i < inputs.size(); ++i)
+      if (operand(i) && inputs[i].dtype() == from)
+        inputs[i] = call1(OpKind::Cast, {inputs[i]}, CastAttrs{to});
   };
   switch (def.autocast) {
     case Autocast::Keep:
@@ -44,10 +49,10 @@ void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
       return;
     case Autocast::Promote: {
       bool bf = false, f32 = false;
-      for (const Tensor& t : inputs) {
-        if (!t.defined()) continue;
-        bf = bf || t.dtype() == DType::BF16;
-        f32 = f32 || t.dtype() == DType::F32;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (!operand(i)) continue;
+        bf = bf || inputs[i].dtype() == DType::BF16;
+        f32 = f32 || inputs[i].dtype() == DType::F32;
       }
       if (bf && f32) cast_all(DType::BF16, DType::F32);
       return;
@@ -56,11 +61,14 @@ void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
 }
 
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
-  if (op_def(kind).moves_data) return false;
+  const OpDef& def = op_def(kind);
+  if (def.moves_data) return false;
   const Tensor* bf = nullptr;
   const Tensor* other = nullptr;
-  for (const Tensor& t : inputs) {
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = inputs[i];
     if (!t.defined() || !is_floating(t.dtype())) continue;
+    if ((def.f32_stat_inputs & (1u << i)) && t.dtype() == DType::F32) continue;
     (t.dtype() == DType::BF16 ? bf : other) = &t;
   }
   // Mixing bf16 with another float type would silently round the other operand's result to
@@ -68,8 +76,24 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
   HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
-  if (bf && (device.is_cpu() ? op_def(kind).cpu_bf16 : op_def(kind).cuda_bf16)) return false;
+  if (bf && (device.is_cpu() ? def.cpu_bf16 : def.cuda_bf16)) return false;
   return bf != nullptr;
+}
+
+// The op's output metas for these inputs (an error names the module running it).
+Metas infer_outputs(const OpDef& def, const std::vector<Tensor>& inputs, const Attrs& attrs) {
+  Metas in_meta;
+  in_meta.reserve(inputs.size());
+  for (const Tensor& t : inputs)
+    in_meta.push_back(t.defined() ? TensorMeta{t.shape(), t.dtype(), true}
+                                  : TensorMeta{{}, DType::F32, false});
+  try {
+    return def.infer(in_meta, attrs);
+  } catch (const Error& e) {
+    std::string scope = current_scope();
+    if (scope.empty()) throw;
+    throw Error(std::string(e.what()) + " (in module '" + scope + "')");
+  }
 }
 }  // namespace
 
@@ -201,8 +225,10 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
 
   if (t_autocast == DType::BF16) apply_autocast(def, inputs);
 
-  // bf16 is a storage type: compute in f32 through differentiable casts, then cast back.
+  // bf16 is a storage type: compute in f32 through differentiable casts, then cast back the
+  // outputs that inference gives as bf16 (statistics, such as attention's log-sum-exp, stay f32).
   if (needs_f32_compute(kind, inputs, device)) {
+    const Metas want = infer_outputs(def, inputs, attrs);
     for (Tensor& t : inputs)
       if (t.defined() && t.dtype() == DType::BF16)
         t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
@@ -216,24 +242,14 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
       } route;
       outs = call(kind, std::move(inputs), attrs);
     }
-    for (Tensor& t : outs)
-      if (t.dtype() == DType::F32) t = call1(OpKind::Cast, {t}, CastAttrs{DType::BF16});
+    HAP_ASSERT(want.size() == outs.size());
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (outs[i].dtype() == DType::F32 && want[i].dtype == DType::BF16)
+        outs[i] = call1(OpKind::Cast, {outs[i]}, CastAttrs{DType::BF16});
     return outs;
   }
 
-  Metas in_meta;
-  in_meta.reserve(inputs.size());
-  for (const Tensor& t : inputs)
-    in_meta.push_back(t.defined() ? TensorMeta{t.shape(), t.dtype(), true}
-                                  : TensorMeta{{}, DType::F32, false});
-  Metas out_meta;
-  try {
-    out_meta = def.infer(in_meta, attrs);
-  } catch (const Error& e) {
-    std::string scope = current_scope();
-    if (scope.empty()) throw;
-    throw Error(std::string(e.what()) + " (in module '" + scope + "')");
-  }
+  const Metas out_meta = infer_outputs(def, inputs, attrs);
 
   if (t_trace) {
     std::vector<Tensor> outputs;

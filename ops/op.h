@@ -91,8 +91,13 @@ struct OpDef {
   // the attributes unchanged.
   LocalFn local = nullptr;
   uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
-  bool saves_inputs = true;      // backward reads the inputs
-  bool saves_outputs = false;    // backward reads the outputs
+  // Bit i: input i holds f32 statistics of bf16 operands (attention's log-sum-exp and its
+  // gradient): it goes beside bf16 inputs as it is, never cast by mixed precision or by the bf16
+  // route, and is no dtype mix. (Outputs keep the dtype inference gives them: a statistics output
+  // of bf16 operands is inferred f32 and the route does not round it.)
+  uint32_t f32_stat_inputs = 0;
+  bool saves_inputs = true;    // backward reads the inputs
+  bool saves_outputs = false;  // backward reads the outputs
   // A matrix product (input 1, when a parameter, is its weight: tensor parallelism stores it
   // Sharded); its backward computes one forward-sized product per input that needs a gradient.
   bool product = false;

@@ -64,13 +64,18 @@ bool mask_keys(T* row, int64_t n, const uint8_t* keep) {
 Shape lse_shape(const Shape& q) { return {q[0], q[1], q[2]}; }
 Shape out_shape(const Shape& q, const Shape& v) { return {q[0], q[1], q[2], v[3]}; }
 
-// Outputs: out [B, H, T, Dv] and the row log-sum-exp of the scaled scores [B, H, T], both of
-// q's dtype.
+// The log-sum-exp's dtype: q's, but f32 for bf16 operands (a statistic, as the softmax's sums are
+// accumulated: rounded to bf16 at lse ~ 7 it would be off by up to 2^-6, and P recomputed from it
+// in backward, exp(s - lse), by as much relatively).
+DType lse_dtype(DType q) { return q == DType::BF16 ? DType::F32 : q; }
+
+// Outputs: out [B, H, T, Dv] of q's dtype and the row log-sum-exp of the scaled scores [B, H, T]
+// (lse_dtype).
 Metas infer_attention(const Metas& in, const Attrs&) {
   check_qkv(in, "attention");
   check_key_mask(in, 3, "attention");
   DType dt = in[0].dtype;
-  return {{out_shape(in[0].shape, in[2].shape), dt}, {lse_shape(in[0].shape), dt}};
+  return {{out_shape(in[0].shape, in[2].shape), dt}, {lse_shape(in[0].shape), lse_dtype(dt)}};
 }
 
 // Inputs: q, k, v, out, lse, grad of out (or undefined), grad of lse (or undefined), key mask
@@ -87,7 +92,13 @@ Metas infer_attention_backward(const Metas& in, const Attrs&) {
     HAP_CHECK(in[i].shape == expect[i - 3], op, ": ", what[i - 3], " ", shape_str(in[i].shape),
               " does not match q ", shape_str(in[0].shape), " and v ", shape_str(in[2].shape),
               " (expected ", shape_str(expect[i - 3]), ")");
-    check_same_dtype(op, in, 0, i);
+    if (i == 4 || i == 6) {
+      HAP_CHECK(in[i].dtype == lse_dtype(in[0].dtype), op, ": ", what[i - 3], " is ",
+                dtype_name(in[i].dtype), " but q is ", dtype_name(in[0].dtype), " (expected ",
+                dtype_name(lse_dtype(in[0].dtype)), ")");
+    } else {
+      check_same_dtype(op, in, 0, i);
+    }
   }
   return {in[0], in[1], in[2]};
 }
@@ -427,6 +438,7 @@ void register_attention_ops(OpTable& t) {
   ab.name = "attention_backward";
   ab.num_inputs = 8;
   ab.optional_inputs = (1u << 5) | (1u << 6) | (1u << 7);
+  ab.f32_stat_inputs = (1u << 4) | (1u << 6);  // lse and its gradient
   ab.infer = infer_attention_backward;
   ab.flops = flops_attention_backward;
   ab.shard = [](const Metas& in, const Metas& out, const Attrs&) {

@@ -3,6 +3,8 @@
 // and that backward and the outside of the guard are untouched.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -173,6 +175,70 @@ TEST(Autocast, OnlyTheKernelOfAnOpComputingBf16InF32RunsInTheBf16Route) {
                                                     {ops::OpKind::Cast, false},
                                                     {ops::OpKind::Gelu, false}};
   EXPECT_EQ(g_route_seen, want);
+}
+
+// Attention has no bf16 kernel: on bf16 operands it computes in f32 between casts. Its row
+// log-sum-exp is a statistic: it leaves the route in f32 as computed (rounded to bf16 at lse ~ 7
+// it would be off by up to 2^-6, and P = exp(s - lse) recomputed from it in backward by as much
+// relatively), and the backward takes it in f32 beside bf16 operands. Each result equals the f32
+// computation on the widened operands, the bf16 ones rounded once at the end.
+TEST(Autocast, AttentionKeepsItsLogSumExpInF32AcrossTheBf16Route) {
+  using ops::OpKind;
+  auto f32 = [](const Tensor& t) { return cast(t, DType::F32); };
+  // Scores of up to ~25 over 9 keys: lse of several units, where bf16 would round it coarsely.
+  const Tensor q = bf(mul(uni({2, 3, 9, 8}, 1, DType::F32), 3.0)),
+               k = bf(mul(uni({2, 3, 9, 8}, 2, DType::F32), 3.0)),
+               v = bf(uni({2, 3, 9, 8}, 3, DType::F32)), go = bf(uni({2, 3, 9, 8}, 4, DType::F32)),
+               glse = uni({2, 3, 9}, 5, DType::F32);
+  for (const bool causal : {true, false}) {
+    ops::AttentionAttrs a;
+    a.causal = causal;
+    const std::vector<Tensor> fwd = ops::call(OpKind::Attention, {q, k, v, Tensor()}, a);
+    const std::vector<Tensor> ref =
+        ops::call(OpKind::Attention, {f32(q), f32(k), f32(v), Tensor()}, a);
+    EXPECT_EQ(fwd[0].dtype(), DType::BF16);
+    expect_bitwise(fwd[0], bf(ref[0]), "out");
+    expect_bitwise(fwd[1], ref[1], "lse: f32, not rounded");
+    double most = 0;
+    const Tensor lse = ref[1].contiguous();
+    for (int64_t i = 0; i < lse.numel(); ++i)
+      most = std::max(most, std::abs(static_cast<double>(lse.data<float>()[i])));
+    EXPECT_GT(most, 4.0) << "the case should have lse of several units";
+    for (const bool with_glse : {false, true}) {
+      const Tensor gl = with_glse ? glse : Tensor();
+      const std::vector<Tensor> g =
+          ops::call(OpKind::AttentionBackward, {q, k, v, fwd[0], fwd[1], go, gl, Tensor()}, a);
+      const std::vector<Tensor> g32 =
+          ops::call(OpKind::AttentionBackward,
+                    {f32(q), f32(k), f32(v), f32(fwd[0]), fwd[1], f32(go), gl, Tensor()}, a);
+      const char* what[] = {"dq", "dk", "dv"};
+      for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(g[i].dtype(), DType::BF16) << what[i];
+        expect_bitwise(g[i], bf(g32[i]), what[i]);
+      }
+    }
+  }
+  // A rounded lse is refused, as is f32 in an operand's place.
+  const std::vector<Tensor> fwd =
+      ops::call(OpKind::Attention, {q, k, v, Tensor()}, ops::AttentionAttrs{});
+  EXPECT_NE(error_of([&] {
+              ops::call(OpKind::AttentionBackward,
+                        {q, k, v, fwd[0], bf(fwd[1]), go, Tensor(), Tensor()},
+                        ops::AttentionAttrs{});
+            }).find("attention_backward: lse is bf16 but q is bf16 (expected f32)"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              ops::call(OpKind::AttentionBackward,
+                        {q, k, v, f32(fwd[0]), fwd[1], go, Tensor(), Tensor()},
+                        ops::AttentionAttrs{});
+            }).find("inputs mix bf16 and f32"),
+            std::string::npos);
+  // Mixed precision leaves the statistic alone too.
+  AutocastGuard on(DType::BF16);
+  const std::vector<Tensor> under =
+      ops::call(OpKind::AttentionBackward, {q, k, v, fwd[0], fwd[1], go, glse, Tensor()},
+                ops::AttentionAttrs{});
+  EXPECT_EQ(under[0].dtype(), DType::BF16);
 }
 
 TEST(Autocast, OutsideTheGuardNothingChanges) {
