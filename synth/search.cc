@@ -1348,6 +1348,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
   if (found) fast.memory_may_matter = ex.worst_device() >= 0 && ex.min_overflow_f() < fast.cost_s;
   if (found && (!fast.memory_may_matter || !space.memory_exact)) return fast;
   if (ex.worst_device() < 0) no_program(cm, ex, ratios, node_segment, space);
+  HAP_CHECK(!space.quick_out_of_memory,
+            "no program fits in memory (the fast pass found none; not searched further)");
   // Memory binds somewhere: search again keeping leaner paths beside the cheapest ones, so that
   // a program that fits is not lost to a cheaper path that later overflows. The better program
   // of the two passes is returned (a memory-aware pass over budget leaves the fast one).

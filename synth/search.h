@@ -60,6 +60,10 @@ struct SearchSpace {
   // Where memory binds, also run the memory-aware pass after a fast pass that found a program
   // (off: only when it found none; the synthesizer's intermediate rounds).
   bool memory_exact = true;
+  // Where the fast pass finds no program that fits, give up at once (no memory-aware pass, and
+  // an error that does not search again to say by how much the fastest program is short):
+  // searches whose failure is only a candidate lost (the synthesizer's ladder of tighter limits).
+  bool quick_out_of_memory = false;
 };
 
 // The search expanded SearchSpace::max_states states without reaching the loss.

@@ -654,14 +654,20 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   // The alternation of program search and ratio LP from every start, under the memory limits of
   // `cmx`'s cluster (cm's, or none), then the memory-aware pass and the granule descent. Steps
   // are named with `tag` in front.
+  // With `only_from`, the one start is `from` (named `from_name`).
   auto search_rounds = [&](const CostModel& cmx, const std::string& tag,
-                           const std::vector<std::vector<double>>* from) {
+                           const std::vector<std::vector<double>>* from,
+                           const std::string& from_name, bool only_from) {
     const Cluster& limits = cmx.cluster();
     std::vector<std::vector<std::vector<double>>> starts = first_starts;
     std::vector<std::string> start_name = first_start_names;
+    if (only_from) {
+      starts.clear();
+      start_name.clear();
+    }
     if (from != nullptr) {
       starts.insert(starts.begin(), *from);
-      start_name.insert(start_name.begin(), "of the program found without memory limits");
+      start_name.insert(start_name.begin(), from_name);
     }
     DistributedProgram best;
     best.predicted_step_s = std::numeric_limits<double>::infinity();
@@ -677,7 +683,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
         // towards speed). Tried only when nothing fitted, a little more memory on one device
         // could make the plan 300x slower
         // (Synthesizer.ALittleMoreMemoryOnOneDeviceDoesNotFallOffACliff).
-        if (options.strategy != Strategy::Hap || tried_by_memory ||
+        if (options.strategy != Strategy::Hap || tried_by_memory || only_from ||
             (std::isfinite(best.predicted_step_s) && !memory_may_matter))
           break;
         tried_by_memory = true;
@@ -842,7 +848,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
     free_cm.set_hierarchical(options.hierarchical_collectives);
     free_cm.set_recompute(seg, recompute);
-    DistributedProgram free = search_rounds(free_cm, "", nullptr);
+    DistributedProgram free = search_rounds(free_cm, "", nullptr, "", false);
     if (std::isfinite(free.predicted_step_s) &&
         fits(free.instructions, free.storage, free.ratios)) {
       best = std::move(free);
@@ -852,13 +858,16 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
         steps.push_back({"the program found without memory limits does not fit: search under them",
                          0, -1, 0, "out of memory"});
       best = search_rounds(cm, "under memory limits: ",
-                           std::isfinite(free.predicted_step_s) ? &free.ratios : nullptr);
-      // The program found without limits, with ratios from the LP under them (where it has
+                           std::isfinite(free.predicted_step_s) ? &free.ratios : nullptr,
+                           "of the program found without memory limits", false);
+      // A program found elsewhere, with ratios from the LP under the real limits (where it has
       // any that fit): more memory only widens what that LP may choose.
-      std::vector<std::vector<double>> r;
-      if (std::isfinite(free.predicted_step_s) && D > 1 &&
-          optimize_ratios(cm, free.instructions, free.storage, nseg, min_share, &r)) {
-        DistributedProgram fitted = free;
+      auto refit = [&](const DistributedProgram& found, const std::string& what) {
+        std::vector<std::vector<double>> r;
+        if (!std::isfinite(found.predicted_step_s) || D == 1 ||
+            !optimize_ratios(cm, found.instructions, found.storage, nseg, min_share, &r))
+          return;
+        DistributedProgram fitted = found;
         fitted.predicted_step_s = priced(cluster, fitted.instructions, fitted.storage, r);
         std::vector<std::vector<double>> a = apportioned(cm, fitted.instructions, r);
         const double apportioned_cost = priced(cluster, fitted.instructions, fitted.storage, a);
@@ -868,15 +877,50 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
         }
         fitted.ratios = std::move(r);
         recost(cm, fitted.instructions, fitted.ratios);
-        steps.push_back({"the program found without memory limits, ratios under them", 0,
+        steps.push_back({what + ", ratios under the limits", 0,
                          std::isfinite(fitted.predicted_step_s) ? fitted.predicted_step_s : -1, 0,
                          std::isfinite(fitted.predicted_step_s) ? "" : "out of memory"});
-        descend(cluster, fitted, "the program found without memory limits: ");
+        descend(cluster, fitted, what + ": ");
         if (fitted.predicted_step_s < best.predicted_step_s) best = std::move(fitted);
+      };
+      refit(free, "the program found without memory limits");
+      // The search under the limits is a local search, steered by what fits: with a little
+      // less memory it may find a faster program, which fits here too. So hap also searches under
+      // a ladder of tighter limits (each device's memory x 0.9 down to x 0.6, until nothing fits)
+      // and refits what each finds under the real limits: more memory then keeps what it found
+      // with less wherever that was within the ladder
+      // (Synthesizer.MoreMemoryNeverYieldsASlowerPlan). What fails there is no error of this plan.
+      if (std::isfinite(best.predicted_step_s)) {
+        const std::string error_before = last_error, budget_before = budget_error;
+        const bool over_before = over_budget;
+        const std::vector<std::vector<double>> start = best.ratios;
+        struct Quick {  // the rungs give up on a start where the fast pass finds nothing
+          SearchSpace& space;
+          explicit Quick(SearchSpace& s) : space(s) { space.quick_out_of_memory = true; }
+          ~Quick() { space.quick_out_of_memory = false; }
+        } quick(space);
+        for (const double f : {0.9, 0.8, 0.7, 0.6}) {
+          Cluster tight = cluster;
+          for (Device& d : tight.devices)
+            d.memory_bytes = static_cast<int64_t>(f * static_cast<double>(d.memory_bytes));
+          CostModel tight_cm(graph, tight, options.optimizer_state_slots,
+                             options.overlap_grad_comm);
+          tight_cm.set_hierarchical(options.hierarchical_collectives);
+          tight_cm.set_recompute(seg, recompute);
+          char tag[64];
+          std::snprintf(tag, sizeof(tag), "under the limits x %.1f", f);
+          const DistributedProgram found = search_rounds(tight_cm, std::string(tag) + ": ", &start,
+                                                         "of the plan under the limits", true);
+          if (!std::isfinite(found.predicted_step_s)) break;
+          refit(found, std::string("the program found ") + tag);
+        }
+        last_error = error_before;
+        budget_error = budget_before;
+        over_budget = over_before;
       }
     }
   } else {
-    best = search_rounds(cm, "", nullptr);
+    best = search_rounds(cm, "", nullptr, "", false);
   }
   const bool fallback = !std::isfinite(best.predicted_step_s) && over_budget;
   // (With every parameter stored sharded asked for, the baselines, which store them whole, are

@@ -1332,13 +1332,15 @@ TEST(Synthesizer, HapIsNoSlowerThanTheBestWholeRowSplitOfASmallBatch) {
 // from 0.3x to 1.6x the peak of the plan found with plenty, on every device and on device 0 alone:
 // - once the plan is the one found with plenty (memory no longer binds), more memory keeps it,
 //   exactly: hap keeps the program it finds without memory limits wherever that fits;
-// - where memory binds, hap searches under the limits, a local search: more memory may find a
-//   slightly slower plan. Over these 48 seeds (2026-12-06), 12 of 509 such steps do: ten by under
-//   0.6%, one by 1.9% and one by 4.7% (seed 10, device 0's memory 0.5 -> 0.6 of the roomy plan's
-//   peak); before, a little more memory on one device could make a plan 1.6x or 300x slower. Over
-//   200 seeds, 3 of 2027 are more than 5% slower, one by 24%: the program search prices gradient
-//   all-reduces in full, and the program it finds under tighter limits happens to hide more of
-//   them behind the backward pass (issue 13: the search does not price overlap yet).
+// - where memory binds, hap searches under the limits, a local search, and again from its plan's
+//   ratios under a ladder of tighter limits (x 0.9 to x 0.6), whose programs fit too: more memory
+//   may still find a slightly slower plan. Over these 48 seeds (2026-12-06), 7 of 509 such steps
+//   do, by 0.19% at most (before the ladder 12, one by 4.7%). What remains is where the search's
+//   own objective and the step's final price (rounding to whole granules, overlap, latency shared
+//   by buckets) rank two programs apart: with a little less memory the program it prefers does
+//   not fit and the one it finds instead prices better; with more, the plan found without limits
+//   fits and is kept. Over 200 seeds, 46 of 2151 binding steps are slower, 7 by more than 1% and
+//   one by 10.7% (91.5% before the ladder).
 TEST(Synthesizer, MoreMemoryNeverYieldsASlowerPlan) {
   int compared = 0, binding = 0, slower = 0;
   double worst = 0;
@@ -1374,7 +1376,7 @@ TEST(Synthesizer, MoreMemoryNeverYieldsASlowerPlan) {
             EXPECT_NEAR(cost, plenty, 1e-12 * plenty) << what;
           } else {
             ++binding;
-            EXPECT_LE(cost, previous * 1.05) << what;
+            EXPECT_LE(cost, previous * 1.01) << what;
             if (cost > previous * (1 + 1e-9)) ++slower;
             worst = std::max(worst, cost / previous - 1);
           }
