@@ -33,7 +33,7 @@ void attach_outputs(const std::shared_ptr<Node>& node, std::vector<Tensor>& outp
 // Installed as ops' record hook: attaches a Node to the outputs of a call that needs a gradient.
 void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
             const ops::Attrs& attrs) {
-  if (!t_grad_enabled) return;
+  if (!t_grad_enabled || ops::in_route_scope()) return;  // a routed op records as itself
   bool any = false;
   for (const Tensor& t : inputs) any = any || (t.defined() && t.requires_grad());
   if (!any) return;
@@ -43,11 +43,26 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
   node->kind = kind;
   node->attrs = attrs;
   link_inputs(*node, inputs, def.saves_inputs);
+  if (ops::recording_routed_call()) {
+    node->widen = true;
+    for (const Tensor& t : inputs) node->input_dtypes.push_back(t.defined() ? t.dtype() : DType{});
+  }
   if (def.saves_outputs) {
-    node->saved_outputs.reserve(outputs.size());
-    for (const Tensor& t : outputs) node->saved_outputs.push_back(t.detach());
+    const std::vector<Tensor>& saved =
+        ops::recording_routed_call() ? ops::routed_f32_outputs() : outputs;
+    node->saved_outputs.reserve(saved.size());
+    for (const Tensor& t : saved) node->saved_outputs.push_back(t.detach());
   }
   attach_outputs(node, outputs);
+  // Mixed precision's bf16 copy of a leaf (a parameter, cast for a product): the ops saving it
+  // for backward cast the leaf again there instead of keeping the copy through the step, so that
+  // bf16 training does not hold a second, bf16 set of weights (the cast is exact and cheap).
+  if (kind == ops::OpKind::Cast && ops::autocast_dtype() == DType::BF16 &&
+      outputs[0].dtype() == DType::BF16 && inputs[0].requires_grad() && !inputs[0].grad_fn()) {
+    const Tensor leaf = inputs[0].detach();
+    outputs[0].impl()->autograd->remake = std::make_shared<const std::function<Tensor()>>(
+        [leaf] { return ops::call1(ops::OpKind::Cast, {leaf}, ops::CastAttrs{DType::BF16}); });
+  }
 }
 
 void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save) {
@@ -108,10 +123,19 @@ Tensor add_grads(const Tensor& a, const Tensor& b) {
 
 using Buffers = std::unordered_map<Node*, std::vector<Tensor>>;
 
+// bf16 tensors widened to f32 (Node::widen), the others as they are.
+std::vector<Tensor> widened(const std::vector<Tensor>& ts) {
+  std::vector<Tensor> out = ts;
+  for (Tensor& t : out)
+    if (t.defined() && t.dtype() == DType::BF16)
+      t = ops::call1(ops::OpKind::Cast, {t}, ops::CastAttrs{DType::F32});
+  return out;
+}
+
 // The backward of a node with gather_factors: the unmarked inputs' gradients from the local
 // factors, the marked ones' from the whole factors.
-std::vector<Tensor> factor_backward(const Node& node, const std::vector<Tensor>& grads,
-                                    const char* name) {
+std::vector<Tensor> factor_backward(const Node& node, const std::vector<Tensor>& saved_inputs,
+                                    const std::vector<Tensor>& grads, const char* name) {
   const Node::GatherFactors& f = *node.factors;
   const ops::OpDef& def = ops::op_def(node.kind);
   std::vector<bool> local_needs = node.needs_input_grad, whole_needs(local_needs.size(), false);
@@ -123,11 +147,11 @@ std::vector<Tensor> factor_backward(const Node& node, const std::vector<Tensor>&
   }
   std::vector<Tensor> out(node.next.size());
   if (any_local) {
-    ops::BackwardContext ctx{node.kind, node.saved_inputs, node.saved_outputs,
-                             grads,     node.attrs,        local_needs};
+    ops::BackwardContext ctx{node.kind, saved_inputs, node.saved_outputs,
+                             grads,     node.attrs,   local_needs};
     out = def.backward(ctx);
   }
-  std::vector<Tensor> inputs = node.saved_inputs, whole_grads(grads.size());
+  std::vector<Tensor> inputs = saved_inputs, whole_grads(grads.size());
   std::vector<Node::Factor> factors;
   for (size_t i = 0; i < inputs.size(); ++i)
     if (!f.whole[i] && inputs[i].defined()) factors.push_back({false, i, inputs[i]});
@@ -292,15 +316,25 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
     if (any) {
       if (node->custom) {
         in_grads = node->custom(grads);
-      } else if (!node->factors) {
-        ops::BackwardContext ctx{node->kind, node->saved_inputs, node->saved_outputs,
-                                 grads,      node->attrs,        node->needs_input_grad};
-        in_grads = ops::op_def(node->kind).backward(ctx);
       } else {
-        in_grads = factor_backward(*node, grads, name);
+        const std::vector<Tensor> saved =
+            node->widen ? widened(node->saved_inputs) : node->saved_inputs;
+        const std::vector<Tensor> g = node->widen ? widened(grads) : grads;
+        if (!node->factors) {
+          ops::BackwardContext ctx{node->kind, saved,       node->saved_outputs,
+                                   g,          node->attrs, node->needs_input_grad};
+          in_grads = ops::op_def(node->kind).backward(ctx);
+        } else {
+          in_grads = factor_backward(*node, saved, g, name);
+        }
       }
       HAP_ASSERT(in_grads.size() == node->next.size(), "backward of ", name, " returned ",
                  in_grads.size(), " gradients for ", node->next.size(), " inputs");
+      if (node->widen)
+        for (size_t i = 0; i < in_grads.size(); ++i)
+          if (in_grads[i].defined() && in_grads[i].dtype() != node->input_dtypes[i])
+            in_grads[i] =
+                ops::call1(ops::OpKind::Cast, {in_grads[i]}, ops::CastAttrs{node->input_dtypes[i]});
     }
     for (size_t i = 0; i < node->remake_inputs.size(); ++i)
       if (node->remake_inputs[i].make) node->saved_inputs[i] = Tensor();

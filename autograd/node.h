@@ -53,6 +53,12 @@ struct Node {
     GatherFn gather;
   };
   std::shared_ptr<const GatherFactors> factors;
+  // An op that computed in f32 between casts (ops::recording_routed_call): saved_inputs are its
+  // bf16 inputs, saved_outputs its f32 outputs before rounding; the backward widens the saved
+  // inputs and the gradients to f32, runs the op's backward in f32 and rounds each input's
+  // gradient to the input's dtype (input_dtypes), as the casts' backward would.
+  bool widen = false;
+  std::vector<DType> input_dtypes;
   std::vector<Edge> next;  // one per op input; node null when no grad flows there
   std::vector<bool> needs_input_grad;
   std::vector<ops::TensorMeta> output_meta;

@@ -2,7 +2,10 @@
 // identical model, batch and thread count, in one run, on the CPU or on a GPU (--device cuda: f32,
 // TF32 off on both sides; the GPU's f32 GEMM rate is measured in the same run for the MFU). Writes
 // bench/results/gpt_step.json (or --out). --bf16 also times HAP's step with bf16 mixed precision
-// (train.precision: bf16, ops::AutocastGuard) right after its f32 step.
+// (train.precision: bf16, ops::AutocastGuard) right after its f32 step. Each HAP row also gives
+// step_peak_bytes: the most the device's allocator held during a step beyond what it held at the
+// step's start (activations, gradients, temporaries), and forward_saved_bytes: what the forward
+// left allocated for backward (the activations autograd keeps), over the steps after the first.
 //   bench_gpt_step [--sizes gpt-mini,gpt2-124m,gpt2-124m-t1024] [--iters N] [--warmup N]
 //                  [--threads N] [--device cpu|cuda] [--python PATH] [--out FILE] [--profile]
 //                  [--bf16]
@@ -80,6 +83,9 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
   hap::optim::AdamW opt(hap::optim::weight_decay_groups(model.named_parameters(), 0.1),
                         {3e-4, {0.9, 0.95}, 1e-8, 0.1});
   std::vector<double> ms;
+  hap::Allocator& memory = hap::allocator_for(device.kind);
+  size_t peak_bytes = 0;   // the most allocated during a step (after the first), over its start
+  size_t saved_bytes = 0;  // what the forward left allocated for backward (loss included)
   for (int i = 0; i < warmup + iters; ++i) {
     if (profile && i == warmup) {
       hap::ops::reset_dispatch_stats();
@@ -95,12 +101,15 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
     hap::Tensor x = hap::Tensor::from_vector(idx, {s.batch, s.seq}).to(device);
     hap::Tensor y = hap::Tensor::from_vector(tgt, {s.batch, s.seq}).to(device);
     hap::synchronize(device);
+    const size_t at_start = memory.stats(device.index).allocated_bytes;
+    memory.reset_peak(device.index);
     auto t0 = std::chrono::steady_clock::now();
     hap::Tensor loss;
     {
       hap::ops::AutocastGuard mixed(precision);
       loss = model.loss(x, y);
     }
+    const size_t after_forward = memory.stats(device.index).allocated_bytes - at_start;
     loss.backward();
     opt.step();
     opt.zero_grad();
@@ -108,6 +117,10 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
     double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (i >= warmup) ms.push_back(t);
+    if (i > 0) {
+      peak_bytes = std::max(peak_bytes, memory.stats(device.index).peak_allocated_bytes - at_start);
+      saved_bytes = std::max(saved_bytes, after_forward);
+    }
   }
   if (profile) {
     hap::ops::set_profiling(false);
@@ -120,6 +133,8 @@ nlohmann::json time_hap(const Size& s, int warmup, int iters, bool profile, hap:
           {"step_ms", ms},
           {"median_ms", med},
           {"tokens_per_s", static_cast<double>(s.batch * s.seq) / (med / 1000.0)},
+          {"step_peak_bytes", peak_bytes},
+          {"forward_saved_bytes", saved_bytes},
           {"n_params", model.num_parameters()}};
 }
 
@@ -215,8 +230,14 @@ int run(int argc, char** argv) {
       row["hap_bf16"] = bf16_r;
       row["bf16_speedup_over_f32"] =
           hap_r["median_ms"].get<double>() / bf16_r["median_ms"].get<double>();
-      std::printf("   hap bf16 mixed precision %.1f ms/step: %.2fx HAP's f32 step\n",
-                  bf16_r["median_ms"].get<double>(), row["bf16_speedup_over_f32"].get<double>());
+      std::printf(
+          "   hap bf16 mixed precision %.1f ms/step: %.2fx HAP's f32 step; kept for backward "
+          "%.1f MiB (f32 %.1f MiB), a step's peak %.1f MiB (f32 %.1f MiB)\n",
+          bf16_r["median_ms"].get<double>(), row["bf16_speedup_over_f32"].get<double>(),
+          bf16_r["forward_saved_bytes"].get<double>() / (1 << 20),
+          hap_r["forward_saved_bytes"].get<double>() / (1 << 20),
+          bf16_r["step_peak_bytes"].get<double>() / (1 << 20),
+          hap_r["step_peak_bytes"].get<double>() / (1 << 20));
     }
     if (torch_r.contains("median_ms")) {
       double ratio = hap_r["median_ms"].get<double>() / torch_r["median_ms"].get<double>();

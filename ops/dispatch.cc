@@ -26,6 +26,18 @@ thread_local std::vector<ScopePart> t_scope;
 
 thread_local DType t_autocast = DType::F32;
 thread_local bool t_bf16_route = false;
+thread_local bool t_route_scope = false;
+thread_local const std::vector<Tensor>* t_routed_outputs = nullptr;
+
+// Sets a thread-local flag for a scope and restores it after.
+struct FlagScope {
+  bool& flag;
+  bool previous;
+  explicit FlagScope(bool& f) : flag(f), previous(f) { flag = true; }
+  ~FlagScope() { flag = previous; }
+  FlagScope(const FlagScope&) = delete;
+  FlagScope& operator=(const FlagScope&) = delete;
+};
 
 // The casts mixed precision makes before an op runs (OpDef::autocast).
 // Inputs holding f32 statistics (OpDef::f32_stat_inputs) are left as they are.
@@ -100,6 +112,13 @@ Metas infer_outputs(const OpDef& def, const std::vector<Tensor>& inputs, const A
 void set_record_hook(RecordHook hook) { g_record_hook = hook; }
 RecordHook record_hook() { return g_record_hook; }
 bool in_bf16_route() { return t_bf16_route; }
+bool in_route_scope() { return t_route_scope; }
+bool recording_routed_call() { return t_routed_outputs != nullptr; }
+const std::vector<Tensor>& routed_f32_outputs() {
+  HAP_CHECK(t_routed_outputs != nullptr,
+            "routed_f32_outputs: called outside the record hook's call for a routed op");
+  return *t_routed_outputs;
+}
 
 AutocastGuard::AutocastGuard(DType dtype) : prev_(t_autocast) {
   HAP_CHECK(dtype == DType::F32 || dtype == DType::BF16,
@@ -229,23 +248,35 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   // outputs that inference gives as bf16 (statistics, such as attention's log-sum-exp, stay f32).
   if (needs_f32_compute(kind, inputs, device)) {
     const Metas want = infer_outputs(def, inputs, attrs);
-    for (Tensor& t : inputs)
-      if (t.defined() && t.dtype() == DType::BF16)
-        t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
-    std::vector<Tensor> outs;
+    const std::vector<Tensor> given = inputs;
+    std::vector<Tensor> inner, outs;
     {
-      AutocastGuard as_cast(DType::F32);  // the op itself, on the f32 copies
-      struct Route {  // in_bf16_route() for the op's own kernels, not the casts around them
-        bool previous = t_bf16_route;
-        Route() { t_bf16_route = true; }
-        ~Route() { t_bf16_route = previous; }
-      } route;
-      outs = call(kind, std::move(inputs), attrs);
+      FlagScope scope(t_route_scope);  // autograd records the op once, below, not these calls
+      for (Tensor& t : inputs)
+        if (t.defined() && t.dtype() == DType::BF16)
+          t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
+      {
+        AutocastGuard as_cast(DType::F32);  // the op itself, on the f32 copies
+        FlagScope route(t_bf16_route);      // for the op's own kernels, not the casts around them
+        inner = call(kind, std::move(inputs), attrs);
+      }
+      HAP_ASSERT(want.size() == inner.size());
+      outs = inner;
+      for (size_t i = 0; i < outs.size(); ++i)
+        if (outs[i].dtype() == DType::F32 && want[i].dtype == DType::BF16)
+          outs[i] = call1(OpKind::Cast, {outs[i]}, CastAttrs{DType::BF16});
     }
-    HAP_ASSERT(want.size() == outs.size());
-    for (size_t i = 0; i < outs.size(); ++i)
-      if (outs[i].dtype() == DType::F32 && want[i].dtype == DType::BF16)
-        outs[i] = call1(OpKind::Cast, {outs[i]}, CastAttrs{DType::BF16});
+    if (g_record_hook && !t_trace && !t_route_scope) {
+      const std::vector<Tensor>* previous = t_routed_outputs;
+      t_routed_outputs = &inner;
+      try {
+        g_record_hook(kind, given, outs, attrs);
+      } catch (...) {
+        t_routed_outputs = previous;
+        throw;
+      }
+      t_routed_outputs = previous;
+    }
     return outs;
   }
 

@@ -26,6 +26,16 @@ RecordHook record_hook();  // the one installed now (null: none), for a hook tha
 // convolutions inside such ops do. Plain f32 ops never do.
 bool in_bf16_route();
 
+// Such an op (above) is seen by the record hook once per kernel it runs (the casts and its f32
+// kernel, each while in_route_scope()) and then once as itself, with its bf16 inputs and outputs,
+// while recording_routed_call(): autograd records only that call, saving the bf16 inputs (not
+// their f32 copies) and, where the op saves outputs, its f32 outputs before the rounding
+// (routed_f32_outputs(), valid during that hook call); its backward runs in f32 on the widened
+// tensors, as the casts' would. Hooks that want kernel calls only skip recording_routed_call().
+bool in_route_scope();
+bool recording_routed_call();
+const std::vector<Tensor>& routed_f32_outputs();
+
 // Tracing: while a TraceHook is installed on this thread, op calls run no kernel; their outputs
 // are shape-only tensors from the op's inference, and the hook sees every call. synth/ uses it
 // to capture a model's graph.

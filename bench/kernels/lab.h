@@ -120,7 +120,8 @@ inline std::vector<Recorded> g_recorded;
 inline ops::RecordHook g_chained = nullptr;
 inline void record_call(ops::OpKind kind, const std::vector<Tensor>& inputs,
                         std::vector<Tensor>& outputs, const ops::Attrs& attrs) {
-  g_recorded.push_back({kind, inputs, attrs});
+  // Kernel calls only: an op computing in f32 between casts is also seen once as itself.
+  if (!ops::recording_routed_call()) g_recorded.push_back({kind, inputs, attrs});
   if (g_chained) g_chained(kind, inputs, outputs, attrs);
 }
 

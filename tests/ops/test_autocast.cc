@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "core/allocator.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "tests/test_util.h"
@@ -151,12 +152,23 @@ TEST(Autocast, GradientsReachF32ParametersInF32AndBackwardIgnoresTheGuard) {
 
 // An op given bf16 inputs without a bf16 kernel computes in f32 between casts: its own kernel runs
 // with ops::in_bf16_route() set (a GPU's GEMMs there may use TF32), the casts around it and
-// plain f32 ops without.
-std::vector<std::pair<ops::OpKind, bool>> g_route_seen;
+// plain f32 ops without. The record hook sees each of those kernel calls in the route's scope,
+// then the op once as itself (bf16 in and out), which autograd records.
+struct Seen {
+  ops::OpKind kind;
+  bool route, scope, routed_call;
+  DType in, out;
+  bool operator==(const Seen& o) const {
+    return kind == o.kind && route == o.route && scope == o.scope && routed_call == o.routed_call &&
+           in == o.in && out == o.out;
+  }
+};
+std::vector<Seen> g_route_seen;
 ops::RecordHook g_route_chained = nullptr;
 void note_route(ops::OpKind kind, const std::vector<Tensor>& in, std::vector<Tensor>& out,
                 const ops::Attrs& attrs) {
-  g_route_seen.emplace_back(kind, ops::in_bf16_route());
+  g_route_seen.push_back({kind, ops::in_bf16_route(), ops::in_route_scope(),
+                          ops::recording_routed_call(), in[0].dtype(), out[0].dtype()});
   if (g_route_chained) g_route_chained(kind, in, out, attrs);
 }
 
@@ -170,11 +182,60 @@ TEST(Autocast, OnlyTheKernelOfAnOpComputingBf16InF32RunsInTheBf16Route) {
   ops::set_record_hook(g_route_chained);
   EXPECT_FALSE(ops::in_bf16_route());
   EXPECT_EQ(yb.dtype(), DType::BF16);
-  std::vector<std::pair<ops::OpKind, bool>> want = {{ops::OpKind::Cast, false},
-                                                    {ops::OpKind::Gelu, true},
-                                                    {ops::OpKind::Cast, false},
-                                                    {ops::OpKind::Gelu, false}};
+  using ops::OpKind;
+  const DType B = DType::BF16, F = DType::F32;
+  const std::vector<Seen> want = {{OpKind::Cast, false, true, false, B, F},
+                                  {OpKind::Gelu, true, true, false, F, F},
+                                  {OpKind::Cast, false, true, false, F, B},
+                                  {OpKind::Gelu, false, false, true, B, B},
+                                  {OpKind::Gelu, false, false, false, F, F}};
   EXPECT_EQ(g_route_seen, want);
+}
+
+// Autograd records such an op once, saving its bf16 inputs rather than their f32 copies (the
+// memory of bf16 activations: GELU's input in a bf16 MLP, attention's q, k and v), and its
+// backward runs in f32 on the widened tensors: the gradients equal, bit for bit, those of the
+// explicit casts around the f32 op.
+TEST(Autocast, ARoutedOpKeepsItsBf16InputsForBackwardAndItsGradientsEqualTheCasts) {
+  const Tensor x0 = bf(mul(uni({64, 256}, 7, DType::F32), 3.0)),
+               g = bf(uni({64, 256}, 8, DType::F32));
+  auto leaf = [&] {
+    Tensor x = x0.clone();
+    x.set_requires_grad(true);
+    return x;
+  };
+  // The explicit casts: the f32 copy of x is what GELU's node keeps.
+  Tensor xa = leaf();
+  Tensor ya = cast(gelu(cast(xa, DType::F32)), DType::BF16);
+  ya.backward(g);
+  // The route: the same values; GELU keeps x itself.
+  hap::cpu_allocator_reset_peak();
+  const size_t before = hap::cpu_allocator_stats().allocated_bytes;
+  Tensor xb = leaf();
+  Tensor yb = gelu(xb);
+  const size_t held = hap::cpu_allocator_stats().allocated_bytes - before;
+  expect_bitwise(yb, ya, "output");
+  // x (bf16), y (bf16): the f32 copies were freed with the forward.
+  EXPECT_EQ(held, 2 * x0.nbytes());
+  yb.backward(g);
+  expect_bitwise(xb.grad(), xa.grad(), "gradient");
+  // Attention: q, k, v kept in bf16; out and lse as computed in f32 (lse is f32 anyway).
+  auto qkv = [&](uint64_t seed) {
+    Tensor t = bf(uni({2, 3, 9, 8}, seed, DType::F32));
+    t.set_requires_grad(true);
+    return t;
+  };
+  std::vector<Tensor> a = {qkv(11), qkv(12), qkv(13)}, b = {qkv(11), qkv(12), qkv(13)};
+  const Tensor go = bf(uni({2, 3, 9, 8}, 14, DType::F32));
+  Tensor oa = cast(scaled_dot_product_attention(cast(a[0], DType::F32), cast(a[1], DType::F32),
+                                                cast(a[2], DType::F32)),
+                   DType::BF16);
+  oa.backward(go);
+  Tensor ob = scaled_dot_product_attention(b[0], b[1], b[2]);
+  ob.backward(go);
+  expect_bitwise(ob, oa, "attention output");
+  const char* what[] = {"dq", "dk", "dv"};
+  for (size_t i = 0; i < 3; ++i) expect_bitwise(b[i].grad(), a[i].grad(), what[i]);
 }
 
 // Attention has no bf16 kernel: on bf16 operands it computes in f32 between casts. Its row
@@ -239,6 +300,33 @@ TEST(Autocast, AttentionKeepsItsLogSumExpInF32AcrossTheBf16Route) {
       ops::call(OpKind::AttentionBackward, {q, k, v, fwd[0], fwd[1], go, glse, Tensor()},
                 ops::AttentionAttrs{});
   EXPECT_EQ(under[0].dtype(), DType::BF16);
+}
+
+// Under mixed precision a product reads a bf16 copy of its f32 weight. Kept for backward, those
+// copies would be a second set of weights held through the step (248 MiB for GPT-2 124M): the op
+// keeps a way to cast the parameter again instead, and its backward gives the same gradients.
+TEST(Autocast, TheBf16CopyOfAParameterIsCastAgainForBackwardInsteadOfKept) {
+  const Tensor x = uni({8, 256}, 21, DType::F32), g = bf(uni({8, 512}, 22, DType::F32));
+  auto param = [] {
+    Tensor w = uni({512, 256}, 23, DType::F32);
+    w.set_requires_grad(true);
+    return w;
+  };
+  Tensor wa = param(), wb = param();
+  Tensor ya = linear(bf(x), cast(wa, DType::BF16));  // outside the guard: the copy is kept
+  ya.backward(g);
+  const size_t before = hap::cpu_allocator_stats().allocated_bytes;
+  Tensor yb;
+  {
+    AutocastGuard on(DType::BF16);
+    yb = linear(x, wb);
+  }
+  // Held: x's bf16 copy (saved) and the output; not the weight's bf16 copy.
+  const size_t held = hap::cpu_allocator_stats().allocated_bytes - before;
+  EXPECT_EQ(held, x.numel() * 2 + yb.nbytes());
+  expect_bitwise(yb, ya, "output");
+  yb.backward(g);
+  expect_bitwise(wb.grad(), wa.grad(), "weight gradient");
 }
 
 TEST(Autocast, OutsideTheGuardNothingChanges) {
