@@ -317,9 +317,13 @@ void run_backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& g
       if (node->custom) {
         in_grads = node->custom(grads);
       } else {
-        const std::vector<Tensor> saved =
-            node->widen ? widened(node->saved_inputs) : node->saved_inputs;
-        const std::vector<Tensor> g = node->widen ? widened(grads) : grads;
+        std::vector<Tensor> wide_saved, wide_grads;  // only for a routed op's node
+        if (node->widen) {
+          wide_saved = widened(node->saved_inputs);
+          wide_grads = widened(grads);
+        }
+        const std::vector<Tensor>& saved = node->widen ? wide_saved : node->saved_inputs;
+        const std::vector<Tensor>& g = node->widen ? wide_grads : grads;
         if (!node->factors) {
           ops::BackwardContext ctx{node->kind, saved,       node->saved_outputs,
                                    g,          node->attrs, node->needs_input_grad};

@@ -29,14 +29,15 @@ thread_local bool t_bf16_route = false;
 thread_local bool t_route_scope = false;
 thread_local const std::vector<Tensor>* t_routed_outputs = nullptr;
 
-// Sets a thread-local flag for a scope and restores it after.
-struct FlagScope {
-  bool& flag;
-  bool previous;
-  explicit FlagScope(bool& f) : flag(f), previous(f) { flag = true; }
-  ~FlagScope() { flag = previous; }
-  FlagScope(const FlagScope&) = delete;
-  FlagScope& operator=(const FlagScope&) = delete;
+// Gives a thread-local a value for a scope and restores it after.
+template <typename T>
+struct Scoped {
+  T& var;
+  T previous;
+  Scoped(T& v, T value) : var(v), previous(v) { var = value; }
+  ~Scoped() { var = previous; }
+  Scoped(const Scoped&) = delete;
+  Scoped& operator=(const Scoped&) = delete;
 };
 
 // The casts mixed precision makes before an op runs (OpDef::autocast).
@@ -251,13 +252,13 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
     const std::vector<Tensor> given = inputs;
     std::vector<Tensor> inner, outs;
     {
-      FlagScope scope(t_route_scope);  // autograd records the op once, below, not these calls
+      Scoped<bool> scope(t_route_scope, true);  // autograd records the op once, below
       for (Tensor& t : inputs)
         if (t.defined() && t.dtype() == DType::BF16)
           t = call1(OpKind::Cast, {t}, CastAttrs{DType::F32});
       {
-        AutocastGuard as_cast(DType::F32);  // the op itself, on the f32 copies
-        FlagScope route(t_bf16_route);      // for the op's own kernels, not the casts around them
+        AutocastGuard as_cast(DType::F32);       // the op itself, on the f32 copies
+        Scoped<bool> route(t_bf16_route, true);  // the op's own kernels, not the casts
         inner = call(kind, std::move(inputs), attrs);
       }
       HAP_ASSERT(want.size() == inner.size());
@@ -267,15 +268,8 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
           outs[i] = call1(OpKind::Cast, {outs[i]}, CastAttrs{DType::BF16});
     }
     if (g_record_hook && !t_trace && !t_route_scope) {
-      const std::vector<Tensor>* previous = t_routed_outputs;
-      t_routed_outputs = &inner;
-      try {
-        g_record_hook(kind, given, outs, attrs);
-      } catch (...) {
-        t_routed_outputs = previous;
-        throw;
-      }
-      t_routed_outputs = previous;
+      Scoped<const std::vector<Tensor>*> routed(t_routed_outputs, &inner);
+      g_record_hook(kind, given, outs, attrs);
     }
     return outs;
   }

@@ -561,9 +561,6 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
                            const SynthesisOptions& options) {
   auto t0 = std::chrono::steady_clock::now();
   cluster.validate();
-  CostModel cm(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm);
-  cm.set_hierarchical(options.hierarchical_collectives);
-  int D = cm.num_devices();
   int nseg = 1;
   std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
   std::vector<bool> recompute;
@@ -573,7 +570,15 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     HAP_CHECK(static_cast<int>(recompute.size()) == nseg, "recompute_segments: ", recompute.size(),
               " flags for ", nseg, " segments");
   }
-  cm.set_recompute(seg, recompute);
+  // The cost model of the program on a cluster (this one, or this one with other memory limits).
+  auto cost_model_on = [&](const Cluster& c) {
+    CostModel m(graph, c, options.optimizer_state_slots, options.overlap_grad_comm);
+    m.set_hierarchical(options.hierarchical_collectives);
+    m.set_recompute(seg, recompute);
+    return m;
+  };
+  const CostModel cm = cost_model_on(cluster);
+  int D = cm.num_devices();
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
   space.zero_storage = options.strategy == Strategy::Hap &&
                        options.zero_storage != ZeroStorage::Off && space.shard_parameters;
@@ -845,9 +850,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     // where that program does not fit does it search under the limits.
     Cluster roomy = cluster;
     for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
-    CostModel free_cm(graph, roomy, options.optimizer_state_slots, options.overlap_grad_comm);
-    free_cm.set_hierarchical(options.hierarchical_collectives);
-    free_cm.set_recompute(seg, recompute);
+    const CostModel free_cm = cost_model_on(roomy);
     DistributedProgram free = search_rounds(free_cm, "", nullptr, "", false);
     if (std::isfinite(free.predicted_step_s) &&
         fits(free.instructions, free.storage, free.ratios)) {
@@ -894,19 +897,12 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
         const std::string error_before = last_error, budget_before = budget_error;
         const bool over_before = over_budget;
         const std::vector<std::vector<double>> start = best.ratios;
-        struct Quick {  // the rungs give up on a start where the fast pass finds nothing
-          SearchSpace& space;
-          explicit Quick(SearchSpace& s) : space(s) { space.quick_out_of_memory = true; }
-          ~Quick() { space.quick_out_of_memory = false; }
-        } quick(space);
+        space.quick_out_of_memory = true;  // a rung gives up where the fast pass finds nothing
         for (const double f : {0.9, 0.8, 0.7, 0.6}) {
           Cluster tight = cluster;
           for (Device& d : tight.devices)
             d.memory_bytes = static_cast<int64_t>(f * static_cast<double>(d.memory_bytes));
-          CostModel tight_cm(graph, tight, options.optimizer_state_slots,
-                             options.overlap_grad_comm);
-          tight_cm.set_hierarchical(options.hierarchical_collectives);
-          tight_cm.set_recompute(seg, recompute);
+          const CostModel tight_cm = cost_model_on(tight);
           char tag[64];
           std::snprintf(tag, sizeof(tag), "under the limits x %.1f", f);
           const DistributedProgram found = search_rounds(tight_cm, std::string(tag) + ": ", &start,
@@ -914,6 +910,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
           if (!std::isfinite(found.predicted_step_s)) break;
           refit(found, std::string("the program found ") + tag);
         }
+        space.quick_out_of_memory = false;
         last_error = error_before;
         budget_error = budget_before;
         over_budget = over_before;
