@@ -27,8 +27,21 @@ std::shared_ptr<Node> edge_for(const Tensor& t) {
   return acc;
 }
 
-void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save);
+// How a node keeps its inputs for backward.
+enum class Save { None, Data, Metas };
+void link_inputs(Node& node, const std::vector<Tensor>& inputs, Save save);
 void attach_outputs(const std::shared_ptr<Node>& node, std::vector<Tensor>& outputs);
+
+// How to make `t` again, detached, where it is a leaf needing a gradient (itself) or a view of
+// one made by view ops only (AutogradMeta::view_source); null otherwise.
+std::shared_ptr<const std::function<Tensor()>> view_source_of(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad() || !t.has_storage()) return nullptr;
+  if (!t.grad_fn()) {
+    const Tensor leaf = t.detach();
+    return std::make_shared<const std::function<Tensor()>>([leaf] { return leaf; });
+  }
+  return t.impl()->autograd->view_source;
+}
 
 // Installed as ops' record hook: attaches a Node to the outputs of a call that needs a gradient.
 void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Tensor>& outputs,
@@ -42,7 +55,10 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
   auto node = std::make_shared<Node>();
   node->kind = kind;
   node->attrs = attrs;
-  link_inputs(*node, inputs, def.saves_inputs);
+  link_inputs(*node, inputs,
+              !def.saves_inputs      ? Save::None
+              : def.input_metas_only ? Save::Metas
+                                     : Save::Data);
   if (ops::recording_routed_call()) {
     node->widen = true;
     for (const Tensor& t : inputs) node->input_dtypes.push_back(t.defined() ? t.dtype() : DType{});
@@ -54,18 +70,42 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
     for (const Tensor& t : saved) node->saved_outputs.push_back(t.detach());
   }
   attach_outputs(node, outputs);
-  // Mixed precision's bf16 copy of a leaf (a parameter, cast for a product): the ops saving it
-  // for backward cast the leaf again there instead of keeping the copy through the step, so that
-  // bf16 training does not hold a second, bf16 set of weights (the cast is exact and cheap).
-  if (kind == ops::OpKind::Cast && ops::autocast_dtype() == DType::BF16 &&
-      outputs[0].dtype() == DType::BF16 && inputs[0].requires_grad() && !inputs[0].grad_fn()) {
-    const Tensor leaf = inputs[0].detach();
-    outputs[0].impl()->autograd->remake = std::make_shared<const std::function<Tensor()>>(
-        [leaf] { return ops::call1(ops::OpKind::Cast, {leaf}, ops::CastAttrs{DType::BF16}); });
+  if (ops::autocast_dtype() != DType::BF16) return;
+  // Mixed precision's bf16 copy of a leaf (a parameter, cast for a product) or of a view of one
+  // (a slice of a stacked weight): the ops saving it for backward cast it again there instead of
+  // keeping the copy through the step, so that bf16 training does not hold a second, bf16 set of
+  // weights (the cast is exact and cheap).
+  if (kind == ops::OpKind::Cast && outputs[0].dtype() == DType::BF16) {
+    if (auto source = view_source_of(inputs[0]))
+      outputs[0].impl()->autograd->remake =
+          std::make_shared<const std::function<Tensor()>>([source] {
+            return ops::call1(ops::OpKind::Cast, {(*source)()}, ops::CastAttrs{DType::BF16});
+          });
+    return;
   }
+  // A view of a leaf or of such a view (every output shares the first input's storage, no other
+  // input needs a gradient): remember how to make it again from the leaf.
+  auto source = view_source_of(inputs[0]);
+  if (!source) return;
+  for (size_t i = 1; i < inputs.size(); ++i)
+    if (inputs[i].defined() && inputs[i].requires_grad()) return;
+  for (const Tensor& out : outputs)
+    if (!out.has_storage() || out.impl()->storage != inputs[0].impl()->storage ||
+        !out.impl()->autograd)
+      return;
+  std::vector<Tensor> others(inputs.size());
+  for (size_t i = 1; i < inputs.size(); ++i)
+    if (inputs[i].defined()) others[i] = inputs[i].detach();
+  for (size_t i = 0; i < outputs.size(); ++i)
+    outputs[i].impl()->autograd->view_source =
+        std::make_shared<const std::function<Tensor()>>([source, others, kind, attrs, i] {
+          std::vector<Tensor> in = others;
+          in[0] = (*source)();
+          return ops::call(kind, std::move(in), attrs)[i];
+        });
 }
 
-void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save) {
+void link_inputs(Node& node, const std::vector<Tensor>& inputs, Save save) {
   node.sequence = g_sequence++;
   node.next.resize(inputs.size());
   node.needs_input_grad.resize(inputs.size());
@@ -73,7 +113,9 @@ void link_inputs(Node& node, const std::vector<Tensor>& inputs, bool save) {
   for (size_t i = 0; i < inputs.size(); ++i) {
     const Tensor& t = inputs[i];
     if (!t.defined()) continue;
-    if (save) {
+    if (save == Save::Metas) {
+      node.saved_inputs[i] = Tensor::meta(t.shape(), t.dtype(), t.device());
+    } else if (save == Save::Data) {
       const AutogradMeta* meta = t.impl()->autograd.get();
       if (meta && meta->remake) {
         node.remake_inputs.resize(inputs.size());
@@ -128,7 +170,8 @@ std::vector<Tensor> widened(const std::vector<Tensor>& ts) {
   std::vector<Tensor> out = ts;
   for (Tensor& t : out)
     if (t.defined() && t.dtype() == DType::BF16)
-      t = ops::call1(ops::OpKind::Cast, {t}, ops::CastAttrs{DType::F32});
+      t = t.has_storage() ? ops::call1(ops::OpKind::Cast, {t}, ops::CastAttrs{DType::F32})
+                          : Tensor::meta(t.shape(), DType::F32, t.device());  // Save::Metas
   return out;
 }
 
@@ -392,7 +435,7 @@ std::vector<Tensor> record_custom(const char* name, const std::vector<Tensor>& i
   auto node = std::make_shared<Node>();
   node->custom = std::move(backward);
   node->custom_name = name;
-  link_inputs(*node, inputs, false);
+  link_inputs(*node, inputs, Save::None);
   attach_outputs(node, outputs);
   return outputs;
 }

@@ -46,6 +46,10 @@ struct AutogradMeta {
   // Set by autograd::rematerializable: the nodes that save this tensor for their backward keep
   // this instead, and call it when their backward runs (it makes the same values again).
   std::shared_ptr<const std::function<Tensor()>> remake;
+  // Set under bf16 mixed precision on a view of a leaf (a slice or reshape of a parameter, made
+  // by view ops only): makes the same view of the leaf again, detached. A bf16 copy of such a
+  // view is then cast again for backward rather than kept, as a leaf's copy is.
+  std::shared_ptr<const std::function<Tensor()>> view_source;
 };
 
 struct TensorImpl {

@@ -73,6 +73,18 @@ void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
   }
 }
 
+// Whether mixed precision casts bf16 operands of this op to f32 (apply_autocast).
+bool widens_bf16(const OpDef& def, const std::vector<Tensor>& inputs) {
+  if (def.autocast != Autocast::Float && def.autocast != Autocast::Promote) return false;
+  bool bf = false, f32 = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || (def.f32_stat_inputs & (1u << i))) continue;
+    bf = bf || inputs[i].dtype() == DType::BF16;
+    f32 = f32 || inputs[i].dtype() == DType::F32;
+  }
+  return bf && (def.autocast == Autocast::Float || f32);
+}
+
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
   const OpDef& def = op_def(kind);
   if (def.moves_data) return false;
@@ -243,7 +255,26 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
               inputs[i].device().str(), " but input 0 is on ", device.str());
   }
 
-  if (t_autocast == DType::BF16) apply_autocast(def, inputs);
+  if (t_autocast == DType::BF16) {
+    // Float ops (and Promote ones where bf16 meets f32) take f32 copies of bf16 operands. The
+    // casts are exact, so autograd records the op once, as itself, keeping the bf16 operands
+    // (half the bytes) and widening them in backward, as for a routed op below.
+    if (widens_bf16(def, inputs)) {
+      const std::vector<Tensor> given = inputs;
+      std::vector<Tensor> outs;
+      {
+        Scoped<bool> scope(t_route_scope, true);
+        apply_autocast(def, inputs);
+        outs = call(kind, std::move(inputs), attrs);
+      }
+      if (g_record_hook && !t_trace && !t_route_scope) {
+        Scoped<const std::vector<Tensor>*> routed(t_routed_outputs, &outs);
+        g_record_hook(kind, given, outs, attrs);
+      }
+      return outs;
+    }
+    apply_autocast(def, inputs);
+  }
 
   // bf16 is a storage type: compute in f32 through differentiable casts, then cast back the
   // outputs that inference gives as bf16 (statistics, such as attention's log-sum-exp, stay f32).

@@ -32,6 +32,9 @@ bool in_bf16_route();
 // their f32 copies) and, where the op saves outputs, its f32 outputs before the rounding
 // (routed_f32_outputs(), valid during that hook call); its backward runs in f32 on the widened
 // tensors, as the casts' would. Hooks that want kernel calls only skip recording_routed_call().
+// Mixed precision's casts of bf16 operands to f32 (Autocast::Float, and Promote where bf16 meets
+// f32) are recorded the same way: the op once, as itself, with its bf16 operands (the casts are
+// exact, so the widened operands are the f32 copies bit for bit).
 bool in_route_scope();
 bool recording_routed_call();
 const std::vector<Tensor>& routed_f32_outputs();

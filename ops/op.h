@@ -96,7 +96,10 @@ struct OpDef {
   // route, and is no dtype mix. (Outputs keep the dtype inference gives them: a statistics output
   // of bf16 operands is inferred f32 and the route does not round it.)
   uint32_t f32_stat_inputs = 0;
-  bool saves_inputs = true;    // backward reads the inputs
+  bool saves_inputs = true;  // backward reads the inputs
+  // Its backward reads only the inputs' shapes, dtypes and devices (a sum's, a reshape's, a
+  // cast's): autograd keeps shape-only tensors for it, not the inputs' data.
+  bool input_metas_only = false;
   bool saves_outputs = false;  // backward reads the outputs
   // A matrix product (input 1, when a parameter, is its weight: tensor parallelism stores it
   // Sharded); its backward computes one forward-sized product per input that needs a gradient.

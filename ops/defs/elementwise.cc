@@ -205,6 +205,8 @@ void register_elementwise_ops(OpTable& t) {
     return s;
   };
   def_of(t, OpKind::Sub).shard = def_of(t, OpKind::Add).shard;
+  def_of(t, OpKind::Add).input_metas_only = true;  // their backward reads the inputs' shapes
+  def_of(t, OpKind::Sub).input_metas_only = true;
   def_of(t, OpKind::Mul).shard = [](const Metas& in, const Metas& out, const Attrs&) {
     return elementwise_signatures(in, out, {0, 1});
   };
@@ -417,6 +419,7 @@ void register_elementwise_ops(OpTable& t) {
     out.copy_from(c.inputs[0]);  // on any device
     return std::vector<Tensor>{out};
   };
+  cs.input_metas_only = true;
   cs.backward = [](const BackwardContext& c) {
     return std::vector<Tensor>{
         call1(OpKind::Cast, {c.grad_outputs[0]}, CastAttrs{c.inputs[0].dtype()})};

@@ -267,6 +267,7 @@ void register_reduce_ops(OpTable& t) {
     if (k == OpKind::Mean) d.local = mean_local;
     d.cpu = k == OpKind::Sum ? [](const KernelContext& c) { return run_sum(c, false); }
                              : [](const KernelContext& c) { return run_sum(c, true); };
+    d.input_metas_only = true;
     d.backward = [](const BackwardContext& c) {
       const Shape& s = c.inputs[0].shape();
       auto dims = reduce_dims(s, attr<ReduceAttrs>(c.attrs).dims, "reduction");

@@ -172,6 +172,7 @@ void register_shape_ops(OpTable& t) {
     Tensor xc = x.contiguous();
     return std::vector<Tensor>{xc.as_strided(s, contiguous_strides(s), xc.offset())};
   };
+  rs.input_metas_only = true;
   rs.backward = [](const BackwardContext& c) {
     return std::vector<Tensor>{
         call1(OpKind::Reshape, {c.grad_outputs[0]}, ShapeAttrs{c.inputs[0].shape()})};
@@ -245,6 +246,7 @@ void register_shape_ops(OpTable& t) {
     return std::vector<Tensor>{
         x.as_strided(c.out_meta[0].shape, x.strides(), x.offset() + s.start * x.strides()[s.dim])};
   };
+  sl.input_metas_only = true;
   sl.backward = [](const BackwardContext& c) {
     SliceAttrs s = attr<SliceAttrs>(c.attrs);
     check_slice(c.inputs[0].shape(), s);
@@ -267,6 +269,7 @@ void register_shape_ops(OpTable& t) {
     copy_into_slice(out, c.inputs[0], a.dim, a.start);
     return std::vector<Tensor>{out};
   };
+  sb.input_metas_only = true;
   sb.backward = [](const BackwardContext& c) {
     const ScatterAttrs& a = attr<ScatterAttrs>(c.attrs);
     return std::vector<Tensor>{
@@ -306,6 +309,7 @@ void register_shape_ops(OpTable& t) {
     const Shape& s = c.out_meta[0].shape;
     return std::vector<Tensor>{x.as_strided(s, cpu::broadcast_strides(x, s), x.offset())};
   };
+  ex.input_metas_only = true;
   ex.backward = [](const BackwardContext& c) {
     return std::vector<Tensor>{sum_to(c.grad_outputs[0], c.inputs[0].shape())};
   };
@@ -368,6 +372,7 @@ void register_shape_ops(OpTable& t) {
     }
     return std::vector<Tensor>{out};
   };
+  cc.input_metas_only = true;
   cc.backward = [](const BackwardContext& c) {
     int64_t dim = wrap_dim(attr<DimAttrs>(c.attrs).dim, c.inputs[0].dim(), "concat dim");
     std::vector<Tensor> grads;
@@ -425,6 +430,7 @@ void register_shape_ops(OpTable& t) {
     }
     return outs;
   };
+  sp.input_metas_only = true;
   sp.backward = [](const BackwardContext& c) {
     const Tensor& x = c.inputs[0];
     int64_t dim = wrap_dim(attr<SplitAttrs>(c.attrs).dim, x.dim(), "split dim");

@@ -424,6 +424,50 @@ TEST(Engine, CustomFunctionsUseTheirBackward) {
 // A tensor marked rematerializable is not kept by the ops that save it: once the forward pass
 // drops it, its memory is free; each saving op's backward makes it again (once per such op) and
 // gets the gradients the kept tensor gives, bit for bit.
+// Ops whose backward reads only their inputs' shapes and dtypes (OpDef::input_metas_only: sums,
+// views, concatenation, casts, addition) keep shape-only tensors, so an activation that only such
+// ops read is freed after the forward pass; the gradients are those of the rule.
+TEST(Engine, OpsReadingOnlyTheirInputsShapesKeepNoInputData) {
+  Tensor x = Tensor::from_vector(std::vector<double>{1, 2, 3, 4, 5, 6}, {2, 3}, f64(true));
+  Tensor a = mul(x, x);  // an activation: 2x is its gradient's factor
+  std::vector<Tensor> outs = {
+      sum(a),
+      reshape(a, {3, 2}),
+      add(a, a),
+      sub(a, mul(a, 2.0)),
+      concat({a, a}, 0),
+      split(a, {1, 2}, 1)[1],
+      cast(a, DType::F32),
+      expand(reshape(sum(a, {0}), {1, 3}), {4, 3}),
+      slice(a, 1, 1, 3),
+  };
+  const char* names[] = {"sum",   "reshape", "add",    "sub",  "concat",
+                         "split", "cast",    "expand", "slice"};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    const auto& node = outs[i].grad_fn();
+    ASSERT_TRUE(node) << names[i];
+    ASSERT_FALSE(node->saved_inputs.empty()) << names[i];
+    for (const Tensor& t : node->saved_inputs) {
+      ASSERT_TRUE(t.defined()) << names[i];
+      EXPECT_FALSE(t.has_storage()) << names[i] << " keeps its input's data";
+    }
+  }
+  // d/dx of sum(out_i) = 2x * (how often out_i reads each element of a).
+  const std::vector<std::vector<double>> reads = {
+      {1, 1, 1, 1, 1, 1},       {1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2},
+      {-1, -1, -1, -1, -1, -1}, {2, 2, 2, 2, 2, 2}, {0, 1, 1, 0, 1, 1},
+      {1, 1, 1, 1, 1, 1},       {4, 4, 4, 4, 4, 4}, {0, 1, 1, 0, 1, 1}};
+  for (size_t i = 0; i < outs.size(); ++i) {
+    x.zero_grad();
+    Tensor o = outs[i].dtype() == DType::F64 ? outs[i] : cast(outs[i], DType::F64);
+    sum(o).backward();
+    std::vector<double> want;
+    for (size_t j = 0; j < 6; ++j) want.push_back(2.0 * static_cast<double>(j + 1) * reads[i][j]);
+    SCOPED_TRACE(names[i]);
+    expect_near(x.grad(), want, 1e-5);
+  }
+}
+
 TEST(Engine, RematerializableTensorsAreMadeAgainForEachBackwardThatSavedThem) {
   const std::vector<double> wv = {0.5, -1.25, 2.0, 0.75, -0.5, 1.5};
   const std::vector<double> xv = {1.0, 2.0, -1.0, 0.25, 3.0, -2.0};

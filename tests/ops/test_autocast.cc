@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "autograd/grad_mode.h"
+#include "autograd/node.h"
 #include "core/allocator.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
@@ -327,6 +328,83 @@ TEST(Autocast, TheBf16CopyOfAParameterIsCastAgainForBackwardInsteadOfKept) {
   expect_bitwise(yb, ya, "output");
   yb.backward(g);
   expect_bitwise(wb.grad(), wa.grad(), "weight gradient");
+}
+
+// The stacked q, k, v weight is read through views (split, reshape): the bf16 copy of such a view
+// of a parameter is cast again for backward as well, from the view made again of the parameter.
+TEST(Autocast, TheBf16CopyOfAViewOfAParameterIsCastAgainForBackward) {
+  const Tensor x = uni({8, 64}, 24, DType::F32), g = bf(uni({8, 32}, 25, DType::F32));
+  auto param = [] {
+    Tensor w = uni({3, 32, 64}, 26, DType::F32);
+    w.set_requires_grad(true);
+    return w;
+  };
+  Tensor wa = param(), wb = param();
+  Tensor ya = linear(bf(x), cast(reshape(split(wa, {1, 1, 1}, 0)[1], {32, 64}), DType::BF16));
+  ya.backward(g);
+  const size_t before = hap::cpu_allocator_stats().allocated_bytes;
+  Tensor yb;
+  {
+    AutocastGuard on(DType::BF16);
+    yb = linear(x, reshape(split(wb, {1, 1, 1}, 0)[1], {32, 64}));
+  }
+  // Held: x's bf16 copy (saved) and the output; not the bf16 copy of the weight's slice.
+  const size_t held = hap::cpu_allocator_stats().allocated_bytes - before;
+  EXPECT_EQ(held, x.numel() * 2 + yb.nbytes());
+  expect_bitwise(yb, ya, "output");
+  yb.backward(g);
+  expect_bitwise(wb.grad(), wa.grad(), "weight gradient");
+}
+
+// An op given f32 copies of bf16 operands (a norm, the loss: Autocast::Float; or an addition of
+// f32 and bf16: Promote) keeps the bf16 operands for backward, not the f32 copies (the logits of
+// a language model in bf16 are half the bytes), and widens them there: the casts are exact, so
+// the loss and the gradients equal, bit for bit, those of the explicit casts.
+TEST(Autocast, AnOpTakingF32CopiesOfBf16OperandsKeepsTheBf16OnesForBackward) {
+  const Tensor logits0 = bf(mul(uni({64, 1000}, 31, DType::F32), 4.0));
+  std::vector<int64_t> t;
+  for (int64_t i = 0; i < 64; ++i) t.push_back((i * 37) % 1000);
+  const Tensor targets = Tensor::from_vector(t, {64});
+  auto leaf = [](const Tensor& v) {
+    Tensor x = v.clone();
+    x.set_requires_grad(true);
+    return x;
+  };
+  Tensor la = leaf(logits0);
+  Tensor loss_a = cross_entropy(cast(la, DType::F32), targets);
+  loss_a.backward();
+  const size_t before = hap::cpu_allocator_stats().allocated_bytes;
+  Tensor lb = leaf(logits0), loss_b;
+  {
+    AutocastGuard on(DType::BF16);
+    loss_b = cross_entropy(lb, targets);
+  }
+  const size_t held = hap::cpu_allocator_stats().allocated_bytes - before;
+  // The bf16 logits and what the loss keeps of its own; not the logits' f32 copy.
+  EXPECT_LT(held, logits0.numel() * 4);
+  ASSERT_TRUE(loss_b.grad_fn());
+  EXPECT_EQ(loss_b.grad_fn()->saved_inputs[0].dtype(), DType::BF16);
+  expect_bitwise(loss_b, loss_a, "loss");
+  loss_b.backward();
+  expect_bitwise(lb.grad(), la.grad(), "logits gradient");
+
+  // f32 + bf16: the sum in f32; the addition keeps no operand (its backward reads shapes).
+  const Tensor r0 = uni({16, 128}, 32, DType::F32), b0 = bf(uni({16, 128}, 33, DType::F32));
+  const Tensor g = uni({16, 128}, 34, DType::F32);
+  Tensor ra = leaf(r0), ba = leaf(b0), rb = leaf(r0), bb = leaf(b0);
+  Tensor sa = add(ra, cast(ba, DType::F32));
+  sa.backward(g);
+  const size_t before_add = hap::cpu_allocator_stats().allocated_bytes;
+  Tensor sb;
+  {
+    AutocastGuard on(DType::BF16);
+    sb = add(rb, bb);
+  }
+  EXPECT_EQ(hap::cpu_allocator_stats().allocated_bytes - before_add, sb.nbytes());
+  expect_bitwise(sb, sa, "sum");
+  sb.backward(g);
+  expect_bitwise(rb.grad(), ra.grad(), "f32 operand's gradient");
+  expect_bitwise(bb.grad(), ba.grad(), "bf16 operand's gradient");
 }
 
 TEST(Autocast, OutsideTheGuardNothingChanges) {
