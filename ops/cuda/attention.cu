@@ -1,12 +1,17 @@
 // CUDA kernels of scaled dot-product attention and its backward, the own-kernel path: the scores
-// of every (batch, head) are materialised ([B H, T, T]) by cuBLAS batched GEMMs, a kernel takes
+// of each (batch, head) pair are materialised ([T, T]) by cuBLAS batched GEMMs, a kernel takes
 // each row's masked softmax (causal mask, key padding mask, Philox dropout drawn at the logical
 // index of the CPU's mask, so a GPU drops exactly the CPU's elements), and GEMMs apply it. The
 // backward recomputes P from the saved row log-sum-exp, as the CPU kernel (ops/defs/attention.cc)
 // does, with the same formulas: dV = Pd^T dO, dS = P (dPd m - rowsum(dO O) + dlse),
-// dQ = scale dS K, dK = scale dS^T Q. Memory: two [B H, T, T] buffers in the backward.
+// dQ = scale dS K, dK = scale dS^T Q. Memory: the (batch, head) pairs run in chunks whose score
+// buffers ([n, T, T], one in the forward, two in the backward) stay within a scratch budget:
+// 256 MiB per buffer, or HAP_ATTENTION_SCRATCH_BYTES (at least one pair per chunk). GPT-2 at
+// T = 1024 and batch 8 would otherwise hold 2 x 384 MiB in the backward.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 
 #include "core/philox.h"
 #include "ops/cuda/common.cuh"
@@ -81,13 +86,15 @@ __device__ __forceinline__ bool key_kept(const RowInfo& r, int64_t b, int64_t j)
 // Row (b, h, i) of the scaled scores s becomes the dropped probabilities Pd; lse gets the row's
 // log-sum-exp (-inf, and a zero row, when the key mask leaves no key to attend to). As the CPU:
 // the maximum skips NaN scores, and a NaN score makes its row NaN rather than being dropped.
+// A chunk's rows: s holds rows row0 .. row0 + rows - 1 of [B H T] (lse is indexed whole).
 template <typename T>
-__global__ void softmax_rows_kernel(T* s, T* lse, RowInfo r, int64_t rows) {
+__global__ void softmax_rows_kernel(T* s, T* lse, RowInfo r, int64_t rows, int64_t row0) {
   __shared__ T scratch[kThreads];
   __shared__ int kept_scratch[kThreads];
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  for (int64_t local = blockIdx.x; local < rows; local += gridDim.x) {
+    const int64_t row = row0 + local;
     const int64_t i = row % r.t, bh = row / r.t, h = bh % r.heads, b = bh / r.heads;
-    T* x = s + row * r.t;
+    T* x = s + local * r.t;
     const int64_t n = r.causal ? i + 1 : r.t;
     T mx = neg_inf(T{});
     int kept = 0;
@@ -122,15 +129,18 @@ __global__ void softmax_rows_kernel(T* s, T* lse, RowInfo r, int64_t rows) {
 }
 
 // Row (b, h, i) of the backward: p holds the scaled scores, dp = dO V^T. p becomes Pd, dp
-// becomes dS, as ops/defs/attention.cc computes them.
+// becomes dS, as ops/defs/attention.cc computes them. A chunk's rows: p and dp hold rows row0 ..
+// row0 + rows - 1 (lse, glse, go and o are indexed whole).
 template <typename T>
 __global__ void backward_rows_kernel(T* p, T* dp, const T* lse, const T* glse, const T* go,
-                                     const T* o, int64_t dv, RowInfo r, int64_t rows) {
+                                     const T* o, int64_t dv, RowInfo r, int64_t rows,
+                                     int64_t row0) {
   __shared__ T scratch[kThreads];
-  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
+  for (int64_t local = blockIdx.x; local < rows; local += gridDim.x) {
+    const int64_t row = row0 + local;
     const int64_t i = row % r.t, bh = row / r.t, h = bh % r.heads, b = bh / r.heads;
-    T* pr = p + row * r.t;
-    T* dpr = dp + row * r.t;
+    T* pr = p + local * r.t;
+    T* dpr = dp + local * r.t;
     T dot = 0;
     for (int64_t j = threadIdx.x; j < dv; j += blockDim.x)
       dot += go[row * dv + j] * o[row * dv + j];
@@ -167,6 +177,27 @@ Tensor scratch_like(const Tensor& like, int64_t bh, int64_t t) {
                        TensorOptions{}.with_dtype(like.dtype()).with_device(like.device()));
 }
 
+// (batch, head) pairs per chunk: as many [T, T] score matrices as the scratch budget holds.
+int64_t pairs_per_chunk(int64_t bh, int64_t t, const Tensor& like) {
+  double budget = 256.0 * (1 << 20);
+  if (const char* e = std::getenv("HAP_ATTENTION_SCRATCH_BYTES")) {
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    HAP_CHECK(end != e && *end == '\0' && v > 0, "HAP_ATTENTION_SCRATCH_BYTES: expected a ",
+              "positive number of bytes, got '", e, "'");
+    budget = v;
+  }
+  const double one = static_cast<double>(t) * static_cast<double>(t) *
+                     static_cast<double>(dtype_size(like.dtype()));
+  const double fit = std::floor(budget / one);
+  return fit >= static_cast<double>(bh) ? bh : std::max<int64_t>(1, static_cast<int64_t>(fit));
+}
+
+// Pairs c0 .. c0 + n - 1 of a dense [B H, rows, cols] tensor.
+Tensor pairs(const Tensor& x, int64_t c0, int64_t n, int64_t rows, int64_t cols) {
+  return x.as_strided({n, rows, cols}, {rows * cols, cols, 1}, x.offset() + c0 * rows * cols);
+}
+
 std::vector<Tensor> attention(const KernelContext& c) {
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
   Tensor out = c.alloc(0), lse = c.alloc(1);
@@ -176,13 +207,21 @@ std::vector<Tensor> attention(const KernelContext& c) {
   const Tensor q = dense(c.inputs[0]), k = dense(c.inputs[1]), v = dense(c.inputs[2]);
   const Tensor keys = c.inputs.size() > 3 && c.inputs[3].defined() ? dense(c.inputs[3]) : Tensor();
   const RowInfo r = row_info(a, qs, keys);
-  Tensor s = scratch_like(out, bh, t);
-  gemm(s, q, false, k, true, bh, t, t, d, "attention", scale_of(a, d));
-  on_float(out, "attention", [&](auto tag) {
-    using T = decltype(tag);
-    softmax_rows_kernel<<<row_blocks(bh * t), kThreads>>>(ptr<T>(s), ptr<T>(lse), r, bh * t);
-  });
-  gemm(out, s, false, v, false, bh, t, dv, t, "attention");
+  const int64_t chunk = pairs_per_chunk(bh, t, out);
+  Tensor scratch = scratch_like(out, chunk, t);
+  for (int64_t c0 = 0; c0 < bh; c0 += chunk) {
+    const int64_t n = std::min(chunk, bh - c0);
+    const Tensor s = pairs(scratch, 0, n, t, t);
+    gemm(s, pairs(q, c0, n, t, d), false, pairs(k, c0, n, t, d), true, n, t, t, d, "attention",
+         scale_of(a, d));
+    on_float(out, "attention", [&](auto tag) {
+      using T = decltype(tag);
+      softmax_rows_kernel<<<row_blocks(n * t), kThreads>>>(ptr<T>(s), ptr<T>(lse), r, n * t,
+                                                           c0 * t);
+    });
+    gemm(pairs(out, c0, n, t, dv), s, false, pairs(v, c0, n, t, dv), false, n, t, dv, t,
+         "attention");
+  }
   return {out, lse};
 }
 
@@ -202,18 +241,26 @@ std::vector<Tensor> attention_backward(const KernelContext& c) {
   const Tensor keys = c.inputs.size() > 7 && c.inputs[7].defined() ? dense(c.inputs[7]) : Tensor();
   const RowInfo r = row_info(a, qs, keys);
   const double scale = scale_of(a, d);
-  Tensor p = scratch_like(q, bh, t), dp = scratch_like(q, bh, t);
-  gemm(p, q, false, k, true, bh, t, t, d, "attention_backward", scale);
-  gemm(dp, go, false, v, true, bh, t, t, dv, "attention_backward");
-  on_float(q, "attention_backward", [&](auto tag) {
-    using T = decltype(tag);
-    backward_rows_kernel<<<row_blocks(bh * t), kThreads>>>(ptr<T>(p), ptr<T>(dp), ptr<T>(lse),
-                                                           glse.defined() ? ptr<T>(glse) : nullptr,
-                                                           ptr<T>(go), ptr<T>(o), dv, r, bh * t);
-  });
-  gemm(outs[2], p, true, go, false, bh, t, dv, t, "attention_backward");
-  gemm(outs[0], dp, false, k, false, bh, t, d, t, "attention_backward", scale);
-  gemm(outs[1], dp, true, q, false, bh, t, d, t, "attention_backward", scale);
+  const int64_t chunk = pairs_per_chunk(bh, t, q);
+  Tensor p_scratch = scratch_like(q, chunk, t), dp_scratch = scratch_like(q, chunk, t);
+  for (int64_t c0 = 0; c0 < bh; c0 += chunk) {
+    const int64_t n = std::min(chunk, bh - c0);
+    const Tensor p = pairs(p_scratch, 0, n, t, t), dp = pairs(dp_scratch, 0, n, t, t);
+    const Tensor qc = pairs(q, c0, n, t, d), kc = pairs(k, c0, n, t, d);
+    const Tensor vc = pairs(v, c0, n, t, dv), goc = pairs(go, c0, n, t, dv);
+    gemm(p, qc, false, kc, true, n, t, t, d, "attention_backward", scale);
+    gemm(dp, goc, false, vc, true, n, t, t, dv, "attention_backward");
+    on_float(q, "attention_backward", [&](auto tag) {
+      using T = decltype(tag);
+      backward_rows_kernel<<<row_blocks(n * t), kThreads>>>(
+          ptr<T>(p), ptr<T>(dp), ptr<T>(lse), glse.defined() ? ptr<T>(glse) : nullptr, ptr<T>(go),
+          ptr<T>(o), dv, r, n * t, c0 * t);
+    });
+    gemm(pairs(outs[2], c0, n, t, dv), p, true, goc, false, n, t, dv, t, "attention_backward");
+    gemm(pairs(outs[0], c0, n, t, d), dp, false, kc, false, n, t, d, t, "attention_backward",
+         scale);
+    gemm(pairs(outs[1], c0, n, t, d), dp, true, qc, false, n, t, d, t, "attention_backward", scale);
+  }
   return outs;
 }
 

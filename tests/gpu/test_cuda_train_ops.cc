@@ -5,9 +5,11 @@
 // squares. Each test skips without a visible GPU.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/rng.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
@@ -145,6 +147,49 @@ TEST(CudaTrainOps, AttentionAndItsBackwardMatchTheCpu) {
       }
     }
   }
+}
+
+// The (batch, head) pairs run in chunks whose score buffers fit the scratch budget
+// (HAP_ATTENTION_SCRATCH_BYTES): with room for 4 of the 6 pairs (chunks of 4 and 2) and for
+// less than one (chunks of 1), the results match the CPU as in one chunk. A budget that is not a
+// positive number of bytes is an error naming the variable.
+TEST(CudaTrainOps, AttentionInChunksOfPairsMatchesTheCpu) {
+  HAP_REQUIRE_GPU();
+  const int64_t b = 2, h = 3, t = 29, dh = 8, dv = 5;
+  const Tensor q = randn({b, h, t, dh}, 20), k = randn({b, h, t, dh}, 21);
+  const Tensor v = randn({b, h, t, dv}, 22), go = randn({b, h, t, dv}, 23);
+  const Tensor glse = randn({b, h, t}, 24);
+  ops::AttentionAttrs a;
+  a.dropout = ops::RandomAttrs{0.1, 5, 2, {}};
+  const std::vector<Tensor> want = ops::call(OpKind::Attention, {q, k, v, Tensor()}, a);
+  const std::vector<Tensor> gw =
+      ops::call(OpKind::AttentionBackward, {q, k, v, want[0], want[1], go, glse, Tensor()}, a);
+  const char* var = "HAP_ATTENTION_SCRATCH_BYTES";
+  for (const double pairs : {4.5, 0.5}) {
+    SCOPED_TRACE("room for " + std::to_string(pairs) + " pairs");
+    ::setenv(var, std::to_string(static_cast<int64_t>(pairs * t * t * 4)).c_str(), 1);
+    const std::vector<Tensor> got =
+        ops::call(OpKind::Attention, {q.to(kGpu), k.to(kGpu), v.to(kGpu), Tensor()}, a);
+    const std::vector<Tensor> gg =
+        ops::call(OpKind::AttentionBackward,
+                  {q.to(kGpu), k.to(kGpu), v.to(kGpu), want[0].to(kGpu), want[1].to(kGpu),
+                   go.to(kGpu), glse.to(kGpu), Tensor()},
+                  a);
+    ::unsetenv(var);
+    expect_close(got[0], want[0], 2e-4, 2e-5, "out");
+    expect_close(got[1], want[1], 2e-4, 2e-5, "lse");
+    expect_close(gg[0], gw[0], 2e-4, 2e-5, "dq");
+    expect_close(gg[1], gw[1], 2e-4, 2e-5, "dk");
+    expect_close(gg[2], gw[2], 2e-4, 2e-5, "dv");
+  }
+  ::setenv(var, "lots", 1);
+  try {
+    ops::call(OpKind::Attention, {q.to(kGpu), k.to(kGpu), v.to(kGpu), Tensor()}, a);
+    ADD_FAILURE() << "a scratch budget of 'lots' was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(var), std::string::npos) << e.what();
+  }
+  ::unsetenv(var);
 }
 
 // Values of head size 0 (allowed): the log-sum-exp as the CPU's, empty outputs, and the gradients
