@@ -85,14 +85,15 @@ void record(ops::OpKind kind, const std::vector<Tensor>& inputs, std::vector<Ten
   }
   // A view of a leaf or of such a view (every output shares the first input's storage, no other
   // input needs a gradient): remember how to make it again from the leaf.
-  auto source = view_source_of(inputs[0]);
-  if (!source) return;
+  if (!inputs[0].defined() || !inputs[0].has_storage()) return;
   for (size_t i = 1; i < inputs.size(); ++i)
     if (inputs[i].defined() && inputs[i].requires_grad()) return;
   for (const Tensor& out : outputs)
     if (!out.has_storage() || out.impl()->storage != inputs[0].impl()->storage ||
         !out.impl()->autograd)
       return;
+  auto source = view_source_of(inputs[0]);  // made only for a view: ops on leaves are many
+  if (!source) return;
   std::vector<Tensor> others(inputs.size());
   for (size_t i = 1; i < inputs.size(); ++i)
     if (inputs[i].defined()) others[i] = inputs[i].detach();

@@ -40,6 +40,19 @@ struct Scoped {
   Scoped& operator=(const Scoped&) = delete;
 };
 
+// Whether mixed precision casts this op's bf16 operands to f32: a Float op's always, a Promote
+// op's where bf16 meets f32 (inputs holding f32 statistics aside).
+bool widens_bf16(const OpDef& def, const std::vector<Tensor>& inputs) {
+  if (def.autocast != Autocast::Float && def.autocast != Autocast::Promote) return false;
+  bool bf = false, f32 = false;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!inputs[i].defined() || (def.f32_stat_inputs & (1u << i))) continue;
+    bf = bf || inputs[i].dtype() == DType::BF16;
+    f32 = f32 || inputs[i].dtype() == DType::F32;
+  }
+  return bf && (def.autocast == Autocast::Float || f32);
+}
+
 // The casts mixed precision makes before an op runs (OpDef::autocast).
 // Inputs holding f32 statistics (OpDef::f32_stat_inputs) are left as they are.
 void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
@@ -58,31 +71,10 @@ void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
       cast_all(DType::F32, DType::BF16);
       return;
     case Autocast::Float:
-      cast_all(DType::BF16, DType::F32);
+    case Autocast::Promote:
+      if (widens_bf16(def, inputs)) cast_all(DType::BF16, DType::F32);
       return;
-    case Autocast::Promote: {
-      bool bf = false, f32 = false;
-      for (size_t i = 0; i < inputs.size(); ++i) {
-        if (!operand(i)) continue;
-        bf = bf || inputs[i].dtype() == DType::BF16;
-        f32 = f32 || inputs[i].dtype() == DType::F32;
-      }
-      if (bf && f32) cast_all(DType::BF16, DType::F32);
-      return;
-    }
   }
-}
-
-// Whether mixed precision casts bf16 operands of this op to f32 (apply_autocast).
-bool widens_bf16(const OpDef& def, const std::vector<Tensor>& inputs) {
-  if (def.autocast != Autocast::Float && def.autocast != Autocast::Promote) return false;
-  bool bf = false, f32 = false;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!inputs[i].defined() || (def.f32_stat_inputs & (1u << i))) continue;
-    bf = bf || inputs[i].dtype() == DType::BF16;
-    f32 = f32 || inputs[i].dtype() == DType::F32;
-  }
-  return bf && (def.autocast == Autocast::Float || f32);
 }
 
 bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
