@@ -77,7 +77,8 @@ void apply_autocast(const OpDef& def, std::vector<Tensor>& inputs) {
   }
 }
 
-bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device device) {
+bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, const Attrs& attrs,
+                       Device device) {
   const OpDef& def = op_def(kind);
   if (def.moves_data) return false;
   const Tensor* bf = nullptr;
@@ -93,7 +94,10 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, Device de
   HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
-  if (bf && (device.is_cpu() ? def.cpu_bf16 : def.cuda_bf16)) return false;
+  if (bf && device.is_cpu() && def.cpu_bf16) return false;
+  if (bf && !device.is_cpu() && def.cuda_bf16 &&
+      (def.cuda_bf16_accepts == nullptr || def.cuda_bf16_accepts(inputs, attrs)))
+    return false;
   return bf != nullptr;
 }
 
@@ -270,7 +274,7 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
 
   // bf16 is a storage type: compute in f32 through differentiable casts, then cast back the
   // outputs that inference gives as bf16 (statistics, such as attention's log-sum-exp, stay f32).
-  if (needs_f32_compute(kind, inputs, device)) {
+  if (needs_f32_compute(kind, inputs, attrs, device)) {
     const Metas want = infer_outputs(def, inputs, attrs);
     const std::vector<Tensor> given = inputs;
     std::vector<Tensor> inner, outs;

@@ -115,6 +115,9 @@ struct OpDef {
   bool cpu_bf16 = false;
   // The same for its CUDA kernel.
   bool cuda_bf16 = false;
+  // Where set, the CUDA kernel takes bf16 operands only for the inputs and attributes it accepts
+  // (attention's flash kernels: head sizes up to 128); other calls go through the f32 route.
+  bool (*cuda_bf16_accepts)(const std::vector<Tensor>& inputs, const Attrs& attrs) = nullptr;
   // Its CPU kernel only makes views or calls the Tensor methods every device backend provides
   // (fill_, clone, copy_from: core/tensor.h, DeviceTensorOps), so it serves tensors of any device.
   bool any_device = false;

@@ -8,19 +8,28 @@
 // buffers ([n, T, T], one in the forward, two in the backward) stay within a scratch budget:
 // 256 MiB per buffer, or HAP_ATTENTION_SCRATCH_BYTES (at least one pair per chunk). GPT-2 at
 // T = 1024 and batch 8 would otherwise hold 2 x 384 MiB in the backward.
+//
+// bf16 q, k and v with head sizes up to 128 take the flash kernels instead
+// (ops/cuda/flash_attention.cuh: tiles on the tensor cores, no [T, T] buffer); other bf16 calls
+// go through the f32 route (ops/dispatch.cc), as does every call with HAP_FLASH_ATTENTION=0.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "core/philox.h"
 #include "ops/cuda/common.cuh"
+#include "ops/cuda/flash_attention.cuh"
 #include "ops/cuda/kernels.h"
 #include "ops/cuda/rows.cuh"
 #include "ops/defs/common.h"
 
 namespace hap::ops::cuda {
 namespace {
+
+std::atomic<int64_t> g_flash_calls{0};
 
 // Where rows are, what they may attend to, and the dropout draw of element (b, h, i, j): its
 // index in the logical probabilities [B, H, T, T] (a shard's slice placed by offset).
@@ -198,7 +207,127 @@ Tensor pairs(const Tensor& x, int64_t c0, int64_t n, int64_t rows, int64_t cols)
   return x.as_strided({n, rows, cols}, {rows * cols, cols, 1}, x.offset() + c0 * rows * cols);
 }
 
+// The flash kernels' operands: pointers, sizes, masks and the dropout draw of row_info.
+flash::Params flash_params(const AttentionAttrs& a, const Shape& qs, int64_t dv,
+                           const Tensor& keys) {
+  const RowInfo r = row_info(a, qs, keys);
+  flash::Params p;
+  p.bh = qs[0] * qs[1];
+  p.t = qs[2];
+  p.heads = qs[1];
+  p.dh = static_cast<int>(qs[3]);
+  p.dhv = static_cast<int>(dv);
+  p.scale = static_cast<float>(scale_of(a, qs[3]));
+  p.causal = r.causal;
+  p.keys = r.keys;
+  p.dropout = r.dropout;
+  p.seed = r.seed;
+  p.stream = r.stream;
+  p.keep = r.keep;
+  p.inv_keep = static_cast<float>(r.inv_keep);
+  for (int i = 0; i < 4; ++i) {
+    p.offset[i] = r.offset[i];
+    p.stride[i] = r.stride[i];
+  }
+  return p;
+}
+
+const flash::bf16* bf16_ptr(const Tensor& t) {
+  HAP_ASSERT(t.dtype() == DType::BF16, "flash attention reads ", t.str(), " as bf16");
+  return static_cast<const flash::bf16*>(t.raw_data());
+}
+flash::bf16* bf16_out(const Tensor& t) { return const_cast<flash::bf16*>(bf16_ptr(t)); }
+
+std::vector<Tensor> flash_attention(const KernelContext& c) {
+  const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
+  Tensor out = c.alloc(0), lse = c.alloc(1);
+  const Shape& qs = c.inputs[0].shape();
+  if (qs[0] * qs[1] == 0 || qs[2] == 0) return {out, lse};
+  const Tensor q = dense(c.inputs[0]), k = dense(c.inputs[1]), v = dense(c.inputs[2]);
+  const Tensor keys = c.inputs.size() > 3 && c.inputs[3].defined() ? dense(c.inputs[3]) : Tensor();
+  flash::Params p = flash_params(a, qs, v.shape()[3], keys);
+  p.q = bf16_ptr(q);
+  p.k = bf16_ptr(k);
+  p.v = bf16_ptr(v);
+  p.o = bf16_out(out);
+  p.lse = ptr<float>(lse);
+  hap::cuda::set_device(out.device().index);
+  flash::forward(p);
+  check_launch("attention (flash kernels)");
+  ++g_flash_calls;
+  return {out, lse};
+}
+
+std::vector<Tensor> flash_attention_backward(const KernelContext& c) {
+  const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
+  std::vector<Tensor> outs{c.alloc(0), c.alloc(1), c.alloc(2)};
+  const Shape& qs = c.inputs[0].shape();
+  if (qs[0] * qs[1] == 0 || qs[2] == 0) return outs;
+  const Tensor q = dense(c.inputs[0]), k = dense(c.inputs[1]), v = dense(c.inputs[2]);
+  const Tensor o = dense(c.inputs[3]), lse = dense(c.inputs[4]);
+  const Tensor go =
+      c.inputs[5].defined()
+          ? dense(c.inputs[5])
+          : Tensor::zeros(o.shape(), TensorOptions{}.with_dtype(o.dtype()).with_device(o.device()));
+  const Tensor glse = c.inputs[6].defined() ? dense(c.inputs[6]) : Tensor();
+  const Tensor keys = c.inputs.size() > 7 && c.inputs[7].defined() ? dense(c.inputs[7]) : Tensor();
+  const Tensor delta = Tensor::empty(
+      {qs[0] * qs[1] * qs[2]}, TensorOptions{}.with_dtype(DType::F32).with_device(q.device()));
+  flash::Params p = flash_params(a, qs, v.shape()[3], keys);
+  p.q = bf16_ptr(q);
+  p.k = bf16_ptr(k);
+  p.v = bf16_ptr(v);
+  p.lse = const_cast<float*>(ptr<float>(lse));
+  p.go = bf16_ptr(go);
+  p.delta = ptr<float>(delta);
+  p.gq = bf16_out(outs[0]);
+  p.gk = bf16_out(outs[1]);
+  p.gv = bf16_out(outs[2]);
+  hap::cuda::set_device(q.device().index);
+  flash::backward(p, bf16_ptr(o), glse.defined() ? ptr<float>(glse) : nullptr, ptr<float>(delta));
+  check_launch("attention_backward (flash kernels)");
+  ++g_flash_calls;
+  return outs;
+}
+
+// Whether the flash kernels take these bf16 inputs (else the f32 route runs the kernels below):
+// q, k, v (and the backward's o and dO) bf16, head sizes up to 128, at most 65535 tiles of
+// queries, and the device's shared memory per block enough for the tiles.
+bool flash_accepts(const std::vector<Tensor>& in, const Attrs&) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("HAP_FLASH_ATTENTION");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  if (!enabled || in.size() < 3) return false;
+  for (size_t i = 0; i < 3; ++i)
+    if (!in[i].defined() || in[i].dtype() != DType::BF16) return false;
+  if (in.size() == 8)  // the backward: o and dO (when given) bf16 too
+    for (size_t i : {size_t{3}, size_t{5}})
+      if (in[i].defined() && in[i].dtype() != DType::BF16) return false;
+  const Shape& qs = in[0].shape();
+  const Shape& vs = in[2].shape();
+  if (qs.size() != 4 || vs.size() != 4) return false;
+  const int tile = flash::tile_head(static_cast<int>(std::min<int64_t>(qs[3], 1 << 20)),
+                                    static_cast<int>(std::min<int64_t>(vs[3], 1 << 20)));
+  if (tile == 0 || qs[2] > flash::kMaxTiles * flash::kTile) return false;
+  static std::atomic<int> optin[64] = {};  // per device, 0 until asked
+  const int dev = in[0].device().index;
+  HAP_CHECK(dev >= 0 && dev < 64, "attention on cuda: device index ", dev, " out of range");
+  if (optin[dev].load() == 0) {
+    int bytes = 0;
+    HAP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    optin[dev].store(bytes > 0 ? bytes : -1);
+  }
+  return flash::shared_bytes(tile) <= static_cast<size_t>(std::max(optin[dev].load(), 0));
+}
+
 std::vector<Tensor> attention(const KernelContext& c) {
+  if (c.inputs[0].dtype() == DType::BF16) {
+    HAP_CHECK(flash_accepts(c.inputs, c.attrs), "attention on cuda: bf16 operands q ",
+              c.inputs[0].str(), ", v ", c.inputs[2].str(), " that the flash kernels do not take ",
+              "(head sizes up to ", flash::kMaxHead, ") must go through the f32 route");
+    return flash_attention(c);
+  }
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
   Tensor out = c.alloc(0), lse = c.alloc(1);
   const Shape& qs = c.inputs[0].shape();
@@ -226,6 +355,12 @@ std::vector<Tensor> attention(const KernelContext& c) {
 }
 
 std::vector<Tensor> attention_backward(const KernelContext& c) {
+  if (c.inputs[0].dtype() == DType::BF16) {
+    HAP_CHECK(flash_accepts(c.inputs, c.attrs), "attention_backward on cuda: bf16 operands q ",
+              c.inputs[0].str(), ", v ", c.inputs[2].str(), " that the flash kernels do not ",
+              "take (head sizes up to ", flash::kMaxHead, ") must go through the f32 route");
+    return flash_attention_backward(c);
+  }
   const AttentionAttrs& a = attr<AttentionAttrs>(c.attrs);
   std::vector<Tensor> outs{c.alloc(0), c.alloc(1), c.alloc(2)};
   const Shape& qs = c.inputs[0].shape();
@@ -266,9 +401,15 @@ std::vector<Tensor> attention_backward(const KernelContext& c) {
 
 }  // namespace
 
+int64_t flash_attention_calls() { return g_flash_calls.load(); }
+
 void register_attention(OpTable& t) {
-  t[static_cast<size_t>(OpKind::Attention)].cuda = attention;
-  t[static_cast<size_t>(OpKind::AttentionBackward)].cuda = attention_backward;
+  for (OpKind k : {OpKind::Attention, OpKind::AttentionBackward}) {
+    OpDef& d = t[static_cast<size_t>(k)];
+    d.cuda = k == OpKind::Attention ? attention : attention_backward;
+    d.cuda_bf16 = true;  // through the flash kernels, where flash_accepts
+    d.cuda_bf16_accepts = flash_accepts;
+  }
 }
 
 }  // namespace hap::ops::cuda

@@ -2,9 +2,15 @@
 // (ops/op.h). The registry calls register_all() once when the CUDA backend is built; an op whose
 // slot stays empty is an error on a CUDA tensor that names the op and the device.
 #pragma once
+#include <cstdint>
+
 #include "ops/op.h"
 
 namespace hap::ops::cuda {
+
+// How many attention calls (forward or backward) the flash kernels have run in this process
+// (ops/cuda/attention.cu): tests check that bf16 attention took them.
+int64_t flash_attention_calls();
 
 void register_elementwise(OpTable& t);  // ops/cuda/elementwise.cu
 void register_reduce(OpTable& t);       // ops/cuda/reduce.cu: sum, mean

@@ -1,0 +1,210 @@
+// The CUDA flash attention kernels (ops/cuda/flash_attention.cuh), their source run on the CPU
+// through tests/cuda_emulation.h (threads, barriers and WMMA tiles emulated), against the CPU's
+// attention op in f32 on the same bf16 operands. This checks the kernels' tiling, masks, online
+// softmax, dropout indices and backward on machines without a GPU; the gpu suite runs the same
+// source on a GPU (CudaFlashAttention in tests/gpu/test_cuda_bf16_route.cc).
+#define HAP_CUDA_EMULATION
+#include "tests/cuda_emulation.h"
+// (the emulation first)
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/cuda/flash_attention.cuh"
+#include "ops/dispatch.h"
+
+namespace hap {
+namespace {
+
+namespace flash = ops::cuda::flash;
+
+const flash::bf16* bf(const Tensor& t) {
+  EXPECT_EQ(t.dtype(), DType::BF16);
+  return static_cast<const flash::bf16*>(t.raw_data());
+}
+flash::bf16* bf_out(Tensor& t) { return static_cast<flash::bf16*>(t.raw_data()); }
+
+Tensor bf16_randn(const Shape& s, uint64_t seed) { return randn(s, seed).to(DType::BF16); }
+
+struct Case {
+  std::string name;
+  int64_t b, h, t;
+  int d, dv;
+  bool causal = true;
+  bool key_mask = false;
+  double dropout = 0;
+};
+
+// The largest |x| of a tensor (as f64).
+double largest(const Tensor& x) {
+  double m = 0;
+  for (double v : x.to(DType::F64).to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// |got - want| <= rel |want| + abs_frac max|want| elementwise; returns the largest error as a
+// fraction of max|want|.
+double expect_close(const Tensor& got, const Tensor& want, double rel, double abs_frac,
+                    const std::string& what) {
+  const std::vector<double> g = got.to(DType::F64).to_vector(), w = want.to(DType::F64).to_vector();
+  EXPECT_EQ(g.size(), w.size()) << what;
+  const double scale = std::max(largest(want), 1e-30);
+  double worst = 0;
+  int reported = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isinf(w[i]) || std::isnan(w[i])) {
+      if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) && reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i];
+      continue;
+    }
+    const double err = std::abs(g[i] - w[i]);
+    worst = std::max(worst, err / scale);
+    if (!(err <= rel * std::abs(w[i]) + abs_frac * scale) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i] << " (error " << err
+                    << ", max |want| " << scale << ")";
+  }
+  return worst;
+}
+
+// Tolerances. The kernels' products of bf16 operands are exact in f32 and summed in f32 (in
+// another order than the CPU's: f32 rounding, ~1e-6 relative); what differs from the CPU's f32
+// route is that P and dS are rounded to bf16 (2^-9 relative each) before their products, and the
+// outputs are rounded to bf16 (2^-9 relative). An output o = sum_j p_j v_j thus moves by at most
+// 2^-9 |o| + 2^-9 sum_j p_j |v_j| <= 2^-9 (|o| + max |v|); the gradients likewise by 2^-9 of
+// their value plus 2^-9 of sums of magnitudes that cancel in the result, bounded here by a
+// fraction of the tensor's largest element: 2^-7 (four bf16 roundings' worth).
+constexpr double kRel = 1.0 / 256, kAbs = 1.0 / 128;
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name);
+  const Shape qs = {c.b, c.h, c.t, c.d}, vs = {c.b, c.h, c.t, c.dv};
+  const Tensor q = bf16_randn(qs, 1), k = bf16_randn(qs, 2), v = bf16_randn(vs, 3);
+  const Tensor go = bf16_randn(vs, 4);
+  const Tensor glse = randn({c.b, c.h, c.t}, 5);
+  Tensor keys;
+  if (c.key_mask) {
+    std::vector<int64_t> keep(static_cast<size_t>(c.b * c.t));
+    for (int64_t b = 0; b < c.b; ++b)
+      for (int64_t j = 0; j < c.t; ++j)  // batch 0: every third key padding; batch 1: the first 5
+        keep[static_cast<size_t>(b * c.t + j)] = b % 2 == 0 ? (j % 3 != 1) : (j >= 5);
+    keys = Tensor::from_vector(keep, {c.b, c.t}).to(DType::U8);
+  }
+  ops::AttentionAttrs a;
+  a.causal = c.causal;
+  if (c.dropout > 0) {
+    a.dropout.p = c.dropout;
+    a.dropout.seed = 77;
+    a.dropout.stream = 3;
+    // This call's probabilities as a slice of a larger logical tensor (a shard's), so the
+    // kernels' indices into the Philox stream are checked with offsets.
+    a.dropout.slice.logical_shape = {c.b + 1, c.h + 2, c.t, c.t};
+    a.dropout.slice.offset = {1, 2, 0, 0};
+  }
+  auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
+  const std::vector<Tensor> want =
+      ops::call(ops::OpKind::Attention, {f32(q), f32(k), f32(v), keys}, a);
+
+  flash::Params p;
+  p.bh = c.b * c.h;
+  p.t = c.t;
+  p.heads = c.h;
+  p.dh = c.d;
+  p.dhv = c.dv;
+  p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
+  p.causal = c.causal;
+  p.keys = keys.defined() ? keys.data<uint8_t>() : nullptr;
+  if (c.dropout > 0) {
+    p.dropout = true;
+    p.seed = a.dropout.seed;
+    p.stream = a.dropout.stream;
+    p.keep = 1.0 - c.dropout;
+    p.inv_keep = static_cast<float>(1.0 / p.keep);
+    const Shape& l = a.dropout.slice.logical_shape;
+    for (int i = 0; i < 4; ++i) p.offset[i] = a.dropout.slice.offset[static_cast<size_t>(i)];
+    p.stride[3] = 1;
+    for (int i = 2; i >= 0; --i) p.stride[i] = p.stride[i + 1] * l[static_cast<size_t>(i + 1)];
+  }
+  ASSERT_NE(flash::tile_head(c.d, c.dv), 0);
+  Tensor o = Tensor::empty(vs, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor lse = Tensor::empty({c.b, c.h, c.t}, TensorOptions{}.with_dtype(DType::F32));
+  p.q = bf(q);
+  p.k = bf(k);
+  p.v = bf(v);
+  p.o = bf_out(o);
+  p.lse = static_cast<float*>(lse.raw_data());
+  flash::forward(p);
+  const double out_err = expect_close(o, want[0], kRel, kAbs, "output");
+  const double lse_err = expect_close(lse, want[1], 1e-5, 1e-6, "log-sum-exp");
+
+  // The backward from the same o and lse on both sides (the kernels' own output, widened for the
+  // CPU), so that it is checked alone.
+  const std::vector<Tensor> gwant =
+      ops::call(ops::OpKind::AttentionBackward,
+                {f32(q), f32(k), f32(v), f32(o), lse, f32(go), glse, keys}, a);
+  Tensor gq = Tensor::empty(qs, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor gk = Tensor::empty(qs, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor gv = Tensor::empty(vs, TensorOptions{}.with_dtype(DType::BF16));
+  Tensor delta = Tensor::empty({c.b * c.h * c.t}, TensorOptions{}.with_dtype(DType::F32));
+  p.go = bf(go);
+  p.delta = static_cast<const float*>(delta.raw_data());
+  p.gq = bf_out(gq);
+  p.gk = bf_out(gk);
+  p.gv = bf_out(gv);
+  flash::backward(p, bf(o), static_cast<const float*>(glse.raw_data()),
+                  static_cast<float*>(delta.raw_data()));
+  const double dq_err = expect_close(gq, gwant[0], kRel, kAbs, "dq");
+  const double dk_err = expect_close(gk, gwant[1], kRel, kAbs, "dk");
+  const double dv_err = expect_close(gv, gwant[2], kRel, kAbs, "dv");
+  std::printf(
+      "%s: largest errors over max |want|: output %.2e, lse %.2e, dq %.2e, dk %.2e, dv %.2e\n",
+      c.name.c_str(), out_err, lse_err, dq_err, dk_err, dv_err);
+  // Not vacuous: the outputs and gradients are not all zero.
+  EXPECT_GT(largest(o.to(DType::F32)), 0.1);
+  EXPECT_GT(largest(gq.to(DType::F32)), 1e-3);
+  EXPECT_GT(largest(gk.to(DType::F32)), 1e-3);
+  EXPECT_GT(largest(gv.to(DType::F32)), 1e-3);
+}
+
+TEST(FlashAttentionEmulated, CausalOneTileMatchesTheCpu) {
+  run_case({"causal, T=37, d=16", 2, 3, 37, 16, 16});
+}
+
+TEST(FlashAttentionEmulated, SeveralTilesWithAPartialOneMatchTheCpu) {
+  run_case({"causal, T=150, d=64", 1, 2, 150, 64, 64});
+  run_case({"not causal, T=150, d=64", 1, 2, 150, 64, 64, false});
+}
+
+TEST(FlashAttentionEmulated, HeadSizesThatAreNotTileWidthsArePadded) {
+  run_case({"causal, T=70, d=8", 1, 2, 70, 8, 8});
+  run_case({"not causal, T=70, d=40, dv=24", 1, 2, 70, 40, 24, false});
+}
+
+// A key padding mask, with rows that have no key to attend to (batch 1's first five, causal):
+// zeros and a log-sum-exp of -inf, as on the CPU.
+TEST(FlashAttentionEmulated, KeyMaskAndRowsWithNoKeyMatchTheCpu) {
+  run_case({"causal, key mask", 2, 2, 80, 16, 16, true, true});
+  run_case({"not causal, key mask", 2, 1, 80, 16, 16, false, true});
+}
+
+// Dropout draws the CPU's mask at the element's logical index (a slice of a larger tensor here).
+TEST(FlashAttentionEmulated, DropoutDrawsTheCpusMask) {
+  run_case({"causal, dropout 0.2", 1, 2, 70, 16, 16, true, false, 0.2});
+  run_case({"not causal, key mask, dropout 0.3", 2, 1, 40, 32, 32, false, true, 0.3});
+}
+
+TEST(FlashAttentionEmulated, HeadSizesBeyondTheTilesAreNotTaken) {
+  EXPECT_EQ(flash::tile_head(129, 64), 0);
+  EXPECT_EQ(flash::tile_head(64, 0), 0);
+  EXPECT_EQ(flash::tile_head(64, 64), 64);
+  EXPECT_EQ(flash::tile_head(72, 16), 96);
+  EXPECT_EQ(flash::tile_head(1, 1), 16);
+  EXPECT_EQ(flash::tile_head(128, 100), 128);
+}
+
+}  // namespace
+}  // namespace hap
