@@ -29,6 +29,68 @@ T* ptr(const Tensor& t) {
   return static_cast<T*>(t.raw_data());
 }
 
+// bf16 tensors' elements as kernels see them (ptr<Bf16>).
+template <>
+inline Bf16* ptr<Bf16>(const Tensor& t) {
+  HAP_ASSERT(t.dtype() == DType::BF16, "cuda kernel reads ", t.str(), " as bf16");
+  return static_cast<Bf16*>(t.raw_data());
+}
+
+// Kernels over bf16 storage compute in f32: widen on load, narrow (round to nearest even) on
+// store, so that an op equals the f32 route's cast, f32 op and cast bit for bit.
+template <typename T>
+struct ComputeOf {
+  using type = T;
+};
+template <>
+struct ComputeOf<Bf16> {
+  using type = float;
+};
+template <typename T>
+__device__ __forceinline__ typename ComputeOf<T>::type widen(T x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ float widen<Bf16>(Bf16 x) {
+  return hap::cuda::bf16_to_f32(x);
+}
+template <typename T>
+__device__ __forceinline__ T narrow(typename ComputeOf<T>::type x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ Bf16 narrow<Bf16>(float x) {
+  return hap::cuda::f32_to_bf16(x);
+}
+
+// The same narrowing on the host (a scalar attribute handed to a kernel).
+template <typename T>
+inline T host_narrow(typename ComputeOf<T>::type x) {
+  return x;
+}
+template <>
+inline Bf16 host_narrow<Bf16>(float x) {
+  return Bf16{hap::bf16(x).bits};
+}
+
+// Runs f on the float dtype of `out`: f32, f64, or bf16 (computed in f32 between widen and
+// narrow), for the ops whose registry entry says cuda_bf16.
+template <typename Fn>
+void on_float_or_bf16(const Tensor& out, const char* op, Fn fn) {
+  hap::cuda::set_device(out.device().index);
+  if (out.dtype() == DType::F32) {
+    fn(float{});
+  } else if (out.dtype() == DType::F64) {
+    fn(double{});
+  } else if (out.dtype() == DType::BF16) {
+    fn(Bf16{});
+  } else {
+    HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(out.dtype()),
+              " has no CUDA kernel (f32, f64 and bf16 have)");
+  }
+  check_launch(op);
+}
+
 // Runs f on the float dtype of `out` (f32 or f64); other dtypes have no CUDA kernel yet.
 template <typename Fn>
 void on_float(const Tensor& out, const char* op, Fn fn) {

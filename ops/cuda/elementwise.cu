@@ -1,7 +1,9 @@
 // CUDA kernels of the elementwise ops: unary, binary with broadcasting, scalar, relu_backward, for
-// f32 and f64 (contiguous and cast serve every device through core/tensor.h's copies). Inputs may
-// be any strided view: each thread maps its output index to every input's offset (broadcast dims
-// have stride 0), so no operand is copied first. Outputs are contiguous, as on the CPU.
+// f32, f64 and bf16 (computed in f32 and rounded once: the f32 route's result in one kernel
+// instead of three; contiguous and cast serve every device through core/tensor.h's copies).
+// Inputs may be any strided view: each thread maps its output index to every input's offset
+// (broadcast dims have stride 0), so no operand is copied first. Outputs are contiguous, as on the
+// CPU.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -14,15 +16,18 @@
 namespace hap::ops::cuda {
 namespace {
 
+// T is the storage type; bf16 computes in f32 (widen, narrow), as the f32 route would.
 template <typename T, typename F>
 __global__ void unary_kernel(T* out, const T* x, Indexer ix, int64_t n, F f) {
-  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(x[offset_of(ix, i)]); }
+  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = narrow<T>(f(widen(x[offset_of(ix, i)]))); }
 }
 
 template <typename T, typename F>
 __global__ void binary_kernel(T* out, const T* a, Indexer ia, const T* b, Indexer ib, int64_t n,
                               F f) {
-  HAP_GRID_STRIDE_LOOP(i, n) { out[i] = f(a[offset_of(ia, i)], b[offset_of(ib, i)]); }
+  HAP_GRID_STRIDE_LOOP(i, n) {
+    out[i] = narrow<T>(f(widen(a[offset_of(ia, i)]), widen(b[offset_of(ib, i)])));
+  }
 }
 
 // masked_fill: the value where the (broadcast) u8 mask is set, else x.
@@ -138,7 +143,7 @@ std::vector<Tensor> unary(const KernelContext& c, F f) {
   const int64_t n = out.numel();
   if (n == 0) return {out};
   const Indexer ix = indexer(c.inputs[0], out.shape(), op_name(c.kind));
-  on_float(out, op_name(c.kind), [&](auto tag) {
+  on_float_or_bf16(out, op_name(c.kind), [&](auto tag) {
     using T = decltype(tag);
     unary_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix, n, f);
   });
@@ -152,7 +157,7 @@ std::vector<Tensor> binary(const KernelContext& c, F f) {
   if (n == 0) return {out};
   const Indexer ia = indexer(c.inputs[0], out.shape(), op_name(c.kind)),
                 ib = indexer(c.inputs[1], out.shape(), op_name(c.kind));
-  on_float(out, op_name(c.kind), [&](auto tag) {
+  on_float_or_bf16(out, op_name(c.kind), [&](auto tag) {
     using T = decltype(tag);
     binary_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ia,
                                                ptr<T>(c.inputs[1]), ib, n, f);
@@ -181,11 +186,12 @@ std::vector<Tensor> masked_fill(const KernelContext& c) {
   const Indexer ix = indexer(c.inputs[0], out.shape(), "masked_fill"),
                 im = indexer(c.inputs[1], out.shape(), "masked_fill");
   const double value = attr<ScalarAttrs>(c.attrs).value;
-  on_float(out, "masked_fill", [&](auto tag) {
+  on_float_or_bf16(out, "masked_fill", [&](auto tag) {
     using T = decltype(tag);
+    using C = typename ComputeOf<T>::type;
     masked_fill_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix,
                                                     ptr<uint8_t>(c.inputs[1]), im, n,
-                                                    static_cast<T>(value));
+                                                    host_narrow<T>(static_cast<C>(value)));
   });
   return {out};
 }
@@ -193,7 +199,11 @@ std::vector<Tensor> masked_fill(const KernelContext& c) {
 }  // namespace
 
 void register_elementwise(OpTable& t) {
-  auto set = [&](OpKind k, KernelFn fn) { t[static_cast<size_t>(k)].cuda = fn; };
+  // Every one takes bf16 itself (f32 compute, one rounding: the route's result, one kernel).
+  auto set = [&](OpKind k, KernelFn fn) {
+    t[static_cast<size_t>(k)].cuda = fn;
+    t[static_cast<size_t>(k)].cuda_bf16 = true;
+  };
   set(OpKind::Add, binary_op<Add>);
   set(OpKind::Sub, binary_op<Sub>);
   set(OpKind::Mul, binary_op<Mul>);

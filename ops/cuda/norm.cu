@@ -287,11 +287,12 @@ __device__ T gelu_erf_grad(T x) {
   return cdf + x * pdf;
 }
 
+// T is the storage type; bf16 computes in f32 (widen, narrow), as the f32 route would.
 template <typename T, bool kTanh>
 __global__ void gelu_kernel(T* out, const T* x, Indexer ix, int64_t n) {
   HAP_GRID_STRIDE_LOOP(i, n) {
-    const T v = x[offset_of(ix, i)];
-    out[i] = kTanh ? gelu_tanh(v) : gelu_erf(v);
+    const auto v = widen(x[offset_of(ix, i)]);
+    out[i] = narrow<T>(kTanh ? gelu_tanh(v) : gelu_erf(v));
   }
 }
 
@@ -300,8 +301,8 @@ template <typename T, bool kTanh>
 __global__ void gelu_backward_kernel(T* out, const T* g, Indexer ig, const T* x, Indexer ix,
                                      int64_t n) {
   HAP_GRID_STRIDE_LOOP(i, n) {
-    const T v = x[offset_of(ix, i)];
-    out[i] = g[offset_of(ig, i)] * (kTanh ? gelu_tanh_grad(v) : gelu_erf_grad(v));
+    const auto v = widen(x[offset_of(ix, i)]);
+    out[i] = narrow<T>(widen(g[offset_of(ig, i)]) * (kTanh ? gelu_tanh_grad(v) : gelu_erf_grad(v)));
   }
 }
 
@@ -311,7 +312,7 @@ std::vector<Tensor> gelu(const KernelContext& c) {
   if (n == 0) return {out};
   const bool tanh_approx = attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh;
   const Indexer ix = indexer(c.inputs[0], out.shape(), "gelu");
-  on_float(out, "gelu", [&](auto tag) {
+  on_float_or_bf16(out, "gelu", [&](auto tag) {
     using T = decltype(tag);
     if (tanh_approx)
       gelu_kernel<T, true><<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix, n);
@@ -329,7 +330,7 @@ std::vector<Tensor> gelu_backward(const KernelContext& c) {
   const bool tanh_approx = attr<GeluAttrs>(c.attrs).approx == GeluApprox::Tanh;
   const Indexer ig = indexer(c.inputs[0], out.shape(), "gelu_backward"),
                 ix = indexer(c.inputs[1], out.shape(), "gelu_backward");
-  on_float(out, "gelu_backward", [&](auto tag) {
+  on_float_or_bf16(out, "gelu_backward", [&](auto tag) {
     using T = decltype(tag);
     const T* g = ptr<T>(c.inputs[0]);
     const T* x = ptr<T>(c.inputs[1]);
@@ -350,6 +351,9 @@ void register_norm(OpTable& t) {
   t[static_cast<size_t>(OpKind::RmsNormBackward)].cuda = norm_backward<true>;
   t[static_cast<size_t>(OpKind::Gelu)].cuda = gelu;
   t[static_cast<size_t>(OpKind::GeluBackward)].cuda = gelu_backward;
+  // gelu takes bf16 itself (f32 compute, one rounding: the route's result in one kernel).
+  t[static_cast<size_t>(OpKind::Gelu)].cuda_bf16 = true;
+  t[static_cast<size_t>(OpKind::GeluBackward)].cuda_bf16 = true;
 }
 
 }  // namespace hap::ops::cuda
