@@ -292,7 +292,8 @@ std::vector<Tensor> flash_attention_backward(const KernelContext& c) {
 
 // Whether the flash kernels take these bf16 inputs (else the f32 route runs the kernels below):
 // q, k, v (and the backward's o and dO) bf16, head sizes up to 128, at most 65535 tiles of
-// queries, and the device's shared memory per block enough for the tiles.
+// queries, a GPU of compute capability 8.0 or later, and its shared memory per block enough for
+// the tiles.
 bool flash_accepts(const std::vector<Tensor>& in, const Attrs&) {
   static const bool enabled = [] {
     const char* e = std::getenv("HAP_FLASH_ATTENTION");
@@ -313,10 +314,11 @@ bool flash_accepts(const std::vector<Tensor>& in, const Attrs&) {
   static std::atomic<int> optin[64] = {};  // per device, 0 until asked
   const int dev = in[0].device().index;
   HAP_CHECK(dev >= 0 && dev < 64, "attention on cuda: device index ", dev, " out of range");
-  if (optin[dev].load() == 0) {
-    int bytes = 0;
+  if (optin[dev].load() == 0) {  // bf16 WMMA needs compute capability 8.0 or later
+    int bytes = 0, major = 0;
     HAP_CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    optin[dev].store(bytes > 0 ? bytes : -1);
+    HAP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    optin[dev].store(bytes > 0 && major >= 8 ? bytes : -1);
   }
   return flash::shared_bytes(tile) <= static_cast<size_t>(std::max(optin[dev].load(), 0));
 }

@@ -207,6 +207,9 @@ __device__ __forceinline__ void accumulate_rows_times_tile(FragC* acc, const bf1
 
 template <int DP>
 __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA needs sm_80; flash_accepts keeps older GPUs on the f32 route
+#else
   HAP_DYNAMIC_SHARED(smem);
   using L = ForwardLayout<DP>;
   bf16* sq = region<bf16>(smem, L::q);
@@ -292,6 +295,7 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     const int64_t i = q0 + r;
     if (i < p.t) p.lse[pair * p.t + i] = sm[r] == -INFINITY ? -INFINITY : sm[r] + logf(sl[r]);
   }
+#endif
 }
 
 // delta = rowsum(dO o O) - dlse, one thread per row.
@@ -340,6 +344,9 @@ __device__ __forceinline__ void write_rows(bf16* x, int64_t r0, int64_t t, int w
 
 template <int DP>
 __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA needs sm_80; flash_accepts keeps older GPUs on the f32 route
+#else
   HAP_DYNAMIC_SHARED(smem);
   using L = KeysLayout<DP>;
   bf16* sk = region<bf16>(smem, L::k);
@@ -390,10 +397,14 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
   __syncthreads();
   write_rows<DP>(p.gk + pair * p.t * p.dh, k0, p.t, p.dh, dk, ss, p.scale);
   write_rows<DP>(p.gv + pair * p.t * p.dhv, k0, p.t, p.dhv, dv, ss, 1.0f);
+#endif
 }
 
 template <int DP>
 __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();  // bf16 WMMA needs sm_80; flash_accepts keeps older GPUs on the f32 route
+#else
   HAP_DYNAMIC_SHARED(smem);
   using L = QueriesLayout<DP>;
   bf16* sq = region<bf16>(smem, L::q);
@@ -437,6 +448,7 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
   }
   __syncthreads();
   write_rows<DP>(p.gq + pair * p.t * p.dh, q0, p.t, p.dh, dq, ss, p.scale);
+#endif
 }
 
 template <int DP>
