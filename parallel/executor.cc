@@ -129,6 +129,22 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
     }
     release_after_[last].push_back(made);
   }
+  // Every other forward value leaves the value map after its last forward reader (or after its
+  // writer where nothing in forward reads it): autograd holds what backward needs, and the map
+  // would otherwise keep every activation of the step alive through the backward pass (in bf16,
+  // the f32 copies that mixed precision makes as well). The loss and the state updates' values
+  // are read at the end of forward and stay.
+  {
+    std::set<int> read_at_end = {graph.loss};
+    for (const synth::StateUpdate& u : graph.state_updates) read_at_end.insert(u.value);
+    std::map<Key, size_t> last;
+    for (size_t i = 0; i < program.instructions.size(); ++i) {
+      for (const Key& k : writes(program.instructions[i])) last.try_emplace(k, i);
+      for (const Key& k : reads(program.instructions[i])) last[k] = i;
+    }
+    for (const auto& [k, i] : last)
+      if (!read_at_end.count(k.first)) release_after_[i].push_back(k);
+  }
   // Nodes whose parameters' gradients come from broadcast factors.
   for (size_t i = 0; i < program.instructions.size(); ++i) {
     const Instruction& in = program.instructions[i];
@@ -364,6 +380,12 @@ void Executor::set_states(const std::vector<std::pair<std::string, Tensor>>& sta
     states_.emplace_back(t.name, v);
     state_value_[t.id] = v;
   }
+}
+
+size_t Executor::values_held() const {
+  size_t n = 0;
+  for (const std::map<int, Tensor>& v : values_) n += v.size();
+  return n;
 }
 
 Tensor Executor::full_value(int t) const {
@@ -701,7 +723,7 @@ Tensor Executor::forward(const TensorSource& inputs, const ForwardOptions& optio
   values_.assign(graph_.tensors.size(), {});
   value_segment_.assign(graph_.tensors.size(), {});
   gather_parameters();
-  // Copies gathered again in backward are dropped after their last forward reader.
+  // Values are dropped after their last forward reader (release_after_).
   auto release = [&](size_t first, size_t end) {
     for (size_t j = first; j < end; ++j)
       for (const auto& [t, key] : release_after_[j]) values_[t].erase(key);

@@ -126,6 +126,9 @@ class Executor {
   // Runs of recomputed segments' instructions (DistributedProgram::recompute), each run under
   // autograd::checkpoint.
   size_t recomputed_runs() const { return regions_.size(); }
+  // Values of the last forward still in the executor's value map (for checks: the loss and the
+  // state updates' values; every other value leaves after its last forward reader).
+  size_t values_held() const;
   const Communicator& comm() const { return comm_; }
   const synth::ShardLayout& layout() const { return layout_; }
 
@@ -220,8 +223,9 @@ class Executor {
   Values values_;
   Segments value_segment_;
   std::vector<Region> regions_;  // in program order
-  // Per instruction: the values forward() drops after it (copies gathered again in backward,
-  // Instruction::regather, after their last reader).
+  // Per instruction: the values forward() drops after it (each value after its last forward
+  // reader, the loss and the state updates' values aside; copies gathered again in backward,
+  // Instruction::regather, likewise).
   std::vector<std::vector<Key>> release_after_;
   // Nodes whose parameters' gradients come from broadcast factors (InstrKind::FactorBroadcast):
   // node -> the method of the gathers.

@@ -364,6 +364,7 @@ struct StepResult {
   double held = 0, loss = 0;
   std::map<std::string, Tensor> grads;
   size_t recomputed_runs = 0;  // Executor::recomputed_runs
+  size_t values_held = 0;      // Executor::values_held after the forward
   BackwardStats backward;      // Executor::last_backward
   uint64_t all_gathers = 0;    // all-gather calls of the forward and backward
 };
@@ -382,6 +383,7 @@ StepResult run_step(const synth::Graph& g, const synth::DistributedProgram& plan
   const size_t before = cpu_allocator_stats().allocated_bytes;
   Tensor local = forward_on(ex, data, device, fo);
   r.held = static_cast<double>(cpu_allocator_stats().allocated_bytes) - static_cast<double>(before);
+  r.values_held = ex.values_held();
   r.loss = ex.global_loss(local);
   ex.backward(local);
   r.backward = ex.last_backward();
@@ -463,6 +465,30 @@ struct TinyDpCpGpt {
     return synth::synthesize(g, cluster_for(world().size()), opt);
   }
 };
+
+// forward() drops each value from the executor's value map after its last forward reader
+// (autograd holds what backward needs): only the loss stays, under every strategy's program and
+// with recomputed segments, and the step is the one that kept them, bit for bit. (A bf16 GPT on
+// two CPU ranks held 333 / 501 MiB at its peak with every value kept to the end of the step,
+// 234 / 332 MiB since; f32 299 / 436 -> 269 / 383 MiB.)
+TEST(Executor, ForwardKeepsNoValueButTheLoss) {
+  const TinyDpCpGpt m;
+  for (auto strategy : {synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap}) {
+    SCOPED_TRACE(synth::strategy_name(strategy));
+    synth::SynthesisOptions opt;
+    opt.strategy = strategy;
+    opt.select_devices = false;
+    synth::DistributedProgram plan = synth::synthesize(m.graph, cluster_for(world().size()), opt);
+    const StepResult kept = run_step(m.graph, plan, m.named, m.data, 2);
+    EXPECT_EQ(kept.values_held, 1u);
+    plan.recompute.assign(plan.ratios.size(), false);
+    for (size_t s = 0; s < plan.recompute.size(); s += 2) plan.recompute[s] = true;
+    const StepResult recomputed = run_step(m.graph, plan, m.named, m.data, 2);
+    EXPECT_EQ(recomputed.values_held, 1u);
+    EXPECT_GT(recomputed.recomputed_runs, 0u);
+    expect_same_step(kept, recomputed, "recomputing every other segment");
+  }
+}
 
 // The tiny GPT's dp-cp program (batch 7 x 6, dropout 0.1, per-block segments), edited by `edit`:
 // 3 AdamW steps match one device.
