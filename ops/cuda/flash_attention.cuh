@@ -97,7 +97,8 @@ struct ForwardLayout {
   static constexpr size_t q = 0, k = q + kTile * DP * 2, v = k + kTile * DP * 2,
                           s = v + kTile * DP * 2, p = s + kTile * kTile * 4,
                           o = p + kTile * kTile * 2, m = o + kTile * DP * 4, l = m + kTile * 4,
-                          alpha = l + kTile * 4, bytes = alpha + kTile * 4;
+                          alpha = l + kTile * 4, part = alpha + kTile * 4,
+                          bytes = part + kTile * 2 * 4;
 };
 template <int DP>
 struct KeysLayout {  // dK and dV
@@ -221,10 +222,10 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
   float* sm = region<float>(smem, L::m);
   float* sl = region<float>(smem, L::l);
   float* salpha = region<float>(smem, L::alpha);
+  float* spart = region<float>(smem, L::part);  // per row, the two halves' maximum, then sum
   const int64_t pair = blockIdx.x, q0 = static_cast<int64_t>(blockIdx.y) * kTile;
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bf16 zero = __float2bfloat16_rn(0.0f);
 
   load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh);
   for (int e = threadIdx.x; e < kTile * DP; e += kBlock) so[e] = 0.0f;
@@ -240,35 +241,42 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     __syncthreads();
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);
     __syncwarp();
-    if (lane < 16) {  // the online softmax, one lane per row
-      const int r = warp * 16 + lane;
+    {  // The online softmax, two lanes per row: lane l takes row l mod 16, half l / 16 of it.
+      constexpr int kHalf = kTile / 2;
+      const int r = warp * 16 + (lane & 15), half = lane >> 4;
       const int64_t i = q0 + r;
       float* srow = ss + r * kTile;
       bf16* prow = sp + r * kTile;
-      const float m_old = sm[r];
-      float mx = m_old;
-      // Column (n + lane) mod 64 at step n: the 16 lanes read 16 different banks.
-      for (int n = 0; n < kTile; ++n) {
-        const int j = (n + lane) % kTile;
+      // Column half * 32 + (n + lane) mod 32 at step n: the 32 lanes read 32 different banks.
+      float part = -INFINITY;
+      for (int n = 0; n < kHalf; ++n) {
+        const int j = half * kHalf + (n + lane) % kHalf;
         const float x = allowed(p, b, i, k0 + j) ? srow[j] * p.scale : -INFINITY;
         srow[j] = x;
-        mx = fmaxf(mx, x);  // skips NaN
+        part = fmaxf(part, x);  // skips NaN
       }
-      float alpha = 1.0f, sum = 0.0f;
-      if (mx != -INFINITY) {
-        alpha = expf(m_old - mx);  // 0 while no key was seen
-        for (int n = 0; n < kTile; ++n) {
-          const int j = (n + lane) % kTile;
-          const float e = srow[j] == -INFINITY ? 0.0f : expf(srow[j] - mx);
-          sum += e;
-          prow[j] = __float2bfloat16_rn(p.dropout ? e * drop_factor(p, b, h, i, k0 + j) : e);
-        }
-      } else {
-        for (int j = 0; j < kTile; ++j) prow[j] = zero;
+      spart[r * 2 + half] = part;
+      __syncwarp();
+      const float m_old = sm[r];
+      const float mx = fmaxf(m_old, fmaxf(spart[r * 2], spart[r * 2 + 1]));
+      float sum = 0.0f;
+      for (int n = 0; n < kHalf; ++n) {
+        const int j = half * kHalf + (n + lane) % kHalf;
+        float e = 0.0f;
+        if (mx != -INFINITY && srow[j] != -INFINITY) e = expf(srow[j] - mx);
+        sum += e;
+        prow[j] =
+            __float2bfloat16_rn(p.dropout && e != 0.0f ? e * drop_factor(p, b, h, i, k0 + j) : e);
       }
-      sm[r] = mx;
-      sl[r] = sl[r] * alpha + sum;
-      salpha[r] = alpha;
+      __syncwarp();  // both halves have read the maxima and m_old
+      spart[r * 2 + half] = sum;
+      __syncwarp();
+      if (half == 0) {
+        const float alpha = mx != -INFINITY ? expf(m_old - mx) : 1.0f;  // 0 while no key was seen
+        sm[r] = mx;
+        sl[r] = sl[r] * alpha + (spart[r * 2] + spart[r * 2 + 1]);
+        salpha[r] = alpha;
+      }
     }
     __syncwarp();
     for (int e = lane; e < 16 * DP; e += 32) {
