@@ -97,6 +97,10 @@ inline void __syncwarp(unsigned = 0xffffffffu) {
 
 #define HAP_DYNAMIC_SHARED(name) unsigned char* name = ::hap::cuda_emulation::t_state->shared.data()
 
+struct alignas(16) uint4 {
+  unsigned x, y, z, w;
+};
+
 struct __nv_bfloat16 {
   uint16_t x;
 };

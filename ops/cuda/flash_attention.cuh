@@ -79,7 +79,10 @@ struct Params {
   float inv_keep = 1;                // the factor of a kept element
   int64_t offset[4] = {0, 0, 0, 0};  // of this call's [B, H, T, T] in the logical probabilities
   int64_t stride[4] = {0, 0, 0, 1};  // the logical probabilities' strides
+  bool vectors = false;  // q, k, v, go start 16-byte aligned (set by forward() and backward())
 };
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 inline int padded_head(int d) { return (d + 15) / 16 * 16; }
 // The tile width the kernels are built for that holds both head sizes; 0 when none does.
@@ -159,9 +162,21 @@ __device__ __forceinline__ float drop_factor(const Params& p, int64_t b, int64_t
 }
 
 // Rows r0 .. r0 + 63 of one pair's x [t, width] into s [64, DP], zeros past t and width.
+// Where the operands start 16-byte aligned (Params::vectors) and rows have a multiple of 8
+// elements, rows move as 16-byte vectors of 8 elements, else element by element.
 template <int DP>
-__device__ __forceinline__ void load_tile(bf16* s, const bf16* x, int64_t r0, int64_t t,
-                                          int width) {
+__device__ __forceinline__ void load_tile(bf16* s, const bf16* x, int64_t r0, int64_t t, int width,
+                                          bool vectors) {
+  if (vectors && width % 8 == 0) {
+    const uint4 zeros = {0u, 0u, 0u, 0u};
+    for (int e = threadIdx.x; e < kTile * DP / 8; e += kBlock) {
+      const int r = e / (DP / 8), c = (e % (DP / 8)) * 8;
+      reinterpret_cast<uint4*>(s)[e] =
+          r0 + r < t && c < width ? *reinterpret_cast<const uint4*>(x + (r0 + r) * width + c)
+                                  : zeros;
+    }
+    return;
+  }
   const bf16 zero = __float2bfloat16_rn(0.0f);
   for (int e = threadIdx.x; e < kTile * DP; e += kBlock) {
     const int r = e / DP, c = e % DP;
@@ -227,7 +242,7 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh);
+  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
   for (int e = threadIdx.x; e < kTile * DP; e += kBlock) so[e] = 0.0f;
   for (int e = threadIdx.x; e < kTile; e += kBlock) {
     sm[e] = -INFINITY;
@@ -236,8 +251,8 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
   const int64_t end = p.causal && q0 + kTile < p.t ? q0 + kTile : p.t;
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh);
-    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv);
+    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
+    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
     __syncthreads();
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);
     __syncwarp();
@@ -371,8 +386,8 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh);
-  load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv);
+  load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
+  load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
   FragC dk[DP / 16], dv[DP / 16];
   for (int c = 0; c < DP / 16; ++c) {
     wmma::fill_fragment(dk[c], 0.0f);
@@ -381,8 +396,8 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
   // Queries before k0 attend to none of these keys under the causal mask.
   for (int64_t q0 = p.causal ? k0 : 0; q0 < p.t; q0 += kTile) {
     __syncthreads();  // the previous tile's Q and dO are no longer read
-    load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh);
-    load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv);
+    load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
+    load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv, p.vectors);
     for (int e = threadIdx.x; e < kTile; e += kBlock) {
       const bool in = q0 + e < p.t;
       slse[e] = in ? p.lse[pair * p.t + q0 + e] : -INFINITY;
@@ -428,8 +443,8 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh);
-  load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv);
+  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
+  load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv, p.vectors);
   for (int e = threadIdx.x; e < kTile; e += kBlock) {
     const bool in = q0 + e < p.t;
     slse[e] = in ? p.lse[pair * p.t + q0 + e] : -INFINITY;
@@ -440,8 +455,8 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
   const int64_t end = p.causal && q0 + kTile < p.t ? q0 + kTile : p.t;
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh);
-    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv);
+    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
+    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
     __syncthreads();
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);    // S = Q K^T
     rows_times_tile_t<DP>(sdp + warp * 16 * kTile, sgo + warp * 16 * DP, sv);  // dP = dO V^T
@@ -500,7 +515,9 @@ inline void forward(const Params& p) {
 
 // The backward: delta (p.bh * p.t floats, the caller's) from dO, O and dlse (or null), then
 // p.gq, p.gk and p.gv written. p.delta must point to delta.
-inline void backward(const Params& p, const bf16* o, const float* glse, float* delta) {
+inline void backward(const Params& given, const bf16* o, const float* glse, float* delta) {
+  Params p = given;
+  p.vectors = aligned16(p.q) && aligned16(p.k) && aligned16(p.v) && aligned16(p.go);
   const int64_t rows = p.bh * p.t;
   const int64_t blocks = (rows + 255) / 256;
   HAP_FLASH_LAUNCH(delta_kernel, dim3(static_cast<unsigned>(blocks < 65536 ? blocks : 65536)),

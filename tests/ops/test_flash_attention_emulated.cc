@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,7 @@ struct Case {
   bool causal = true;
   bool key_mask = false;
   double dropout = 0;
+  bool misaligned = false;  // q read from a copy one element into a larger buffer
 };
 
 // The largest |x| of a tensor (as f64).
@@ -132,7 +134,14 @@ void run_case(const Case& c) {
   ASSERT_NE(flash::tile_head(c.d, c.dv), 0);
   Tensor o = Tensor::empty(vs, TensorOptions{}.with_dtype(DType::BF16));
   Tensor lse = Tensor::empty({c.b, c.h, c.t}, TensorOptions{}.with_dtype(DType::F32));
-  p.q = bf(q);
+  // A copy of q one element into a larger buffer: a pointer 2 bytes past a 16-byte boundary.
+  Tensor shifted = Tensor::zeros({q.numel() + 1}, TensorOptions{}.with_dtype(DType::BF16));
+  if (c.misaligned)
+    std::memcpy(static_cast<char*>(shifted.raw_data()) + 2, q.raw_data(),
+                static_cast<size_t>(q.numel()) * 2);
+  p.q = c.misaligned
+            ? reinterpret_cast<const flash::bf16*>(static_cast<const char*>(shifted.raw_data()) + 2)
+            : bf(q);
   p.k = bf(k);
   p.v = bf(v);
   p.o = bf_out(o);
@@ -182,6 +191,13 @@ TEST(FlashAttentionEmulated, SeveralTilesWithAPartialOneMatchTheCpu) {
 TEST(FlashAttentionEmulated, HeadSizesThatAreNotTileWidthsArePadded) {
   run_case({"causal, T=70, d=8", 1, 2, 70, 8, 8});
   run_case({"not causal, T=70, d=40, dv=24", 1, 2, 70, 40, 24, false});
+  run_case({"causal, T=70, d=12 (rows loaded element by element)", 1, 2, 70, 12, 12});
+}
+
+// Operands that do not start 16-byte aligned (a view one element into its buffer) are loaded
+// element by element.
+TEST(FlashAttentionEmulated, UnalignedOperandsMatchTheCpu) {
+  run_case({"causal, T=70, d=16, q one element in", 1, 2, 70, 16, 16, true, false, 0, true});
 }
 
 // A key padding mask, with rows that have no key to attend to (batch 1's first five, causal):
