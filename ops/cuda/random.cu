@@ -56,13 +56,16 @@ LogicalMap logical_map(const Shape& shape, const LogicalSlice& slice, const char
 }
 
 // y = (mask * x) * scale with mask = 1 where the uniform draw is below keep, as the CPU computes.
+// T is the storage type; bf16 computes in f32 (widen, narrow), as the f32 route would.
 template <typename T>
 __global__ void dropout_kernel(T* y, const T* x, Indexer ix, int64_t n, LogicalMap map,
-                               uint64_t seed, uint64_t stream, double keep, T scale) {
+                               uint64_t seed, uint64_t stream, double keep,
+                               typename ComputeOf<T>::type scale) {
+  using C = typename ComputeOf<T>::type;
   HAP_GRID_STRIDE_LOOP(i, n) {
     const double u = static_cast<double>(philox_uniform(seed, stream, logical_index(map, i)));
-    const T mask = u < keep ? T(1) : T(0);
-    y[i] = mask * x[offset_of(ix, i)] * scale;
+    const C mask = u < keep ? C(1) : C(0);
+    y[i] = narrow<T>(mask * widen(x[offset_of(ix, i)]) * scale);
   }
 }
 
@@ -74,10 +77,11 @@ std::vector<Tensor> dropout(const KernelContext& c) {
   if (n == 0) return {out};
   const Indexer ix = indexer(c.inputs[0], out.shape(), "dropout");
   const double keep = 1.0 - a.p, scale = 1.0 / (1.0 - a.p);
-  on_float(out, "dropout", [&](auto tag) {
+  on_float_or_bf16(out, "dropout", [&](auto tag) {
     using T = decltype(tag);
+    using C = typename ComputeOf<T>::type;
     dropout_kernel<<<blocks_for(n), kThreads>>>(ptr<T>(out), ptr<T>(c.inputs[0]), ix, n, map,
-                                                a.seed, a.stream, keep, static_cast<T>(scale));
+                                                a.seed, a.stream, keep, static_cast<C>(scale));
   });
   return {out};
 }
@@ -135,6 +139,8 @@ std::vector<Tensor> mask_tokens(const KernelContext& c) {
 
 void register_random(OpTable& t) {
   t[static_cast<size_t>(OpKind::Dropout)].cuda = dropout;
+  // Dropout takes bf16 itself (f32 compute, one rounding: the route's result in one kernel).
+  t[static_cast<size_t>(OpKind::Dropout)].cuda_bf16 = true;
   t[static_cast<size_t>(OpKind::MaskTokens)].cuda = mask_tokens;
 }
 

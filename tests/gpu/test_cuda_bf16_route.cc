@@ -67,9 +67,9 @@ TEST(CudaBf16Route, AttentionOnBf16InputsMatchesTheCpuWithinBf16Rounding) {
   }
 }
 
-// The elementwise ops and gelu take bf16 themselves on the GPU (one kernel: widen, f32 compute,
-// round once), which is the f32 route's cast, f32 op and cast bit for bit: each equals the same op
-// on the f32 copies rounded to bf16, including broadcast and strided operands.
+// The elementwise ops, gelu and dropout take bf16 themselves on the GPU (one kernel: widen, f32
+// compute, round once), which is the f32 route's cast, f32 op and cast bit for bit: each equals the
+// same op on the f32 copies rounded to bf16, including broadcast and strided operands.
 TEST(CudaBf16Native, ElementwiseOpsEqualTheF32RouteBitForBit) {
   HAP_REQUIRE_GPU();
   using ops::OpKind;
@@ -109,6 +109,8 @@ TEST(CudaBf16Native, ElementwiseOpsEqualTheF32RouteBitForBit) {
       {"gelu tanh", OpKind::Gelu, {x}, ops::GeluAttrs{ops::GeluApprox::Tanh}},
       {"gelu erf", OpKind::Gelu, {xt}, ops::GeluAttrs{ops::GeluApprox::None}},
       {"gelu_backward", OpKind::GeluBackward, {y, x}, ops::GeluAttrs{ops::GeluApprox::Tanh}},
+      {"dropout", OpKind::Dropout, {x}, ops::RandomAttrs{0.3, 5, 2, {}}},
+      {"dropout strided", OpKind::Dropout, {xt}, ops::RandomAttrs{0.1, 6, 0, {}}},
   };
   for (const Call& c : calls) {
     SCOPED_TRACE(c.name);
