@@ -95,6 +95,10 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, const Att
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
   if (bf && device.is_cpu() && def.cpu_bf16) return false;
+  // A traced graph is the same whatever device traced it (a plan file made on a CPU serves GPU
+  // ranks): under tracing, ops take bf16 themselves only where the CPU's kernel does, and the
+  // others' casts become nodes, which the executor runs on any device.
+  if (bf && t_trace) return !def.cpu_bf16;
   if (bf && !device.is_cpu() && def.cuda_bf16 &&
       (def.cuda_bf16_accepts == nullptr || def.cuda_bf16_accepts(inputs, attrs)))
     return false;

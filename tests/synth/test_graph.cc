@@ -10,6 +10,7 @@
 #include "models/gpt.h"
 #include "models/layers.h"
 #include "models/module.h"
+#include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "synth/graph.h"
 #include "tests/test_util.h"
@@ -181,6 +182,37 @@ TEST(Tracer, GptBlocksTraceUnderTheirModulePaths) {
   for (const GraphNode& n : g.nodes)
     adds_in_block += n.kind == ops::OpKind::Add && n.module == "blocks.1";
   EXPECT_EQ(adds_in_block, 2);
+}
+
+// A bf16 graph does not depend on the device that traces it (a plan file made on a CPU serves
+// GPU ranks): where the GPU has bf16 kernels the CPU lacks (attention's flash kernels, the
+// elementwise ops), a trace still records the CPU's form, casts as nodes. (Shape-only tensors on
+// a CUDA device need no GPU.)
+TEST(Tracer, ABf16GraphIsTheSameWhicheverDeviceTracesIt) {
+  auto graph_on = [](Device d) {
+    const Tensor x = Tensor::meta({2, 2, 8, 16}, DType::F32, d);
+    const Tensor w = Tensor::meta({16, 16}, DType::F32, d);
+    return trace(
+        [&] {
+          ops::AutocastGuard mixed(DType::BF16);
+          const Tensor h = linear(x, w);  // bf16 out
+          const Tensor a = scaled_dot_product_attention(h, h, h, true);
+          return mean(gelu(a) + x);  // gelu of bf16; bf16 + f32
+        },
+        {{"w", w}}, {{"x", x}});
+  };
+  const Graph cpu = graph_on(Device::cpu());
+  const Graph gpu = graph_on(Device::cuda(0));
+  ASSERT_EQ(gpu.nodes.size(), cpu.nodes.size());
+  int casts = 0;
+  for (size_t i = 0; i < cpu.nodes.size(); ++i) {
+    EXPECT_EQ(gpu.nodes[i].kind, cpu.nodes[i].kind) << "node " << i;
+    casts += cpu.nodes[i].kind == ops::OpKind::Cast;
+  }
+  EXPECT_GE(casts, 4);  // attention's operands and output, gelu's, the widening for the add
+  for (size_t t = 0; t < cpu.tensors.size(); ++t) {
+    EXPECT_EQ(gpu.tensors[t].dtype, cpu.tensors[t].dtype) << "tensor " << t;
+  }
 }
 
 }  // namespace
