@@ -277,8 +277,8 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
       float sum = 0.0f;
       for (int n = 0; n < kHalf; ++n) {
         const int j = half * kHalf + (n + lane) % kHalf;
-        float e = 0.0f;
-        if (mx != -INFINITY && srow[j] != -INFINITY) e = expf(srow[j] - mx);
+        // 0 for a masked key; NaN for a NaN score (also where mx is still -inf: a row of NaN).
+        const float e = srow[j] == -INFINITY ? 0.0f : expf(srow[j] - mx);
         sum += e;
         prow[j] =
             __float2bfloat16_rn(p.dropout && e != 0.0f ? e * drop_factor(p, b, h, i, k0 + j) : e);
@@ -311,12 +311,13 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     const int r = e / p.dhv, c = e % p.dhv;
     const int64_t i = q0 + r;
     if (i >= p.t) continue;
-    const float value = sm[r] == -INFINITY ? 0.0f : so[r * DP + c] / sl[r];
+    // No key to attend to: l is exactly 0 (a row with any key has l >= 1, or NaN).
+    const float value = sl[r] == 0.0f ? 0.0f : so[r * DP + c] / sl[r];
     p.o[(pair * p.t + i) * p.dhv + c] = __float2bfloat16_rn(value);
   }
   for (int r = threadIdx.x; r < kTile; r += kBlock) {
     const int64_t i = q0 + r;
-    if (i < p.t) p.lse[pair * p.t + i] = sm[r] == -INFINITY ? -INFINITY : sm[r] + logf(sl[r]);
+    if (i < p.t) p.lse[pair * p.t + i] = sl[r] == 0.0f ? -INFINITY : sm[r] + logf(sl[r]);
   }
 #endif
 }

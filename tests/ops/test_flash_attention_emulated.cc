@@ -40,6 +40,7 @@ struct Case {
   bool key_mask = false;
   double dropout = 0;
   bool misaligned = false;  // q read from a copy one element into a larger buffer
+  bool nans = false;        // NaN in a query row and in a key row; the forward only
 };
 
 // The largest |x| of a tensor (as f64).
@@ -85,7 +86,16 @@ constexpr double kRel = 1.0 / 256, kAbs = 1.0 / 128;
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name);
   const Shape qs = {c.b, c.h, c.t, c.d}, vs = {c.b, c.h, c.t, c.dv};
-  const Tensor q = bf16_randn(qs, 1), k = bf16_randn(qs, 2), v = bf16_randn(vs, 3);
+  Tensor q = bf16_randn(qs, 1), k = bf16_randn(qs, 2);
+  const Tensor v = bf16_randn(vs, 3);
+  if (c.nans) {  // query row 3 of pair 0 (a row of NaN scores), key 5 of pair 1 (a NaN column)
+    auto* qd = static_cast<uint16_t*>(q.raw_data());
+    auto* kd = static_cast<uint16_t*>(k.raw_data());
+    for (int64_t e = 0; e < c.d; ++e) {
+      qd[3 * c.d + e] = 0x7fc0;
+      kd[(c.t + 5) * c.d + e] = 0x7fc0;
+    }
+  }
   const Tensor go = bf16_randn(vs, 4);
   const Tensor glse = randn({c.b, c.h, c.t}, 5);
   Tensor keys;
@@ -149,6 +159,14 @@ void run_case(const Case& c) {
   flash::forward(p);
   const double out_err = expect_close(o, want[0], kRel, kAbs, "output");
   const double lse_err = expect_close(lse, want[1], 1e-5, 1e-6, "log-sum-exp");
+  if (c.nans) {
+    int nan_rows = 0;  // not vacuous: the CPU's output has NaN rows
+    for (double x : want[1].to(DType::F64).to_vector()) nan_rows += std::isnan(x);
+    EXPECT_GE(nan_rows, 2);
+    std::printf("%s: largest errors over max |want|: output %.2e, lse %.2e\n", c.name.c_str(),
+                out_err, lse_err);
+    return;
+  }
 
   // The backward from the same o and lse on both sides (the kernels' own output, widened for the
   // CPU), so that it is checked alone.
@@ -205,6 +223,17 @@ TEST(FlashAttentionEmulated, UnalignedOperandsMatchTheCpu) {
 TEST(FlashAttentionEmulated, KeyMaskAndRowsWithNoKeyMatchTheCpu) {
   run_case({"causal, key mask", 2, 2, 80, 16, 16, true, true});
   run_case({"not causal, key mask", 2, 1, 80, 16, 16, false, true});
+}
+
+// The maximum skips NaN scores and a NaN score makes its row NaN, as on the CPU: a row of NaN
+// scores, and a key whose scores are NaN in every row that may attend to it.
+TEST(FlashAttentionEmulated, NanScoresMakeTheirRowsNanAsOnTheCpu) {
+  Case c{"causal, NaN in q and k", 1, 2, 70, 16, 16};
+  c.nans = true;
+  run_case(c);
+  c.causal = false;
+  c.name = "not causal, NaN in q and k";
+  run_case(c);
 }
 
 // Dropout draws the CPU's mask at the element's logical index (a slice of a larger tensor here).
