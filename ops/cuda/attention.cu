@@ -207,6 +207,27 @@ Tensor pairs(const Tensor& x, int64_t c0, int64_t n, int64_t rows, int64_t cols)
   return x.as_strided({n, rows, cols}, {rows * cols, cols, 1}, x.offset() + c0 * rows * cols);
 }
 
+// The backward's operands, dense: q, k, v, o, lse, dO (zeros where undefined), dlse and the key
+// mask (undefined where not given).
+struct BackwardInputs {
+  Tensor q, k, v, o, lse, go, glse, keys;
+};
+BackwardInputs backward_inputs(const KernelContext& c) {
+  BackwardInputs in;
+  in.q = dense(c.inputs[0]);
+  in.k = dense(c.inputs[1]);
+  in.v = dense(c.inputs[2]);
+  in.o = dense(c.inputs[3]);
+  in.lse = dense(c.inputs[4]);
+  in.go = c.inputs[5].defined()
+              ? dense(c.inputs[5])
+              : Tensor::zeros(in.o.shape(),
+                              TensorOptions{}.with_dtype(in.o.dtype()).with_device(in.o.device()));
+  in.glse = c.inputs[6].defined() ? dense(c.inputs[6]) : Tensor();
+  in.keys = c.inputs.size() > 7 && c.inputs[7].defined() ? dense(c.inputs[7]) : Tensor();
+  return in;
+}
+
 // The flash kernels' operands: pointers, sizes, masks and the dropout draw of row_info.
 flash::Params flash_params(const AttentionAttrs& a, const Shape& qs, int64_t dv,
                            const Tensor& keys) {
@@ -263,14 +284,9 @@ std::vector<Tensor> flash_attention_backward(const KernelContext& c) {
   std::vector<Tensor> outs{c.alloc(0), c.alloc(1), c.alloc(2)};
   const Shape& qs = c.inputs[0].shape();
   if (qs[0] * qs[1] == 0 || qs[2] == 0) return outs;
-  const Tensor q = dense(c.inputs[0]), k = dense(c.inputs[1]), v = dense(c.inputs[2]);
-  const Tensor o = dense(c.inputs[3]), lse = dense(c.inputs[4]);
-  const Tensor go =
-      c.inputs[5].defined()
-          ? dense(c.inputs[5])
-          : Tensor::zeros(o.shape(), TensorOptions{}.with_dtype(o.dtype()).with_device(o.device()));
-  const Tensor glse = c.inputs[6].defined() ? dense(c.inputs[6]) : Tensor();
-  const Tensor keys = c.inputs.size() > 7 && c.inputs[7].defined() ? dense(c.inputs[7]) : Tensor();
+  const BackwardInputs in = backward_inputs(c);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &o = in.o, &lse = in.lse, &go = in.go,
+               &glse = in.glse, &keys = in.keys;
   const Tensor delta = Tensor::empty(
       {qs[0] * qs[1] * qs[2]}, TensorOptions{}.with_dtype(DType::F32).with_device(q.device()));
   flash::Params p = flash_params(a, qs, v.shape()[3], keys);
@@ -366,14 +382,9 @@ std::vector<Tensor> attention_backward(const KernelContext& c) {
   const Shape& qs = c.inputs[0].shape();
   const int64_t bh = qs[0] * qs[1], t = qs[2], d = qs[3], dv = c.inputs[2].shape()[3];
   if (bh == 0 || t == 0) return outs;
-  const Tensor q = dense(c.inputs[0]), k = dense(c.inputs[1]), v = dense(c.inputs[2]);
-  const Tensor o = dense(c.inputs[3]), lse = dense(c.inputs[4]);
-  const Tensor go =
-      c.inputs[5].defined()
-          ? dense(c.inputs[5])
-          : Tensor::zeros(o.shape(), TensorOptions{}.with_dtype(o.dtype()).with_device(o.device()));
-  const Tensor glse = c.inputs[6].defined() ? dense(c.inputs[6]) : Tensor();
-  const Tensor keys = c.inputs.size() > 7 && c.inputs[7].defined() ? dense(c.inputs[7]) : Tensor();
+  const BackwardInputs in = backward_inputs(c);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &o = in.o, &lse = in.lse, &go = in.go,
+               &glse = in.glse, &keys = in.keys;
   const RowInfo r = row_info(a, qs, keys);
   const double scale = scale_of(a, d);
   const int64_t chunk = pairs_per_chunk(bh, t, q);

@@ -16,6 +16,7 @@
 #include "ops/cuda/kernels.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
+#include "tests/flash_attention_cases.h"
 #include "tests/gpu/gpu_test_util.h"
 
 namespace hap {
@@ -49,38 +50,14 @@ void expect_near_cpu(const Tensor& gpu, const Tensor& cpu, const std::string& wh
   std::printf("  %s: largest error %.2e of max |cpu|\n", what.c_str(), worst);
 }
 
-struct Case {
-  std::string name;
-  int64_t b, h, t, d, dv;
-  bool causal = true;
-  bool key_mask = false;
-  double dropout = 0;
-};
+using flash_test::Case;
 
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name);
   std::printf("%s\n", c.name.c_str());
-  const Shape qs = {c.b, c.h, c.t, c.d}, vs = {c.b, c.h, c.t, c.dv};
-  const Tensor q = randn(qs, 1).to(DType::BF16), k = randn(qs, 2).to(DType::BF16);
-  const Tensor v = randn(vs, 3).to(DType::BF16), go = randn(vs, 4).to(DType::BF16);
-  const Tensor glse = randn({c.b, c.h, c.t}, 5);
-  Tensor keys;
-  if (c.key_mask) {
-    std::vector<int64_t> keep(static_cast<size_t>(c.b * c.t));
-    for (int64_t b = 0; b < c.b; ++b)
-      for (int64_t j = 0; j < c.t; ++j)
-        keep[static_cast<size_t>(b * c.t + j)] = b % 2 == 0 ? (j % 3 != 1) : (j >= 5);
-    keys = Tensor::from_vector(keep, {c.b, c.t}).to(DType::U8);
-  }
-  ops::AttentionAttrs a;
-  a.causal = c.causal;
-  if (c.dropout > 0) {
-    a.dropout.p = c.dropout;
-    a.dropout.seed = 77;
-    a.dropout.stream = 3;
-    a.dropout.slice.logical_shape = {c.b + 1, c.h + 2, c.t, c.t};
-    a.dropout.slice.offset = {1, 2, 0, 0};
-  }
+  const flash_test::Operands in = flash_test::operands(c);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &go = in.go, &glse = in.glse, &keys = in.keys;
+  const ops::AttentionAttrs& a = in.attrs;
   auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
   auto gpu = [](const Tensor& x) { return x.defined() ? x.to(kGpu) : Tensor(); };
   const std::vector<Tensor> want =

@@ -18,6 +18,7 @@
 #include "core/rng.h"
 #include "ops/cuda/flash_attention.cuh"
 #include "ops/dispatch.h"
+#include "tests/flash_attention_cases.h"
 
 namespace hap {
 namespace {
@@ -30,18 +31,7 @@ const flash::bf16* bf(const Tensor& t) {
 }
 flash::bf16* bf_out(Tensor& t) { return static_cast<flash::bf16*>(t.raw_data()); }
 
-Tensor bf16_randn(const Shape& s, uint64_t seed) { return randn(s, seed).to(DType::BF16); }
-
-struct Case {
-  std::string name;
-  int64_t b, h, t;
-  int d, dv;
-  bool causal = true;
-  bool key_mask = false;
-  double dropout = 0;
-  bool misaligned = false;  // q read from a copy one element into a larger buffer
-  bool nans = false;        // NaN in a query row and in a key row; the forward only
-};
+using flash_test::Case;
 
 // The largest |x| of a tensor (as f64).
 double largest(const Tensor& x) {
@@ -86,37 +76,9 @@ constexpr double kRel = 1.0 / 256, kAbs = 1.0 / 128;
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name);
   const Shape qs = {c.b, c.h, c.t, c.d}, vs = {c.b, c.h, c.t, c.dv};
-  Tensor q = bf16_randn(qs, 1), k = bf16_randn(qs, 2);
-  const Tensor v = bf16_randn(vs, 3);
-  if (c.nans) {  // query row 3 of pair 0 (a row of NaN scores), key 5 of pair 1 (a NaN column)
-    auto* qd = static_cast<uint16_t*>(q.raw_data());
-    auto* kd = static_cast<uint16_t*>(k.raw_data());
-    for (int64_t e = 0; e < c.d; ++e) {
-      qd[3 * c.d + e] = 0x7fc0;
-      kd[(c.t + 5) * c.d + e] = 0x7fc0;
-    }
-  }
-  const Tensor go = bf16_randn(vs, 4);
-  const Tensor glse = randn({c.b, c.h, c.t}, 5);
-  Tensor keys;
-  if (c.key_mask) {
-    std::vector<int64_t> keep(static_cast<size_t>(c.b * c.t));
-    for (int64_t b = 0; b < c.b; ++b)
-      for (int64_t j = 0; j < c.t; ++j)  // batch 0: every third key padding; batch 1: the first 5
-        keep[static_cast<size_t>(b * c.t + j)] = b % 2 == 0 ? (j % 3 != 1) : (j >= 5);
-    keys = Tensor::from_vector(keep, {c.b, c.t}).to(DType::U8);
-  }
-  ops::AttentionAttrs a;
-  a.causal = c.causal;
-  if (c.dropout > 0) {
-    a.dropout.p = c.dropout;
-    a.dropout.seed = 77;
-    a.dropout.stream = 3;
-    // This call's probabilities as a slice of a larger logical tensor (a shard's), so the
-    // kernels' indices into the Philox stream are checked with offsets.
-    a.dropout.slice.logical_shape = {c.b + 1, c.h + 2, c.t, c.t};
-    a.dropout.slice.offset = {1, 2, 0, 0};
-  }
+  const flash_test::Operands in = flash_test::operands(c);
+  const Tensor &q = in.q, &k = in.k, &v = in.v, &go = in.go, &glse = in.glse, &keys = in.keys;
+  const ops::AttentionAttrs& a = in.attrs;
   auto f32 = [](const Tensor& x) { return x.to(DType::F32); };
   const std::vector<Tensor> want =
       ops::call(ops::OpKind::Attention, {f32(q), f32(k), f32(v), keys}, a);
