@@ -94,15 +94,13 @@ bool needs_f32_compute(OpKind kind, const std::vector<Tensor>& inputs, const Att
   HAP_CHECK(!(bf && other), "op ", op_def(kind).name, ": inputs mix bf16 and ",
             other ? dtype_name(other->dtype()) : "", " (", bf ? bf->str() : "", " and ",
             other ? other->str() : "", "); cast one of them first");
-  if (bf && device.is_cpu() && def.cpu_bf16) return false;
+  if (bf == nullptr) return false;
   // A traced graph is the same whatever device traced it (a plan file made on a CPU serves GPU
   // ranks): under tracing, ops take bf16 themselves only where the CPU's kernel does, and the
   // others' casts become nodes, which the executor runs on any device.
-  if (bf && t_trace) return !def.cpu_bf16;
-  if (bf && !device.is_cpu() && def.cuda_bf16 &&
-      (def.cuda_bf16_accepts == nullptr || def.cuda_bf16_accepts(inputs, attrs)))
-    return false;
-  return bf != nullptr;
+  if (device.is_cpu() || t_trace) return !def.cpu_bf16;
+  return !(def.cuda_bf16 &&
+           (def.cuda_bf16_accepts == nullptr || def.cuda_bf16_accepts(inputs, attrs)));
 }
 
 // The op's output metas for these inputs (an error names the module running it).

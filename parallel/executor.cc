@@ -112,28 +112,19 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
             "executor: the program marks ", program.recompute.size(),
             " segments for recomputation but has ", program.ratios.size());
   plan_recomputation();
-  // Where each copy gathered again in backward is read for the last time in forward.
-  release_after_.assign(program.instructions.size(), {});
   for (size_t i = 0; i < program.instructions.size(); ++i) {
     const Instruction& in = program.instructions[i];
-    if (!in.regather) continue;
-    HAP_CHECK(in.kind == InstrKind::AllGather &&
-                  graph.tensors[in.tensor].role == synth::TensorRole::Parameter,
+    HAP_CHECK(!in.regather || (in.kind == InstrKind::AllGather &&
+                               graph.tensors[in.tensor].role == synth::TensorRole::Parameter),
               "executor: instruction ", i, " (", synth::instr_name(in.kind),
               ") is marked regather; only a parameter's all_gather can be");
-    const Key made{in.tensor, prop_key(in.to)};
-    size_t last = i;
-    for (size_t j = i + 1; j < program.instructions.size(); ++j) {
-      const std::vector<Key> r = reads(program.instructions[j]);
-      if (std::find(r.begin(), r.end(), made) != r.end()) last = j;
-    }
-    release_after_[last].push_back(made);
   }
-  // Every other forward value leaves the value map after its last forward reader (or after its
-  // writer where nothing in forward reads it): autograd holds what backward needs, and the map
-  // would otherwise keep every activation of the step alive through the backward pass (in bf16,
-  // the f32 copies that mixed precision makes as well). The loss and the state updates' values
-  // are read at the end of forward and stay.
+  // Every forward value leaves the value map after its last forward reader (or after its writer
+  // where nothing in forward reads it): autograd holds what backward needs, and the map would
+  // otherwise keep every activation of the step alive through the backward pass (in bf16, the f32
+  // copies that mixed precision makes as well). Copies gathered again in backward (regather) are
+  // such values. The loss and the state updates' values are read at the end of forward and stay.
+  release_after_.assign(program.instructions.size(), {});
   {
     std::set<int> read_at_end = {graph.loss};
     for (const synth::StateUpdate& u : graph.state_updates) read_at_end.insert(u.value);

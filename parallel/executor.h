@@ -224,8 +224,7 @@ class Executor {
   Segments value_segment_;
   std::vector<Region> regions_;  // in program order
   // Per instruction: the values forward() drops after it (each value after its last forward
-  // reader, the loss and the state updates' values aside; copies gathered again in backward,
-  // Instruction::regather, likewise).
+  // reader, the loss and the state updates' values aside).
   std::vector<std::vector<Key>> release_after_;
   // Nodes whose parameters' gradients come from broadcast factors (InstrKind::FactorBroadcast):
   // node -> the method of the gathers.

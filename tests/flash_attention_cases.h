@@ -2,6 +2,10 @@
 // through the emulation, tests/gpu/test_cuda_flash_attention.cc on a GPU): a case's sizes and
 // options, and its operands on the CPU (bf16 q, k, v, dO; f32 dlse; the key mask; attributes).
 #pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -27,6 +31,47 @@ struct Operands {
   Tensor q, k, v, go, glse, keys;
   ops::AttentionAttrs attrs;
 };
+
+// The largest |x| of a tensor (as f64).
+inline double largest(const Tensor& x) {
+  double m = 0;
+  for (double v : x.to(Device::cpu()).to(DType::F64).to_vector()) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// |got - want| <= rel |want| + abs_frac max|want| elementwise; returns the largest error as a
+// fraction of max|want|. Both tensors may be on any device.
+inline double expect_close(const Tensor& got, const Tensor& want, double rel, double abs_frac,
+                           const std::string& what) {
+  const std::vector<double> g = got.to(Device::cpu()).to(DType::F64).to_vector(),
+                            w = want.to(Device::cpu()).to(DType::F64).to_vector();
+  EXPECT_EQ(g.size(), w.size()) << what;
+  const double scale = std::max(largest(want), 1e-30);
+  double worst = 0;
+  int reported = 0;
+  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
+    if (std::isinf(w[i]) || std::isnan(w[i])) {
+      if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) && reported++ < 5)
+        ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i];
+      continue;
+    }
+    const double err = std::abs(g[i] - w[i]);
+    worst = std::max(worst, err / scale);
+    if (!(err <= rel * std::abs(w[i]) + abs_frac * scale) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i] << " (error " << err
+                    << ", max |want| " << scale << ")";
+  }
+  return worst;
+}
+
+// Tolerances of the outputs and gradients. The kernels' products of bf16 operands are exact in f32
+// and summed in f32 (in another order than the CPU's: f32 rounding, ~1e-6 relative); what differs
+// from the CPU's f32 route is that P and dS are rounded to bf16 (2^-9 relative each) before their
+// products, and the outputs are rounded to bf16 (2^-9 relative). An output o = sum_j p_j v_j thus
+// moves by at most 2^-9 |o| + 2^-9 sum_j p_j |v_j| <= 2^-9 (|o| + max |v|); the gradients likewise
+// by 2^-9 of their value plus 2^-9 of sums of magnitudes that cancel in the result, bounded here by
+// a fraction of the tensor's largest element: 2^-7 (four bf16 roundings' worth).
+constexpr double kRel = 1.0 / 256, kAbs = 1.0 / 128;
 
 inline Operands operands(const Case& c) {
   Operands o;

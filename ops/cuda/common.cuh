@@ -73,39 +73,42 @@ inline Bf16 host_narrow<Bf16>(float x) {
   return Bf16{hap::bf16(x).bits};
 }
 
-// Runs f on the float dtype of `out`: f32, f64, or bf16 (computed in f32 between widen and
-// narrow), for the ops whose registry entry says cuda_bf16.
-template <typename Fn>
-void on_float_or_bf16(const Tensor& out, const char* op, Fn fn) {
+// Runs f on the float dtype of `out`: f32 or f64, and with kBf16 bf16 too (computed in f32
+// between widen and narrow); other dtypes are an error naming the op.
+template <bool kBf16, typename Fn>
+void on_float_dtype(const Tensor& out, const char* op, Fn fn) {
+  // (Not cudaSetDevice: that would make the primary context current and take a rank of an
+  // emulated mixed cluster out of its green context.)
   hap::cuda::set_device(out.device().index);
-  if (out.dtype() == DType::F32) {
+  const DType d = out.dtype();
+  if (d == DType::F32) {
     fn(float{});
-  } else if (out.dtype() == DType::F64) {
+  } else if (d == DType::F64) {
     fn(double{});
-  } else if (out.dtype() == DType::BF16) {
-    fn(Bf16{});
   } else {
-    HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(out.dtype()),
-              " has no CUDA kernel (f32, f64 and bf16 have)");
+    bool ran = false;
+    if constexpr (kBf16) {
+      if (d == DType::BF16) {
+        fn(Bf16{});
+        ran = true;
+      }
+    }
+    HAP_CHECK(ran, "op ", op, " on cuda: dtype ", dtype_name(d), " has no CUDA kernel (",
+              kBf16 ? "f32, f64 and bf16 have)" : "f32 and f64 have)");
   }
   check_launch(op);
 }
 
-// Runs f on the float dtype of `out` (f32 or f64); other dtypes have no CUDA kernel yet.
+// f32 and f64.
 template <typename Fn>
 void on_float(const Tensor& out, const char* op, Fn fn) {
-  // (Not cudaSetDevice: that would make the primary context current and take a rank of an
-  // emulated mixed cluster out of its green context.)
-  hap::cuda::set_device(out.device().index);
-  if (out.dtype() == DType::F32) {
-    fn(float{});
-  } else if (out.dtype() == DType::F64) {
-    fn(double{});
-  } else {
-    HAP_CHECK(false, "op ", op, " on cuda: dtype ", dtype_name(out.dtype()),
-              " has no CUDA kernel yet (f32 and f64 have)");
-  }
-  check_launch(op);
+  on_float_dtype<false>(out, op, fn);
+}
+
+// f32, f64 and bf16, for the ops whose registry entry says cuda_bf16.
+template <typename Fn>
+void on_float_or_bf16(const Tensor& out, const char* op, Fn fn) {
+  on_float_dtype<true>(out, op, fn);
 }
 
 // Row-major C[i] (m x n) = alpha op(A[i]) (m x k) op(B[i]) (k x n) + beta C[i] for i < batch,

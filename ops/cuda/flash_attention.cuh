@@ -184,6 +184,28 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* x, int64_t r0, in
   }
 }
 
+// One pair's keys and values, rows k0 .. k0 + 63, into sk and sv.
+template <int DP>
+__device__ __forceinline__ void load_keys(bf16* sk, bf16* sv, const Params& p, int64_t pair,
+                                          int64_t k0) {
+  load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
+  load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
+}
+
+// The backward's query side, rows q0 .. q0 + 63 of one pair: Q and dO into sq and sgo, each row's
+// lse and delta into slse and sdelta (-inf and 0 past t).
+template <int DP>
+__device__ __forceinline__ void load_queries(bf16* sq, bf16* sgo, float* slse, float* sdelta,
+                                             const Params& p, int64_t pair, int64_t q0) {
+  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
+  load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv, p.vectors);
+  for (int e = threadIdx.x; e < kTile; e += kBlock) {
+    const bool in = q0 + e < p.t;
+    slse[e] = in ? p.lse[pair * p.t + q0 + e] : -INFINITY;
+    sdelta[e] = in ? p.delta[pair * p.t + q0 + e] : 0.0f;
+  }
+}
+
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
@@ -251,8 +273,7 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
   const int64_t end = p.causal && q0 + kTile < p.t ? q0 + kTile : p.t;
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
-    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
+    load_keys<DP>(sk, sv, p, pair, k0);
     __syncthreads();
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);
     __syncwarp();
@@ -387,8 +408,7 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
-  load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
+  load_keys<DP>(sk, sv, p, pair, k0);
   FragC dk[DP / 16], dv[DP / 16];
   for (int c = 0; c < DP / 16; ++c) {
     wmma::fill_fragment(dk[c], 0.0f);
@@ -397,13 +417,7 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
   // Queries before k0 attend to none of these keys under the causal mask.
   for (int64_t q0 = p.causal ? k0 : 0; q0 < p.t; q0 += kTile) {
     __syncthreads();  // the previous tile's Q and dO are no longer read
-    load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
-    load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv, p.vectors);
-    for (int e = threadIdx.x; e < kTile; e += kBlock) {
-      const bool in = q0 + e < p.t;
-      slse[e] = in ? p.lse[pair * p.t + q0 + e] : -INFINITY;
-      sdelta[e] = in ? p.delta[pair * p.t + q0 + e] : 0.0f;
-    }
+    load_queries<DP>(sq, sgo, slse, sdelta, p, pair, q0);
     __syncthreads();
     // This warp's 16 keys against the 64 queries: S^T = K Q^T, dP^T = V dO^T.
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sk + warp * 16 * DP, sq);
@@ -444,20 +458,13 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
   const int64_t b = pair / p.heads, h = pair % p.heads;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
-  load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
-  load_tile<DP>(sgo, p.go + pair * p.t * p.dhv, q0, p.t, p.dhv, p.vectors);
-  for (int e = threadIdx.x; e < kTile; e += kBlock) {
-    const bool in = q0 + e < p.t;
-    slse[e] = in ? p.lse[pair * p.t + q0 + e] : -INFINITY;
-    sdelta[e] = in ? p.delta[pair * p.t + q0 + e] : 0.0f;
-  }
+  load_queries<DP>(sq, sgo, slse, sdelta, p, pair, q0);
   FragC dq[DP / 16];
   for (int c = 0; c < DP / 16; ++c) wmma::fill_fragment(dq[c], 0.0f);
   const int64_t end = p.causal && q0 + kTile < p.t ? q0 + kTile : p.t;
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
     __syncthreads();  // the previous tile's K and V are no longer read
-    load_tile<DP>(sk, p.k + pair * p.t * p.dh, k0, p.t, p.dh, p.vectors);
-    load_tile<DP>(sv, p.v + pair * p.t * p.dhv, k0, p.t, p.dhv, p.vectors);
+    load_keys<DP>(sk, sv, p, pair, k0);
     __syncthreads();
     rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);    // S = Q K^T
     rows_times_tile_t<DP>(sdp + warp * 16 * kTile, sgo + warp * 16 * DP, sv);  // dP = dO V^T

@@ -24,29 +24,13 @@ namespace {
 
 using namespace gpu_test;
 
-double largest(const Tensor& x) {
-  double m = 0;
-  for (double v : x.to(Device::cpu()).to(DType::F64).to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
+using flash_test::largest;
 
-// As tests/ops/test_flash_attention_emulated.cc: P and dS rounded to bf16 before their products
-// and the outputs rounded to bf16 (2^-9 relative each) move a result by at most 2^-8 of itself
-// plus 2^-7 of the tensor's largest element (sums of magnitudes that cancel); the tensor cores'
-// f32 summation order adds ~1e-6 relative.
+// Within the bounds of the bf16 roundings (flash_test::kRel, kAbs; the tensor cores' f32
+// summation order adds ~1e-6 relative).
 void expect_near_cpu(const Tensor& gpu, const Tensor& cpu, const std::string& what) {
   ASSERT_EQ(gpu.device(), kGpu) << what;
-  const Tensor g = gpu.to(Device::cpu()).to(DType::F64), c = cpu.to(DType::F64);
-  ASSERT_EQ(g.shape(), c.shape()) << what;
-  const std::vector<double> a = g.to_vector(), b = c.to_vector();
-  const double scale = std::max(largest(cpu), 1e-30);
-  double worst = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i]))) continue;
-    ASSERT_LE(std::abs(a[i] - b[i]), std::abs(b[i]) / 256 + scale / 128)
-        << what << " element " << i << ": " << a[i] << " vs " << b[i];
-    worst = std::max(worst, std::abs(a[i] - b[i]) / scale);
-  }
+  const double worst = flash_test::expect_close(gpu, cpu, flash_test::kRel, flash_test::kAbs, what);
   std::printf("  %s: largest error %.2e of max |cpu|\n", what.c_str(), worst);
 }
 

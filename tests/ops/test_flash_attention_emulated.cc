@@ -33,45 +33,10 @@ flash::bf16* bf_out(Tensor& t) { return static_cast<flash::bf16*>(t.raw_data());
 
 using flash_test::Case;
 
-// The largest |x| of a tensor (as f64).
-double largest(const Tensor& x) {
-  double m = 0;
-  for (double v : x.to(DType::F64).to_vector()) m = std::max(m, std::abs(v));
-  return m;
-}
-
-// |got - want| <= rel |want| + abs_frac max|want| elementwise; returns the largest error as a
-// fraction of max|want|.
-double expect_close(const Tensor& got, const Tensor& want, double rel, double abs_frac,
-                    const std::string& what) {
-  const std::vector<double> g = got.to(DType::F64).to_vector(), w = want.to(DType::F64).to_vector();
-  EXPECT_EQ(g.size(), w.size()) << what;
-  const double scale = std::max(largest(want), 1e-30);
-  double worst = 0;
-  int reported = 0;
-  for (size_t i = 0; i < g.size() && i < w.size(); ++i) {
-    if (std::isinf(w[i]) || std::isnan(w[i])) {
-      if (!(g[i] == w[i] || (std::isnan(g[i]) && std::isnan(w[i]))) && reported++ < 5)
-        ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i];
-      continue;
-    }
-    const double err = std::abs(g[i] - w[i]);
-    worst = std::max(worst, err / scale);
-    if (!(err <= rel * std::abs(w[i]) + abs_frac * scale) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: " << g[i] << " against " << w[i] << " (error " << err
-                    << ", max |want| " << scale << ")";
-  }
-  return worst;
-}
-
-// Tolerances. The kernels' products of bf16 operands are exact in f32 and summed in f32 (in
-// another order than the CPU's: f32 rounding, ~1e-6 relative); what differs from the CPU's f32
-// route is that P and dS are rounded to bf16 (2^-9 relative each) before their products, and the
-// outputs are rounded to bf16 (2^-9 relative). An output o = sum_j p_j v_j thus moves by at most
-// 2^-9 |o| + 2^-9 sum_j p_j |v_j| <= 2^-9 (|o| + max |v|); the gradients likewise by 2^-9 of
-// their value plus 2^-9 of sums of magnitudes that cancel in the result, bounded here by a
-// fraction of the tensor's largest element: 2^-7 (four bf16 roundings' worth).
-constexpr double kRel = 1.0 / 256, kAbs = 1.0 / 128;
+using flash_test::expect_close;
+using flash_test::kAbs;
+using flash_test::kRel;
+using flash_test::largest;
 
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name);
