@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <optional>
+#include <utility>
 
 #include "core/split.h"
 #include "ops/op.h"
@@ -599,6 +601,8 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   // The forward and backward parts of every instruction, and where each parameter's gradient is
   // complete.
   std::vector<double> forward(n, 0.0), backward(n, 0.0);
+  // Whether an instruction's parts use the link (collectives) rather than the device's compute.
+  std::vector<bool> communicates(n, false);
   std::vector<size_t> first_use(graph.tensors.size(), n);
   // The forward pass's gather buckets (parallel::Executor: each parameter's first bucketed
   // gather, in program order, one method and dtype per bucket, up to kGatherBucketBytes), each
@@ -612,6 +616,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   for (size_t i = 0; i < n; ++i) {
     const Instruction& in = instrs[i];
     sum_s += in.cost_s;
+    communicates[i] = in.kind != InstrKind::Compute && in.kind != InstrKind::Update;
     switch (in.kind) {
       case InstrKind::GradAllReduce:
         continue;
@@ -664,14 +669,27 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   for (double x : forward) forward_serial_s += x;
   for (double x : gather_bucket_s) forward_serial_s += x;
   if (cm.overlap_grad_comm()) {
-    std::vector<double> gather_done(gather_bucket_s.size());
-    double channel = 0;
-    for (size_t b = 0; b < gather_bucket_s.size(); ++b)
-      gather_done[b] = channel += gather_bucket_s[b];
-    for (size_t i = 0; i < n; ++i)
-      forward_s = gather_bucket[i] >= 0 ? std::max(forward_s, gather_done[gather_bucket[i]])
-                                        : forward_s + forward[i];
-    forward_s = std::max(forward_s, channel);
+    // The channel moves while the forward pass computes, and pauses while the forward pass's
+    // own collectives hold the link (they come first: the pass waits on them).
+    std::vector<double> left = gather_bucket_s;  // each bucket's link time still to go
+    size_t next = 0;                             // the bucket the channel is on
+    auto channel_runs = [&](double dt) {
+      for (; next < left.size() && dt > 0; ++next) {
+        const double take = std::min(dt, left[next]);
+        left[next] -= take;
+        dt -= take;
+        if (left[next] > 0) return;
+      }
+    };
+    for (size_t i = 0; i < n; ++i) {
+      if (gather_bucket[i] >= 0) {  // waits, the link all the channel's
+        for (; next <= static_cast<size_t>(gather_bucket[i]); ++next) forward_s += left[next];
+        continue;
+      }
+      if (!communicates[i]) channel_runs(forward[i]);
+      forward_s += forward[i];
+    }
+    for (; next < left.size(); ++next) forward_s += left[next];
   } else {
     forward_s = forward_serial_s;
   }
@@ -731,10 +749,33 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
     if (b) buckets.push_back(*b);
   std::stable_sort(buckets.begin(), buckets.end(),
                    [](const Bucket& a, const Bucket& b) { return a.position > b.position; });
+  // The backward pass's own collectives hold the link over these intervals (in time order); the
+  // channel runs outside them: the pass waits on its collectives, so they come first.
+  std::vector<std::pair<double, double>> busy;
+  for (size_t i = n; i-- > 0;)
+    if (communicates[i] && backward[i] > 0) busy.emplace_back(done[i + 1], done[i]);
+  size_t k = 0;
+  // When a bucket started at `at` with `need` seconds of link time ends.
+  auto on_the_link = [&](double at, double need) {
+    while (k < busy.size() && busy[k].second <= at) ++k;
+    while (need > 0) {
+      if (k < busy.size() && busy[k].first <= at) {
+        at = busy[k++].second;
+        continue;
+      }
+      const double free =
+          k < busy.size() ? busy[k].first - at : std::numeric_limits<double>::infinity();
+      const double take = std::min(need, free);
+      at += take;
+      need -= take;
+    }
+    return at;
+  };
   double channel = cm.overlap_grad_comm() ? forward_s : backward_end;
   double buckets_s = 0;
   for (const Bucket& b : buckets) {
-    channel = std::max(channel, cm.overlap_grad_comm() ? b.ready : backward_end) + b.cost;
+    channel =
+        on_the_link(std::max(channel, cm.overlap_grad_comm() ? b.ready : backward_end), b.cost);
     buckets_s += b.cost;
   }
   StepTime st;

@@ -241,9 +241,11 @@ bool bucketed_parameter_gather(const Graph& graph, const Instruction& in);
 // reads it); the optimizer's updates run after both. The bucketed parameter gathers (their
 // all-gather half; kGatherBucketBytes a bucket) run one after another on a channel from the
 // start of the forward pass, an instruction that first reads one of a bucket's parameters
-// waiting for that bucket. A bucket pays one latency for all of its members. Without overlap
-// the gathers run before the forward pass and the gradient channel starts when the backward
-// pass ends.
+// waiting for that bucket. A bucket pays one latency for all of its members. The channels share
+// the link with the passes' own collectives (reshards, the adjoints of collectives in backward),
+// which come first, the pass waiting on them: a channel moves only while its pass computes (or
+// waits on that channel) and after. Without overlap the gathers run before the forward pass and
+// the gradient channel starts when the backward pass ends.
 struct StepTime {
   double step_s = 0;
   // Communication that computation hides: gradient all-reduces (and reduce-scatters) behind

@@ -546,6 +546,59 @@ TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackward
   EXPECT_NEAR(st.hidden_s, 0, 1e-12);
 }
 
+// The channels share the link with the passes' own collectives, which come first (the pass
+// waits on them): a bucket of the backward pass waits while the backward pass runs a collective's
+// adjoint, and the forward pass's gather channel does not move while the forward pass runs a
+// collective. Worked by hand on x -> matmul(w1) -> h -> matmul(w2) -> mean (cluster3, a ring
+// all-reduce's latency L per bucket, each gradient's cost counting half of it).
+TEST(CostModel, StepTimeSharesTheLinkWithThePassesOwnCollectives) {
+  const TwoProducts m = two_products(4, 1100, 1024);
+  const Graph& g = m.graph;
+  const Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  const CostModel cm(g, c);
+  const double L = cm.collective_latency_s(InstrKind::GradAllReduce, CollectiveMethod::Grouped);
+  ASSERT_DOUBLE_EQ(L, 2 * (3 - 1) * 1e-6);
+  auto gather = [](int tensor, double cost) {
+    Instruction in;
+    in.kind = InstrKind::AllGather;
+    in.tensor = tensor;
+    in.from = Prop::sharded(0);
+    in.to = Prop::replicated();
+    in.method = CollectiveMethod::Grouped;
+    in.cost_s = cost;
+    return in;
+  };
+  const int h = g.nodes[m.mm[0]].outputs[0];
+  const int w1 = tensor_named(g, "w1"), w2 = tensor_named(g, "w2");
+  {
+    // h (which needs a gradient) gathered between the products: forward 1.5 + 1 + 1 = 3.5;
+    // backward: the second product 3.5 -> 5.5, the gather's adjoint 5.5 -> 6.5 (the link busy),
+    // the first product 6.5 -> 8. w2's bucket (2 + L/2), ready at 5.5, waits for the link until
+    // 6.5 and ends at 8.5 + L/2; w1's, ready at 8, ends at 10.5 + L. Were the link free, w2's
+    // would have ended at 7.5 + L/2 and w1's at 10 + L/2.
+    const std::vector<Instruction> instrs = {
+        compute(m.mm[0], 3),     grad(w1, 2), gather(h, 2), compute(m.mm[1], 3),
+        compute(m.mean_node, 0), grad(w2, 2)};
+    const StepTime st = step_time(cm, instrs);
+    EXPECT_NEAR(st.step_s, 10.5 + L, 1e-12);
+    EXPECT_NEAR(st.hidden_s, 1.5, 1e-12);  // w2's all-reduce behind the first product's backward
+  }
+  {
+    // x gathered (2, no gradient: all forward), then w1 stored Sharded and gathered in a bucket
+    // (its all-gather half 1) for the first product: the channel cannot move while x's gather
+    // holds the link, so the pass waits 2 -> 3 for w1's bucket, then the products' forwards
+    // (1.5 + 1) end at 5.5, their backwards (2 + 1.5) at 9. w2's all-reduce (2 + L/2), ready at
+    // 7.5, ends at 9.5 + L/2; w1's reduce-scatter (1), ready at 9, at 10.5 + L/2. Were the link
+    // free, w1's bucket would have been gathered under x's gather: 1 s sooner.
+    const std::vector<Instruction> instrs = {
+        gather(tensor_named(g, "x"), 2), gather(w1, 2), compute(m.mm[0], 3), compute(m.mm[1], 3),
+        compute(m.mean_node, 0),         grad(w2, 2)};
+    ASSERT_TRUE(bucketed_parameter_gather(g, instrs[1]));
+    ASSERT_FALSE(bucketed_parameter_gather(g, instrs[0]));
+    EXPECT_NEAR(step_time(cm, instrs).step_s, 10.5 + L / 2, 1e-12);
+  }
+}
+
 // Recomputation, worked by hand on x -> matmul(w1) -> h -> matmul(w2) -> y -> mean, the two
 // products in segments 0 and 1: recomputing segment 1 runs its product's forward once more,
 // in the backward pass (FLOPs 2 + 4 of a step of 6 -> backward 6 of 8), keeps for backward
