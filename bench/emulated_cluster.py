@@ -516,7 +516,8 @@ def chart(results, path):
         ax.set_title(title)
         ax.legend()
     sets = f" ({', '.join(results['sets'])})" if results.get("sets") else ""
-    fig.suptitle(f"{results['config']}{sets} on emulated mixed {'GPU ' if results.get('device') == 'cuda' else ''}"
+    # Two lines, so that a title with --set overrides still fits one chart's width.
+    fig.suptitle(f"{results['config']}{sets}\non emulated mixed {'GPU ' if results.get('device') == 'cuda' else ''}"
                  f"clusters, {results['steps']} steps per run, {results.get('rounds', 1)} interleaved round(s)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
