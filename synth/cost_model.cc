@@ -616,7 +616,8 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   for (size_t i = 0; i < n; ++i) {
     const Instruction& in = instrs[i];
     sum_s += in.cost_s;
-    communicates[i] = in.kind != InstrKind::Compute && in.kind != InstrKind::Update;
+    communicates[i] = in.kind != InstrKind::Compute && in.kind != InstrKind::Update &&
+                      in.kind != InstrKind::ToPartial;  // (a slice's backward gathers)
     switch (in.kind) {
       case InstrKind::GradAllReduce:
         continue;
