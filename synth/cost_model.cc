@@ -595,14 +595,26 @@ bool bucketed_parameter_gather(const Graph& graph, const Instruction& in) {
          graph.tensors[static_cast<size_t>(in.tensor)].role == TensorRole::Parameter;
 }
 
+bool synchronizes(const CostModel& cm, const Instruction& in) {
+  switch (in.kind) {
+    case InstrKind::Compute:
+    case InstrKind::GradAllReduce:  // overlapped with the backward pass
+    case InstrKind::ToPartial:
+    case InstrKind::Update:
+      return false;
+    case InstrKind::Slice:
+      return cm.requires_grad(in.tensor);  // its backward gathers the gradient
+    default:
+      return true;
+  }
+}
+
 StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) {
   const Graph& graph = cm.graph();
   const size_t n = instrs.size();
   // The forward and backward parts of every instruction, and where each parameter's gradient is
   // complete.
   std::vector<double> forward(n, 0.0), backward(n, 0.0);
-  // Whether an instruction's parts use the link (collectives) rather than the device's compute.
-  std::vector<bool> communicates(n, false);
   std::vector<size_t> first_use(graph.tensors.size(), n);
   // The forward pass's gather buckets (parallel::Executor: each parameter's first bucketed
   // gather, in program order, one method and dtype per bucket, up to kGatherBucketBytes), each
@@ -616,8 +628,6 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   for (size_t i = 0; i < n; ++i) {
     const Instruction& in = instrs[i];
     sum_s += in.cost_s;
-    communicates[i] = in.kind != InstrKind::Compute && in.kind != InstrKind::Update &&
-                      in.kind != InstrKind::ToPartial;  // (a slice's backward gathers)
     switch (in.kind) {
       case InstrKind::GradAllReduce:
         continue;
@@ -687,7 +697,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         for (; next <= static_cast<size_t>(gather_bucket[i]); ++next) forward_s += left[next];
         continue;
       }
-      if (!communicates[i]) channel_runs(forward[i]);
+      if (!synchronizes(cm, instrs[i])) channel_runs(forward[i]);
       forward_s += forward[i];
     }
     for (; next < left.size(); ++next) forward_s += left[next];
@@ -754,7 +764,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   // channel runs outside them: the pass waits on its collectives, so they come first.
   std::vector<std::pair<double, double>> busy;
   for (size_t i = n; i-- > 0;)
-    if (communicates[i] && backward[i] > 0) busy.emplace_back(done[i + 1], done[i]);
+    if (backward[i] > 0 && synchronizes(cm, instrs[i])) busy.emplace_back(done[i + 1], done[i]);
   size_t k = 0;
   // When a bucket started at `at` with `need` seconds of link time ends.
   auto on_the_link = [&](double at, double need) {

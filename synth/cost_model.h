@@ -231,6 +231,13 @@ class CostModel {
 // stored, as every program the search makes does).
 bool bucketed_parameter_gather(const Graph& graph, const Instruction& in);
 
+// Whether the devices wait for each other at an instruction: a collective (in forward, or in
+// backward where its adjoint moves a gradient), which holds the link. Between two such, each
+// device runs its compute on its own, one kernel after another: the time of that stretch is its
+// slowest device's sum, not the sum of each kernel's slowest device (they differ where devices'
+// kernel overheads differ, or their FLOP/s and bytes/s in other proportions).
+bool synchronizes(const CostModel& cm, const Instruction& in);
+
 // The predicted time of one training step of a costed program (instruction costs set, as by
 // synth::recost), in the executor's order: every instruction's forward part in program order,
 // then every backward part in reverse order; the gradient all-reduces (and the reduce-scatters of

@@ -133,29 +133,6 @@ std::vector<double> device_compute_times(const CostModel& cm,
   return total;
 }
 
-namespace {
-
-// Whether the devices wait for each other at an instruction: a collective (in forward, or in
-// backward where its adjoint moves a gradient). Between two such, each device runs its compute
-// on its own, one kernel after another: the time of that stretch is its slowest device's sum,
-// not the sum of each kernel's slowest device (they differ where devices' kernel overheads
-// differ, or their FLOP/s and bytes/s in other proportions).
-bool synchronizes(const CostModel& cm, const Instruction& in) {
-  switch (in.kind) {
-    case InstrKind::Compute:
-    case InstrKind::GradAllReduce:  // overlapped with the backward pass
-    case InstrKind::ToPartial:
-    case InstrKind::Update:
-      return false;
-    case InstrKind::Slice:
-      return cm.requires_grad(in.tensor);  // its backward gathers the gradient
-    default:
-      return true;
-  }
-}
-
-}  // namespace
-
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
               const std::vector<std::vector<double>>& ratios) {
   // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
