@@ -1167,14 +1167,24 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
   auto add = [&](int t, const Prop& p, int seg, double factor) {
     for (int d = 0; d < D; ++d) mem[d] += factor * cm.held_bytes(t, p, ratios[seg][d]);
   };
-  // What a recomputed segment holds again while its backward runs (the largest is added).
-  std::map<int, std::vector<double>> again;
+  // What a run of one recomputed segment's instructions holds again while its backward runs
+  // (the executor recomputes each run on its own, parallel::Executor::plan_recomputation: a
+  // segment whose instructions are interleaved with another's counts from where it resumes, as
+  // the search counts it); the largest run is added.
+  std::vector<double> again(D, 0.0), largest(D, 0.0);
+  int again_segment = -1;
   auto held = [&](int t, const Prop& p, int seg) {
     if (cm.kept_for_backward(t)) {
       add(t, p, seg, 1.0);
     } else if (const int s = cm.recomputed_segment(t); s >= 0) {
-      std::vector<double>& a = again.try_emplace(s, std::vector<double>(D, 0.0)).first->second;
-      for (int d = 0; d < D; ++d) a[d] += cm.held_bytes(t, p, ratios[seg][d]);
+      if (s != again_segment) {
+        again_segment = s;
+        std::fill(again.begin(), again.end(), 0.0);
+      }
+      for (int d = 0; d < D; ++d) {
+        again[d] += cm.held_bytes(t, p, ratios[seg][d]);
+        largest[d] = std::max(largest[d], again[d]);
+      }
     }
   };
   std::vector<bool> seen(g.tensors.size(), false);
@@ -1196,9 +1206,6 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       held(in.tensor, in.to, in.segment);
     }
   }
-  std::vector<double> largest(D, 0.0);
-  for (const auto& [s, a] : again)
-    for (int d = 0; d < D; ++d) largest[d] = std::max(largest[d], a[d]);
   for (int d = 0; d < D; ++d) mem[d] += largest[d];
   return mem;
 }

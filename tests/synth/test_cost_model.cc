@@ -651,6 +651,70 @@ TEST(CostModel, RecomputationPricesTheForwardAgainAndKeepsOnlyWhatLeavesTheSegme
   EXPECT_TRUE(cm.kept_for_backward(y));
 }
 
+// A recomputed segment whose instructions are interleaved with another's is recomputed run by
+// run (parallel::Executor::plan_recomputation), so program_memory holds again the largest run,
+// not the whole segment's sum (which it did: on GPT-2 at 1,024 tokens across hap-paper's V100s
+// and P100s the embedding's run and the output layer's run of segment 0 were summed, 6.4 GB
+// that the search, which counts by run, never saw, and every program it found "ran out of
+// memory once rounded"). By hand: x -> mm(w0) -> a -> mm(w1) -> b [segment 0], b -> mm(w2) -> c
+// -> mm(w3) -> d [segment 1], d -> mm(w4) -> e -> mean [segment 0 again], both recomputed: a, c
+// and e are read only inside their segment, so held again (by run: a; c; e and the loss), and
+// b, d leave their segment, so are kept.
+TEST(CostModel, RecomputationHoldsTheLargestRunOfASegmentAgainNotItsSum) {
+  Tensor x = Tensor::meta({4, 8}, DType::F32);
+  Tensor w0 = Tensor::meta({8, 64}, DType::F32), w1 = Tensor::meta({64, 8}, DType::F32);
+  Tensor w2 = Tensor::meta({8, 8}, DType::F32), w3 = Tensor::meta({8, 8}, DType::F32);
+  Tensor w4 = Tensor::meta({8, 48}, DType::F32);
+  const Graph g =
+      trace([&] { return mean(matmul(matmul(matmul(matmul(matmul(x, w0), w1), w2), w3), w4)); },
+            {{"w0", w0}, {"w1", w1}, {"w2", w2}, {"w3", w3}, {"w4", w4}}, {{"x", x}});
+  std::vector<int> mm;
+  int mean_node = -1;
+  for (const GraphNode& n : g.nodes) {
+    if (n.kind == ops::OpKind::MatMul) mm.push_back(n.id);
+    if (n.kind == ops::OpKind::Mean) mean_node = n.id;
+  }
+  ASSERT_EQ(mm.size(), 5u);
+  ASSERT_GE(mean_node, 0);
+  std::vector<int> segment(g.nodes.size(), 0);
+  segment[mm[2]] = segment[mm[3]] = 1;
+  const Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  std::vector<Instruction> instrs;
+  for (int node : {mm[0], mm[1], mm[2], mm[3], mm[4], mean_node}) {
+    Instruction in;
+    in.kind = InstrKind::Compute;
+    in.node = node;
+    in.segment = segment[node];
+    instrs.push_back(in);
+  }
+  auto out = [&](int node) { return g.nodes[node].outputs[0]; };
+  const int a = out(mm[0]), b = out(mm[1]), cc = out(mm[2]), d = out(mm[3]), e = out(mm[4]);
+  const int loss = out(mean_node);
+  const std::vector<Prop> storage(g.tensors.size(), Prop::replicated());
+  const std::vector<std::vector<double>> ratios(2, std::vector<double>(3, 1.0 / 3));
+  const CostModel plain(g, c);
+  CostModel cm(g, c);
+  cm.set_recompute(segment, {true, true});
+  for (int t : {a, cc, e}) EXPECT_FALSE(cm.kept_for_backward(t)) << t;
+  for (int t : {b, d}) EXPECT_TRUE(cm.kept_for_backward(t)) << t;
+  EXPECT_EQ(cm.recomputed_segment(a), 0);
+  EXPECT_EQ(cm.recomputed_segment(cc), 1);
+  EXPECT_EQ(cm.recomputed_segment(e), 0);
+  const double bytes_a = 4 * 64 * 4, bytes_c = 4 * 8 * 4, bytes_e = 4 * 48 * 4;
+  ASSERT_EQ(static_cast<double>(g.tensors[a].bytes()), bytes_a);
+  ASSERT_EQ(static_cast<double>(g.tensors[e].bytes()), bytes_e);
+  // The loss: held again in segment 0's second run where it is not kept.
+  const double bytes_loss =
+      cm.kept_for_backward(loss) ? 0.0 : static_cast<double>(g.tensors[loss].bytes());
+  const double run_two = bytes_e + bytes_loss;
+  ASSERT_GT(bytes_a, run_two);  // the first run is the largest
+  const double before = program_memory(plain, instrs, storage, ratios)[0];
+  // Without recomputation every one of them is kept; with it the largest run (a) comes back
+  // (segment 0's sum, a + e + the loss, would be run_two more).
+  EXPECT_NEAR(program_memory(cm, instrs, storage, ratios)[0],
+              before - bytes_a - bytes_c - run_two + bytes_a, 1e-9);
+}
+
 }  // namespace
 }  // namespace hap::synth
 
