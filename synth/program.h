@@ -102,6 +102,9 @@ struct DistributedProgram {
   std::string note;  // non-empty when the program is a fallback (hap over its search budget)
   // hap: the program found without memory limits did not fit, so memory shaped this one.
   bool memory_bound = false;
+  // The predicted step of the program found without memory limits (where memory_bound, one that
+  // did not fit; else this program's): what memory costs this one is the difference.
+  double unlimited_step_s = 0;
   std::vector<SynthesisStep> steps;  // how the synthesis went, in order
 };
 

@@ -820,6 +820,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   DistributedProgram best;
   best.predicted_step_s = std::numeric_limits<double>::infinity();
   bool memory_bound = false;
+  double unlimited_step_s = std::numeric_limits<double>::infinity();
   if (options.strategy == Strategy::Hap) {
     // hap searches without memory limits first and keeps what it finds where that fits: where
     // memory does not bind, the search then takes one path whatever the limits are, so more
@@ -834,6 +835,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
       best = std::move(free);
     } else {
       memory_bound = true;
+      unlimited_step_s = free.predicted_step_s;
       if (std::isfinite(free.predicted_step_s))
         steps.push_back({"the program found without memory limits does not fit: search under them",
                          0, -1, 0, "out of memory"});
@@ -955,6 +957,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
 
   best.strategy = strategy_name(options.strategy);
   best.memory_bound = memory_bound;
+  best.unlimited_step_s = memory_bound ? unlimited_step_s : best.predicted_step_s;
   best.recompute = recompute;
   best.node_segment = seg;
   best.search_iterations = rounds;
@@ -1040,10 +1043,10 @@ std::vector<int> recompute_order(const Graph& graph, const Cluster& cluster,
   return order;
 }
 
-// plan_on, deciding recomputation: Auto recomputes only where no program fits in memory without
-// it: the first k segments (in recompute_order), k bisected from all down to the fewest that
-// fit, the fastest of those plans (the report's first step says how many); Off where a program
-// would fit only with it is an OptionsError.
+// plan_on, deciding recomputation (Recompute): Auto recomputes the first k segments (in
+// recompute_order) where no program fits in memory without it, or where that is faster than a
+// program that memory made slow (synthesize_on), the fastest plan of the k tried (the report's
+// first step says how many); Off where a program would fit only with it is an OptionsError.
 // The number of parameters a program stores sharded and gathers for use (ZeRO storage), and how
 // many of those it gathers again in backward.
 std::pair<int, int> zero_parameters(const DistributedProgram& p, const Graph& graph) {
@@ -1316,6 +1319,19 @@ DistributedProgram plan_factors(const Graph& graph, const Cluster& cluster,
   return keep ? p : q;
 }
 
+// The least that recomputing one segment adds to a step: its forward FLOPs over the whole
+// cluster's FLOP/s (a lower bound: every device's share of it runs again).
+double least_recompute_s(const Graph& graph, const Cluster& cluster,
+                         const SynthesisOptions& options) {
+  int nseg = 1;
+  const std::vector<int> seg = assign_segments(graph, options.segments, &nseg);
+  std::vector<double> flops(static_cast<size_t>(nseg), 0.0);
+  for (const GraphNode& n : graph.nodes) flops[static_cast<size_t>(seg[n.id])] += n.flops;
+  double total = 0;
+  for (const Device& d : cluster.devices) total += d.flops_per_s;
+  return *std::min_element(flops.begin(), flops.end()) / total;
+}
+
 DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
                                  const SynthesisOptions& options) {
   auto plain = [&](const SynthesisOptions& o) { return plan_factors(graph, cluster, o); };
@@ -1323,14 +1339,9 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     return plan_storage(graph, cluster, options, plain, false);
   SynthesisOptions without = options;
   without.recompute = Recompute::Off;
-  try {
-    return plan_storage(graph, cluster, without, plain, options.recompute == Recompute::Auto);
-  } catch (const SearchBudgetError&) {
-    throw;
-  } catch (const OptionsError&) {
-    throw;  // zero_storage off where only it fits, recomputation off
-  } catch (const Error& e) {
-    if (no_program_reason(e) != "out of memory") throw;
+  // The plan recomputing activations: the search for how many segments (below). `unfit`: why no
+  // program fits without (nullptr: one does, and this is an alternative to it).
+  auto recomputing = [&](const Error* unfit) {
     const auto t0 = std::chrono::steady_clock::now();
     const std::vector<int> order = recompute_order(graph, cluster, options);
     const int nseg = static_cast<int>(order.size());
@@ -1347,10 +1358,11 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     try {
       p = first(nseg);
     } catch (const Error&) {
-      throw e;
+      if (unfit == nullptr) throw;
+      throw *unfit;
     }
     if (options.recompute == Recompute::Off)
-      throw OptionsError(std::string(e.what()) +
+      throw OptionsError(std::string(unfit->what()) +
                          "; it fits with activation recomputation (predicted " +
                          std::to_string(p.predicted_step_s) +
                          " s per step), which parallel.recompute: off forbids (set it to auto)");
@@ -1425,16 +1437,59 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     }
     fitted += zero_all_fitted;
     SynthesisStep step;
-    step.what = "no program fits without recomputing activations: " +
-                std::to_string(std::count(p.recompute.begin(), p.recompute.end(), true)) + " of " +
-                std::to_string(nseg) + " segments recompute (the fastest of " +
+    step.what = std::string(unfit != nullptr ? "no program fits without recomputing activations"
+                                             : "recomputing activations is faster") +
+                ": " + std::to_string(std::count(p.recompute.begin(), p.recompute.end(), true)) +
+                " of " + std::to_string(nseg) + " segments recompute (the fastest of " +
                 std::to_string(fitted) + " plans that fit, " + std::to_string(tries) + " tried; " +
                 std::to_string(hi) + " the fewest that fit)";
     step.cost_s = p.predicted_step_s;
     step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     p.steps.insert(p.steps.begin(), step);
     return p;
+  };
+  DistributedProgram p;
+  try {
+    p = plan_storage(graph, cluster, without, plain, options.recompute == Recompute::Auto);
+  } catch (const SearchBudgetError&) {
+    throw;
+  } catch (const OptionsError&) {
+    throw;  // zero_storage off where only it fits, recomputation off
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+    return recomputing(&e);
   }
+  // Where memory shaped the program (hap: the one found without limits did not fit) and it is
+  // slower than that one by more than recomputing the least segment would cost, recomputing may
+  // free the memory to split by speed: planned too, the faster kept. (When recomputation was
+  // tried only where nothing fit, dp-cp plans recomputing some segments were predicted up to
+  // 1.44x faster than hap's plans without it,
+  // Synthesizer.HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits.)
+  if (options.recompute != Recompute::Auto || !p.memory_bound || !p.note.empty() ||
+      !(p.predicted_step_s > p.unlimited_step_s + least_recompute_s(graph, cluster, options)))
+    return p;
+  const auto t0 = std::chrono::steady_clock::now();
+  SynthesisStep step;
+  try {
+    DistributedProgram r = recomputing(nullptr);
+    if (r.predicted_step_s < p.predicted_step_s * (1 - 1e-9)) {
+      r.states_expanded += p.states_expanded;
+      return r;
+    }
+    p.states_expanded += r.states_expanded;
+    step.what = "recomputing activations, " +
+                std::to_string(std::count(r.recompute.begin(), r.recompute.end(), true)) +
+                " segments, is not faster: " + std::to_string(r.predicted_step_s) + " s per step";
+    step.cost_s = r.predicted_step_s;
+  } catch (const SearchBudgetError&) {
+    step.what = "recomputing activations: over the search budget";
+  } catch (const Error& e) {
+    if (no_program_reason(e) != "out of memory") throw;
+    step.what = "recomputing activations: does not fit";
+  }
+  step.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  p.steps.push_back(step);
+  return p;
 }
 
 }  // namespace

@@ -25,11 +25,14 @@ bool has_expert_weights(const Graph& graph);
 // numbered module ("blocks.3", "layers.7") plus segment 0 for everything else.
 enum class SegmentMode { PerBlock, Single };
 
-// Activation recomputation (DistributedProgram::recompute). Auto: only where no program fits in
-// memory without it, on as many segments as the fastest plan that fits needs (those that keep
-// the most bytes per FLOP they would run again first; counts bisected from all down to the
-// fewest that fit); Off: never (where only recomputation would fit, the error says so); All:
-// every segment (or those SynthesisOptions::recompute_segments marks).
+// Activation recomputation (DistributedProgram::recompute). Auto: where no program fits in memory
+// without it, or (hap) where memory shaped the program found without it and made it slower than
+// the one found without limits by more than recomputing the least segment would cost (then the
+// faster is kept), on as many segments as the fastest plan that fits needs (those that keep the
+// most bytes per FLOP they would run again first; counts bisected from all down to the fewest
+// that fit, then searched between those and all; with ZeRO storage of every parameter too);
+// Off: never (where only recomputation would fit, the error says so); All: every segment (or
+// those SynthesisOptions::recompute_segments marks).
 enum class Recompute { Auto, Off, All };
 
 // ZeRO storage (SearchSpace::zero_storage), hap only: parameters stored Sharded(0) with their
