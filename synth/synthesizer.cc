@@ -1474,6 +1474,8 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     DistributedProgram r = recomputing(nullptr);
     if (r.predicted_step_s < p.predicted_step_s * (1 - 1e-9)) {
       r.states_expanded += p.states_expanded;
+      r.steps.front().what += "; without recomputation " + std::to_string(p.predicted_step_s) +
+                              " s per step, memory shaping the program";
       return r;
     }
     p.states_expanded += r.states_expanded;
