@@ -1078,11 +1078,12 @@ TEST(Cluster, ASubsetKeepsItsDevicesNodesAndLinks) {
 // that fit: no slower than recomputing all of them, slower than recomputing none by the forward
 // run again, within the device's memory), off is an OptionsError naming parallel.recompute, and
 // with plenty of memory auto recomputes nothing.
-TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
-  // Activations dominate: a narrow GPT of four blocks (a segment each) on long sequences.
+// A narrow GPT of four blocks (a segment each) on long sequences, `batch` of `seq` tokens:
+// activations dominate its memory.
+Graph narrow_gpt_graph(int64_t seq, int64_t batch) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 50;
-  cfg.block_size = 128;
+  cfg.block_size = seq;
   cfg.n_layer = 4;
   cfg.n_head = 2;
   cfg.n_embd = 16;
@@ -1091,9 +1092,14 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
     MetaGuard meta;
     gpt = std::make_shared<nn::GPT>(cfg);
   }
-  Tensor idx = Tensor::meta({8, 128}, DType::I64), targets = Tensor::meta({8, 128}, DType::I64);
-  const Graph g = trace([&] { return gpt->loss(idx, targets); }, gpt->named_parameters(),
-                        {{"idx", idx}, {"targets", targets}});
+  Tensor idx = Tensor::meta({batch, seq}, DType::I64);
+  Tensor targets = Tensor::meta({batch, seq}, DType::I64);
+  return trace([&] { return gpt->loss(idx, targets); }, gpt->named_parameters(),
+               {{"idx", idx}, {"targets", targets}});
+}
+
+TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
+  const Graph g = narrow_gpt_graph(128, 8);
   Cluster c = make_cluster(1, 3);
   SynthesisOptions off;
   off.recompute = Recompute::Off;
@@ -1133,20 +1139,7 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
 // recompute): a GPT whose activations dominate, on random clusters of 2-4 devices with memory
 // between what recomputing every segment needs and what recomputing none does.
 TEST(Synthesizer, HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits) {
-  nn::GPTConfig cfg;
-  cfg.vocab_size = 50;
-  cfg.block_size = 64;
-  cfg.n_layer = 4;
-  cfg.n_head = 2;
-  cfg.n_embd = 16;
-  std::shared_ptr<nn::GPT> gpt;
-  {
-    MetaGuard meta;
-    gpt = std::make_shared<nn::GPT>(cfg);
-  }
-  Tensor idx = Tensor::meta({12, 64}, DType::I64), targets = Tensor::meta({12, 64}, DType::I64);
-  const Graph g = trace([&] { return gpt->loss(idx, targets); }, gpt->named_parameters(),
-                        {{"idx", idx}, {"targets", targets}});
+  const Graph g = narrow_gpt_graph(64, 12);
   int compared = 0, recomputing = 0;
   for (uint64_t seed = 1; seed <= 3; ++seed) {
     const int D = 2 + static_cast<int>(seed % 3);
