@@ -38,12 +38,17 @@ void check_lengths(const Communicator& comm, const std::vector<int64_t>& lengths
     HAP_CHECK(len >= 0, op, ": shard lengths ", lengths_str(lengths), " have a negative entry");
 }
 
-void check_method(CollectiveMethod method, const char* op) {
+// `gathers`: an all-gather or a reduce-scatter, which have a hierarchical form where the
+// communicator carries node groups.
+void check_method(const Communicator& comm, CollectiveMethod method, const char* op, bool gathers) {
   HAP_CHECK(method != CollectiveMethod::None, op,
             ": collective method None moves nothing; use "
             "Padded or Grouped");
-  HAP_CHECK(method != CollectiveMethod::Hierarchical, op,
-            ": only all_reduce has a hierarchical form; use Padded or Grouped");
+  HAP_CHECK(method != CollectiveMethod::Hierarchical || gathers, op,
+            ": only all_reduce, all_gather and reduce_scatter have a hierarchical form; use "
+            "Padded or Grouped");
+  HAP_CHECK(method != CollectiveMethod::Hierarchical || comm.node_groups() != nullptr, op,
+            ": the hierarchical form needs the ranks' nodes (Communicator::with_node_groups)");
 }
 
 int64_t check_dim(const Tensor& x, int64_t dim, const char* op) {
@@ -149,7 +154,7 @@ double tensor_bytes(const Tensor& x) {
 Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
                   const std::vector<int64_t>& lengths, CollectiveMethod method) {
   const char* op = "all_gather";
-  check_method(method, op);
+  check_method(comm, method, op, true);
   check_tensor(comm, x_local, op);
   check_lengths(comm, lengths, op);
   dim = check_dim(x_local, dim, op);
@@ -178,11 +183,11 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
       padded ? pack({x_local}, BlockLayout::slots(1, slot), x_local, true) : x_local.contiguous();
   if (!padded && leading) {
     // Shards along the outermost non-trivial dim are consecutive in the output: gather in place.
-    comm.backend().all_gather(send, out, l);
+    start_all_gather(comm, method, send, out, l)->wait();
     return out;
   }
   Tensor recv = new_buffer(l.total(), x_local, false);
-  comm.backend().all_gather(send, recv, l);
+  start_all_gather(comm, method, send, recv, l)->wait();
   const std::vector<int64_t> offsets = shard_offsets(lengths);
   for (size_t r = 0; r < lengths.size(); ++r)
     narrow_view(out, dim, offsets[r], lengths[r])
@@ -194,7 +199,7 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
 Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
                       const std::vector<int64_t>& lengths, CollectiveMethod method) {
   const char* op = "reduce_scatter";
-  check_method(method, op);
+  check_method(comm, method, op, true);
   check_tensor(comm, x_partial, op);
   const Timed timed(CollectiveStat::ReduceScatter, tensor_bytes(x_partial));
   check_reducible(x_partial.dtype(), op);
@@ -225,7 +230,7 @@ Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t
   }
   // The backend sums this rank's block (its slot, when padded) over ranks.
   Tensor mine = new_buffer(l.counts[me], x_partial, false);
-  comm.backend().reduce_scatter(send, l, mine);
+  start_reduce_scatter(comm, method, send, l, mine)->wait();
   const Shape out_shape = with_dim(full, dim, lengths[me]);
   Tensor out = mine.as_strided(out_shape, contiguous_strides(out_shape), mine.offset());
   return padded ? out.clone() : out;
@@ -241,7 +246,7 @@ BlockLayout many_layout(const Communicator& comm, const std::vector<Shape>& whol
                         std::vector<std::vector<int64_t>>* at, const char* op) {
   HAP_CHECK(wholes.size() == shards.size(), op, ": ", wholes.size(), " tensors but ", shards.size(),
             " shard specs");
-  check_method(method, op);
+  check_method(comm, method, op, true);
   const size_t P = static_cast<size_t>(comm.size());
   std::vector<int64_t> numels(P, 0);
   at->assign(P, std::vector<int64_t>(wholes.size(), 0));
@@ -313,7 +318,7 @@ std::vector<Tensor> all_gather_many(const Communicator& comm, const std::vector<
   if (locals.empty()) return {};
   ManyGather m = pack_all_gather_many(comm, locals, shards, method);
   const Timed timed(CollectiveStat::AllGather, m.bytes);
-  comm.backend().all_gather(m.send, m.recv, m.layout);
+  start_all_gather(comm, method, m.send, m.recv, m.layout)->wait();
   return unpack_all_gather_many(m);
 }
 
@@ -357,6 +362,29 @@ std::vector<Tensor> unpack_reduce_scatter_many(const ManyScatter& m) {
   return out;
 }
 
+std::unique_ptr<PendingCollective> start_all_gather(const Communicator& comm,
+                                                    CollectiveMethod method, const Tensor& send,
+                                                    const Tensor& recv, const BlockLayout& layout) {
+  if (method == CollectiveMethod::Hierarchical) {
+    HAP_CHECK(comm.node_groups() != nullptr, "all_gather",
+              ": the hierarchical form needs the ranks' nodes (Communicator::with_node_groups)");
+    return start_hierarchical_all_gather(comm.node_groups(), send, recv, layout);
+  }
+  return comm.backend().start_all_gather(send, recv, layout);
+}
+
+std::unique_ptr<PendingCollective> start_reduce_scatter(const Communicator& comm,
+                                                        CollectiveMethod method, const Tensor& send,
+                                                        const BlockLayout& layout,
+                                                        const Tensor& recv) {
+  if (method == CollectiveMethod::Hierarchical) {
+    HAP_CHECK(comm.node_groups() != nullptr, "reduce_scatter",
+              ": the hierarchical form needs the ranks' nodes (Communicator::with_node_groups)");
+    return start_hierarchical_reduce_scatter(comm.node_groups(), send, layout, recv);
+  }
+  return comm.backend().start_reduce_scatter(send, layout, recv);
+}
+
 Tensor all_reduce(const Communicator& comm, const Tensor& x_partial, CollectiveMethod method) {
   // The backend's all-reduce moves even blocks: padded and grouped move the same bytes.
   // Hierarchical runs over the communicator's node groups (parallel/hierarchical.h).
@@ -382,7 +410,7 @@ Tensor all_to_all(const Communicator& comm, const Tensor& x_local, int64_t split
                   int64_t concat_dim, const std::vector<int64_t>& lengths_split,
                   const std::vector<int64_t>& lengths_concat, CollectiveMethod method) {
   const char* op = "all_to_all";
-  check_method(method, op);
+  check_method(comm, method, op, false);
   check_tensor(comm, x_local, op);
   const Timed timed(CollectiveStat::AllToAll, tensor_bytes(x_local));
   check_lengths(comm, lengths_split, op);

@@ -10,7 +10,12 @@
 //             (a regular BlockLayout: MPI_Allgather / MPI_Alltoall); the receiver trims.
 //   Grouped - every block moves with its exact size inside one group call (a packed
 //             BlockLayout: MPI_Allgatherv / MPI_Alltoallv; NCCL: grouped broadcasts and reduces).
-// Both give bitwise-identical results; they differ only in bytes moved and in call structure.
+//   Hierarchical - (all_gather and reduce_scatter, over a communicator carrying node groups)
+//             the exact sizes in three phases, inside nodes, across them, inside again
+//             (parallel/hierarchical.h), for clusters whose link between nodes is the slow one.
+// All give bitwise-identical results (a hierarchical reduce-scatter sums each node first: exact up
+// to reassociation, as the hierarchical all-reduce); they differ in bytes moved and in call
+// structure.
 //
 // Determinism: the sums are the backend's (MpiBackend: every element in rank order,
 // ((x_0 + x_1) + x_2) + ..., bf16 accumulated in f32), so every element of a sum is bitwise the
@@ -18,15 +23,17 @@
 // ranks. u8 tensors cannot be reduced.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
 #include "ops/sharding.h"
+#include "parallel/backend.h"
 #include "parallel/communicator.h"
 
 namespace hap::parallel {
 
-using ops::CollectiveMethod;  // Padded or Grouped here (None is not a way to move data)
+using ops::CollectiveMethod;  // None is not a way to move data
 
 // Sharded(dim) -> Replicated. x_local: the rank's shard, size lengths[rank] in dim.
 // Returns the logical tensor (size sum(lengths) in dim) on every rank.
@@ -37,6 +44,16 @@ Tensor all_gather(const Communicator& comm, const Tensor& x_local, int64_t dim,
 // sum(lengths) in dim). Returns the rank's shard (size lengths[rank] in dim) of the sum.
 Tensor reduce_scatter(const Communicator& comm, const Tensor& x_partial, int64_t dim,
                       const std::vector<int64_t>& lengths, CollectiveMethod method);
+
+// Backend::start_all_gather / start_reduce_scatter by `method`: the hierarchical form over the
+// communicator's node groups, any other the backend's own (the layout says padded or packed).
+std::unique_ptr<PendingCollective> start_all_gather(const Communicator& comm,
+                                                    CollectiveMethod method, const Tensor& send,
+                                                    const Tensor& recv, const BlockLayout& layout);
+std::unique_ptr<PendingCollective> start_reduce_scatter(const Communicator& comm,
+                                                        CollectiveMethod method, const Tensor& send,
+                                                        const BlockLayout& layout,
+                                                        const Tensor& recv);
 
 // Partial -> Replicated: the sum of every rank's x on every rank (same shape). Implemented as a
 // reduce-scatter over the flattened tensor with even lengths followed by an all-gather; `method`

@@ -175,7 +175,7 @@ Executor::Executor(const synth::Graph& graph, const synth::DistributedProgram& p
     hierarchical = hierarchical || in.method == CollectiveMethod::Hierarchical;
   if (hierarchical) {
     HAP_CHECK(static_cast<int>(program.nodes.size()) == comm_.size(),
-              "executor: the program has hierarchical all-reduces but names the nodes of ",
+              "executor: the program has hierarchical collectives but names the nodes of ",
               program.nodes.size(), " of its ", comm_.size(), " ranks");
     comm_ = comm_.with_node_groups(group_by_node(comm_, program.nodes));
   }
@@ -230,7 +230,8 @@ void Executor::gather_parameters() {
     g->buffers = pack_all_gather_many(comm, locals, shards, gather_methods_[b]);
     gather_bytes_ += g->buffers.bytes;
     const auto t0 = std::chrono::steady_clock::now();
-    g->op = comm.backend().start_all_gather(g->buffers.send, g->buffers.recv, g->buffers.layout);
+    g->op = start_all_gather(comm, gather_methods_[b], g->buffers.send, g->buffers.recv,
+                             g->buffers.layout);
     gather_waited_s_ +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     gathers_.push_back(std::move(g));
@@ -912,8 +913,8 @@ class Executor::GradBuckets final : public autograd::BackwardObserver {
       in_ = scatter_buffers_.send;
       bytes_[1] += static_cast<double>(in_bytes());
       const auto t0 = std::chrono::steady_clock::now();
-      inflight_ = comm_.backend().start_reduce_scatter(
-          scatter_buffers_.send, scatter_buffers_.layout, scatter_buffers_.recv);
+      inflight_ = start_reduce_scatter(comm_, ex_.bucket_methods_[b], scatter_buffers_.send,
+                                       scatter_buffers_.layout, scatter_buffers_.recv);
       waited_[1] += since(t0);
       ++stats.buckets;
       ++stats.scatter_buckets;

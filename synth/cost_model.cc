@@ -240,6 +240,14 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
   // Terms whose bytes scale with the largest share become per-device LP coefficients (the share
   // is r[d]); the rest is constant. Each pass is priced with its own collective's link figures.
   auto add = [&](double times, Collective over) {
+    if (method == CollectiveMethod::Hierarchical) {  // (an all-gather's or reduce-scatter's)
+      c.constant_s +=
+          times *
+          hierarchical_time(
+              over == Collective::AllGather ? InstrKind::AllGather : InstrKind::ReduceScatter, B)
+              .total_s();
+      return;
+    }
     const Link link = link_.for_collective(over);
     const bool by_share = kind == InstrKind::AllToAll ||
                           ((kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter) &&
@@ -490,12 +498,65 @@ CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMeth
   return t;
 }
 
+CostModel::AllReduceTime CostModel::hierarchical_time(InstrKind kind, double bytes) const {
+  HAP_ASSERT(kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter,
+             "hierarchical_time() called for ", instr_name(kind));
+  AllReduceTime t;
+  if (num_devices() <= 1) return t;
+  HAP_CHECK(hierarchical_possible(), "cost model: a hierarchical ", instr_name(kind),
+            " needs several nodes, one of them with several devices; cluster '", cluster_.name,
+            "' has ", cluster_.num_nodes(), " node(s)");
+  const int lanes = hierarchy_lanes();
+  const double P = num_devices();
+  // Inside each node (the slowest sets the pace), priced as padded passes at even shares: the
+  // node's own block (its devices' part of the tensor) gathered among them, and the lanes'
+  // pieces of every node's block, one per lane (the whole tensor, largest share 1 / lanes).
+  // Node blocks differ with the ratios; at even shares they are small beside the whole.
+  const Collective inside_first =
+      kind == InstrKind::AllGather ? Collective::AllGather : Collective::ReduceScatter;
+  for (int phase = 0; phase < 2; ++phase) {
+    AllReduceTime slowest;
+    for (const Node& node : cluster_.nodes) {
+      const int s = static_cast<int>(node.devices.size());
+      // all-gather: the node's block first, the lanes' pieces last; reduce-scatter: the lanes'
+      // pieces first (scattered), the node's block last (gathered).
+      const bool block = (phase == 0) == (kind == InstrKind::AllGather);
+      const Collective c = phase == 0 ? inside_first : Collective::AllGather;
+      const Link link = node.link.for_collective(c);
+      const CollectiveTerms terms = collective_terms(
+          c == Collective::AllGather ? InstrKind::AllGather : InstrKind::ReduceScatter,
+          CollectiveMethod::Padded, s, block ? bytes * s / P : bytes,
+          block ? 1.0 / s : 1.0 / lanes);
+      const AllReduceTime here{terms.latency_terms * link.latency_s,
+                               terms.byte_terms / link.bandwidth_bytes_per_s};
+      if (here.total_s() > slowest.total_s()) slowest = here;
+    }
+    t.latency_s += slowest.latency_s;
+    t.bytes_s += slowest.bytes_s;
+  }
+  // Across nodes: lane j moves piece j of every node's block; the lanes share the link out of a
+  // node, so together they move what one pass of the whole tensor over the nodes would.
+  const int N = cluster_.num_nodes();
+  const Link across = cluster_.inter_node.for_collective(inside_first);
+  const CollectiveTerms c = collective_terms(kind, CollectiveMethod::Padded, N, bytes, 1.0 / N);
+  t.latency_s += c.latency_terms * across.latency_s;
+  t.bytes_s += c.byte_terms / across.bandwidth_bytes_per_s;
+  return t;
+}
+
+std::vector<CollectiveMethod> CostModel::gather_methods() const {
+  std::vector<CollectiveMethod> m = {CollectiveMethod::Grouped, CollectiveMethod::Padded};
+  if (hierarchical_available()) m.push_back(CollectiveMethod::Hierarchical);
+  return m;
+}
+
 double CostModel::collective_latency_s(InstrKind kind, CollectiveMethod method) const {
   if (num_devices() <= 1) return 0;
   if (kind == InstrKind::GradAllReduce || kind == InstrKind::AllReduce)
     return all_reduce_time(1.0, method).latency_s;
   HAP_ASSERT(kind == InstrKind::AllGather || kind == InstrKind::ReduceScatter,
              "collective_latency_s() called for ", instr_name(kind));
+  if (method == CollectiveMethod::Hierarchical) return hierarchical_time(kind, 1.0).latency_s;
   const Link link = link_.for_collective(kind == InstrKind::AllGather ? Collective::AllGather
                                                                       : Collective::ReduceScatter);
   return collective_terms(kind, method, num_devices(), 1.0, 1.0).latency_terms * link.latency_s;
@@ -531,14 +592,21 @@ CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::v
     *cost_s = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);
     return kind == InstrKind::ToPartial ? CollectiveMethod::None : CollectiveMethod::Grouped;
   }
-  double padded = communication(kind, tensor, CollectiveMethod::Padded).eval(r);
-  double grouped = communication(kind, tensor, CollectiveMethod::Grouped).eval(r);
-  if (grouped < padded) {
-    *cost_s = grouped;
-    return CollectiveMethod::Grouped;
+  // Padded first: it wins ties. A slice (local, its backward a local embedding) has no
+  // hierarchical form.
+  std::vector<CollectiveMethod> methods = {CollectiveMethod::Padded, CollectiveMethod::Grouped};
+  if (kind != InstrKind::Slice && hierarchical_available())
+    methods.push_back(CollectiveMethod::Hierarchical);
+  CollectiveMethod best = CollectiveMethod::None;
+  *cost_s = std::numeric_limits<double>::infinity();
+  for (CollectiveMethod m : methods) {
+    const double c = communication(kind, tensor, m).eval(r);
+    if (c < *cost_s) {
+      *cost_s = c;
+      best = m;
+    }
   }
-  *cost_s = padded;
-  return CollectiveMethod::Padded;
+  return best;
 }
 
 double CostModel::reshard_coef(int tensor) const {

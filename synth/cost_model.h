@@ -146,17 +146,18 @@ class CostModel {
   // The better method (padded vs grouped gathers) under ratios r, and its cost.
   CollectiveMethod best_factor_broadcast(int node, int sig, const std::vector<double>& r,
                                          double* cost_s) const;
-  // The better method for a collective under ratios r (padded vs grouped; for an all-reduce,
-  // flat vs hierarchical), and its cost.
+  // The better method for a collective under ratios r (padded, grouped and, where available,
+  // hierarchical; for an all-reduce, flat vs hierarchical), and its cost.
   CollectiveMethod best_method(InstrKind kind, int tensor, const std::vector<double>& r,
                                double* cost_s) const;
 
-  // Hierarchical all-reduces (parallel/hierarchical.h): allowed by default; where allowed, an
+  // Hierarchical collectives (parallel/hierarchical.h): allowed by default; where allowed, an
   // all-reduce on a cluster of several nodes, one of them with several devices, is priced both
   // flat (a ring over every device at the bottleneck link) and hierarchical (a reduce-scatter
   // inside each node at its link, an all-reduce across nodes, an all-gather inside each node),
-  // and the cheaper is chosen. The link between nodes is read as what one node sends to the
-  // others at a time: the lanes of the middle phase share it.
+  // and the cheaper is chosen; all-gathers and reduce-scatters likewise (hierarchical_time). The
+  // link between nodes is read as what one node sends to the others at a time: the lanes of the
+  // middle phase share it.
   void set_hierarchical(bool allowed) { hierarchical_allowed_ = allowed; }
   // Whether the cluster has a hierarchical form distinct from the flat one (several nodes, one
   // of them with several devices), and whether, besides, it is allowed.
@@ -172,6 +173,13 @@ class CostModel {
     double total_s() const { return latency_s + bytes_s; }
   };
   AllReduceTime all_reduce_time(double bytes, CollectiveMethod method) const;
+  // One hierarchical all-gather or reduce-scatter (kind) of a tensor of `bytes` over every
+  // device (parallel/hierarchical.h): two passes inside the nodes at their links, one across
+  // them at the link between nodes, priced at even shares (a constant in the ratios).
+  AllReduceTime hierarchical_time(InstrKind kind, double bytes) const;
+  // The forms an all-gather or reduce-scatter may take: grouped, padded and, where available,
+  // hierarchical.
+  std::vector<CollectiveMethod> gather_methods() const;
   // The latency part of one collective pass over every device (what a bucket of many tensors
   // pays once): an all-gather's or a reduce-scatter's in `method`, or a gradient all-reduce's.
   double collective_latency_s(InstrKind kind, CollectiveMethod method) const;

@@ -900,20 +900,28 @@ class Expander {
   // The all-gather of a parameter kept for backward where every parameter is stored sharded
   // (SearchSpace::zero_storage_everywhere): such gathers run in buckets (bucketed_parameter_
   // gather), each paying one latency for all of its members, so the form and the price here are
-  // the bytes' alone (synth::recost prices the program whole; priced whole per parameter, the
-  // search kept reading parameters in shards where step_time finds that 2x slower, and chose
-  // forms by their latency).
+  // the bytes' and the parameter's share of its buckets' latencies (its bytes over a bucket's, at
+  // most one whole bucket: the gather's of kGatherBucketBytes, the reduce-scatter's of
+  // kGradBucketBytes). synth::recost prices the program whole; priced with whole latencies per
+  // parameter, the search kept reading parameters in shards where step_time finds that 2x slower,
+  // and chose forms by their latency; priced without, it never chose the hierarchical forms
+  // whose gain is the buckets' latency.
   CollectiveMethod bucketed_gather_method(int t, int seg, double* cost) const {
     uint64_t k = (static_cast<uint64_t>(0xFE) << 56) | (static_cast<uint64_t>(seg) << 32) |
                  static_cast<uint64_t>(t);
     auto it = comm_cache_.find(k);
     if (it == comm_cache_.end()) {
       std::pair<CollectiveMethod, double> best{CollectiveMethod::None, kInf};
-      for (CollectiveMethod m : {CollectiveMethod::Grouped, CollectiveMethod::Padded}) {
-        const double c =
-            cm_.communication(InstrKind::AllGather, t, m).eval(ratios_[seg]) -
-            cm_.collective_latency_s(InstrKind::AllGather, m) -
-            (cm_.requires_grad(t) ? cm_.collective_latency_s(InstrKind::ReduceScatter, m) : 0.0);
+      const double bytes = static_cast<double>(g_.tensors[t].bytes());
+      const double gather_share = std::min(1.0, bytes / static_cast<double>(kGatherBucketBytes));
+      const double scatter_share = std::min(1.0, bytes / static_cast<double>(kGradBucketBytes));
+      for (CollectiveMethod m : cm_.gather_methods()) {
+        const double gather_latency = cm_.collective_latency_s(InstrKind::AllGather, m);
+        const double scatter_latency =
+            cm_.requires_grad(t) ? cm_.collective_latency_s(InstrKind::ReduceScatter, m) : 0.0;
+        const double c = cm_.communication(InstrKind::AllGather, t, m).eval(ratios_[seg]) -
+                         gather_latency * (1 - gather_share) -
+                         scatter_latency * (1 - scatter_share);
         if (c < best.second) best = {m, std::max(0.0, c)};
       }
       it = comm_cache_.emplace(k, best).first;

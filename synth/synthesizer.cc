@@ -1180,7 +1180,7 @@ double zero_all_estimate_s(const DistributedProgram& p, const Graph& graph, cons
     if (t.role != TensorRole::Parameter || t.shape.empty() || t.shape[0] < cluster.size()) continue;
     const std::vector<double>& r = p.ratios[static_cast<size_t>(in.segment)];
     double best = std::numeric_limits<double>::infinity();
-    for (CollectiveMethod m : {CollectiveMethod::Grouped, CollectiveMethod::Padded}) {
+    for (CollectiveMethod m : cm.gather_methods()) {
       const double c = cm.communication(InstrKind::AllGather, in.tensor, m).eval(r);
       if (c < best) {
         best = c;

@@ -410,10 +410,11 @@ synth::DistributedProgram load_plan(const std::string& path, const synth::CostMo
         in.to = parse_prop(e.at("to"), where + ".to", rank);
         in.method = parse_method(e.at("method"), where + ".method");
         if (in.method == CollectiveMethod::Hierarchical) {
-          if (in.kind != InstrKind::AllReduce && in.kind != InstrKind::GradAllReduce)
+          if (in.kind != InstrKind::AllReduce && in.kind != InstrKind::GradAllReduce &&
+              in.kind != InstrKind::AllGather && in.kind != InstrKind::ReduceScatter)
             throw ConfigError(where +
-                              ".method: only an all_reduce or grad_all_reduce can be "
-                              "hierarchical, this is a " +
+                              ".method: only an all_reduce, grad_all_reduce, all_gather or "
+                              "reduce_scatter can be hierarchical, this is a " +
                               std::string(synth::instr_name(in.kind)));
           if (!cm.hierarchical_possible())
             throw ConfigError(where +

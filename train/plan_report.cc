@@ -136,20 +136,28 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   if (const auto n = std::count(p.recompute.begin(), p.recompute.end(), true); n > 0)
     os << "recomputation: " << n << " of " << p.recompute.size()
        << " segments keep no activations for backward and run their forward again there\n";
-  // Hierarchical all-reduces: how many, over which nodes, and what they save against the flat
-  // form (each priced on its own, overlap left out).
-  int hierarchical = 0;
+  // Hierarchical collectives: how many, over which nodes, and what they save against the best
+  // flat form (each priced on its own, overlap and buckets left out).
+  int hierarchical = 0, all_reduces = 0;
   double flat_s = 0, hier_s = 0;
   for (const synth::Instruction& in : p.instructions) {
     if (in.method != synth::CollectiveMethod::Hierarchical) continue;
     ++hierarchical;
+    const bool reduces = in.kind == InstrKind::AllReduce || in.kind == InstrKind::GradAllReduce;
+    all_reduces += reduces ? 1 : 0;
     hier_s += in.cost_s;
-    flat_s += cm.communication(in.kind, in.tensor, synth::CollectiveMethod::Grouped)
-                  .eval(p.ratios[static_cast<size_t>(in.segment)]);
+    const std::vector<double>& r = p.ratios[static_cast<size_t>(in.segment)];
+    double flat = cm.communication(in.kind, in.tensor, synth::CollectiveMethod::Grouped).eval(r);
+    if (!reduces)
+      flat = std::min(
+          flat, cm.communication(in.kind, in.tensor, synth::CollectiveMethod::Padded).eval(r));
+    flat_s += flat;
   }
   if (hierarchical > 0) {
     const int lanes = cm.hierarchy_lanes();
-    os << "hierarchical all-reduces: " << hierarchical << " (inside each of the " << c.num_nodes()
+    os << "hierarchical collectives: " << hierarchical << " (" << all_reduces << " all-reduce"
+       << (all_reduces == 1 ? "" : "s") << ", " << hierarchical - all_reduces
+       << " all-gathers and reduce-scatters; inside each of the " << c.num_nodes()
        << " nodes, then across them in " << lanes << " lane" << (lanes == 1 ? "" : "s")
        << "): " << fmt_s(hier_s) << " per step where flat ones would take " << fmt_s(flat_s)
        << "\n";

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <tuple>
 
 #include "core/allocator.h"
 #include "core/rng.h"
@@ -492,6 +493,17 @@ TEST(Executor, ForwardKeepsNoValueButTheLoss) {
 
 // The tiny GPT's dp-cp program (batch 7 x 6, dropout 0.1, per-block segments), edited by `edit`:
 // 3 AdamW steps match one device.
+// The program's all-gathers and reduce-scatters made hierarchical, its ranks in two nodes (the
+// first half and the rest).
+void make_gathers_hierarchical(synth::DistributedProgram& plan) {
+  const int n = static_cast<int>(plan.ratios.at(0).size());
+  plan.nodes.clear();
+  for (int r = 0; r < n; ++r) plan.nodes.push_back(r < (n + 1) / 2 ? 0 : 1);
+  for (synth::Instruction& in : plan.instructions)
+    if (in.kind == synth::InstrKind::AllGather || in.kind == synth::InstrKind::ReduceScatter)
+      in.method = CollectiveMethod::Hierarchical;
+}
+
 void expect_edited_dp_cp_gpt_matches_one_device(
     const std::function<void(const synth::Graph&, synth::DistributedProgram&)>& edit) {
   const int64_t B = 7, T = 6;
@@ -511,16 +523,21 @@ void expect_edited_dp_cp_gpt_matches_one_device(
 // ZeRO storage (synth::SearchSpace::zero_storage): the dp-cp program with its parameters stored
 // Sharded(0), all-gathered before use (the copies kept for backward, or not kept and gathered
 // again there, also inside segments recomputed in backward), their gradients reduce-scattered
-// and their AdamW steps on the shards: 3 steps with dropout match one device.
+// and their AdamW steps on the shards: 3 steps with dropout match one device; also with the
+// gathers and reduce-scatters hierarchical, the ranks in two nodes.
 TEST(Executor, ZeroStorageMatchesOneDevice) {
-  for (auto [regather, recompute] :
-       {std::pair{false, false}, std::pair{true, false}, std::pair{true, true}}) {
+  for (auto [regather, recompute, hierarchical] :
+       {std::tuple{false, false, false}, std::tuple{true, false, false},
+        std::tuple{true, true, false}, std::tuple{false, false, true},
+        std::tuple{true, true, true}}) {
     SCOPED_TRACE(std::string(regather ? "gathered again in backward" : "gathered copies kept") +
-                 (recompute ? ", every segment recomputed" : ""));
+                 (recompute ? ", every segment recomputed" : "") +
+                 (hierarchical ? ", hierarchical" : ""));
     expect_edited_dp_cp_gpt_matches_one_device(
         [&](const synth::Graph& g, synth::DistributedProgram& plan) {
           EXPECT_GE(test_util::apply_zero_storage(g, plan, regather), 4);
           if (recompute) plan.recompute.assign(plan.ratios.size(), true);
+          if (hierarchical) make_gathers_hierarchical(plan);
         });
   }
 }
@@ -541,8 +558,11 @@ TEST(Executor, BucketedParameterGathersEqualOneGatherEachBitForBit) {
   ASSERT_GE(zero, 4);
   for (auto [method, overlap] :
        {std::pair{CollectiveMethod::Grouped, true}, std::pair{CollectiveMethod::Padded, true},
-        std::pair{CollectiveMethod::Grouped, false}}) {
+        std::pair{CollectiveMethod::Grouped, false},
+        std::pair{CollectiveMethod::Hierarchical, true},
+        std::pair{CollectiveMethod::Hierarchical, false}}) {
     SCOPED_TRACE(std::string(synth::method_name(method)) + (overlap ? ", overlapped" : ""));
+    if (method == CollectiveMethod::Hierarchical) make_gathers_hierarchical(plan);
     for (synth::Instruction& in : plan.instructions)
       if (in.kind == synth::InstrKind::AllGather) in.method = method;
     ExecutorOptions one_each, bucketed;
@@ -623,6 +643,38 @@ TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
         hap.storage[in.tensor] == synth::Prop::sharded(0))
       ++gathered;
   ASSERT_GT(gathered, 0) << "the search stored no parameter sharded for a whole read";
+  const double lr = 3e-3;
+  const int steps = 3;
+  compare_with_one_device(
+      g, synth::Strategy::Hap, synth::SegmentMode::Single, ref,
+      [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
+      testing::close_parameters_with_attention(lr, steps), {}, c,
+      [&](synth::DistributedProgram& plan) { plan = hap; });
+}
+
+// The same with every parameter stored sharded (parallel.zero_storage: all) on two nodes joined
+// by a slow link: the search gathers them hierarchically, and 3 AdamW steps with dropout match one
+// device.
+TEST(Executor, HierarchicalZeroStorageProgramsMatchOneDevice) {
+  if (world().size() < 3)
+    GTEST_SKIP() << "two nodes with one of several ranks need 3 ranks or more";
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.1);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const synth::Cluster c = testing::two_node_cluster_for(world().size());
+  synth::SynthesisOptions opt;
+  opt.select_devices = false;
+  opt.segments = synth::SegmentMode::Single;
+  opt.zero_storage = synth::ZeroStorage::All;
+  const synth::DistributedProgram hap = synth::synthesize(g, c, opt);
+  int hierarchical = 0;
+  for (const synth::Instruction& in : hap.instructions)
+    if (in.kind == synth::InstrKind::AllGather &&
+        g.tensors[in.tensor].role == synth::TensorRole::Parameter)
+      hierarchical += in.method == CollectiveMethod::Hierarchical;
+  ASSERT_GT(hierarchical, 0) << "no parameter is gathered hierarchically";
   const double lr = 3e-3;
   const int steps = 3;
   compare_with_one_device(

@@ -1,7 +1,9 @@
-// The hierarchical all-reduce (parallel/hierarchical.h): for any grouping of the ranks into nodes
-// (contiguous or not, uneven, one node, a node per rank), every element is the sum over nodes, in
-// node order, of each node's rank-order sum, bitwise, on every rank; the started form gives the
-// same bits; the functional all_reduce takes the form only with node groups attached.
+// The hierarchical collectives (parallel/hierarchical.h): for any grouping of the ranks into nodes
+// (contiguous or not, uneven, one node, a node per rank), the all-reduce's every element is the
+// sum over nodes, in node order, of each node's rank-order sum, bitwise, on every rank, and so is
+// the reduce-scatter's of every block of any layout; the all-gather gives the flat one's bits; the
+// started forms give the same bits; the functional collectives take the forms only with node
+// groups attached.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/functional.h"
 #include "parallel/collectives.h"
 #include "parallel/hierarchical.h"
 #include "parallel_test_util.h"
@@ -142,9 +145,129 @@ TEST(HierarchicalAllReduce, Bf16IsCloseToTheExactSumAndTheSameOnEveryRank) {
   }
 }
 
+// Block layouts over n ranks: uneven packed blocks, some of them empty, all empty, the padded
+// methods' slots, and blocks with gaps between them and out of rank order.
+std::vector<std::pair<std::string, BlockLayout>> layouts(int n) {
+  std::vector<int64_t> uneven(n), some_empty(n), none(n, 0);
+  for (int r = 0; r < n; ++r) {
+    uneven[r] = 3 + 5 * r + (r % 2 == 0 ? 17 : 0);
+    some_empty[r] = r % 2 == 1 ? 0 : 4 + r;
+  }
+  BlockLayout gaps;
+  int64_t at = 2;
+  for (int r = n - 1; r >= 0; --r) {  // the last rank's block first
+    gaps.counts.insert(gaps.counts.begin(), 6 + r);
+    gaps.displs.insert(gaps.displs.begin(), at);
+    at += 6 + r + 3;
+  }
+  return {{"uneven", BlockLayout::packed(uneven)},
+          {"some empty", BlockLayout::packed(some_empty)},
+          {"all empty", BlockLayout::packed(none)},
+          {"slots", BlockLayout::slots(static_cast<size_t>(n), 9)},
+          {"gaps, out of rank order", gaps}};
+}
+
+template <typename T>
+void check_gathers(DType dtype) {
+  const int n = world().size(), me = world().rank();
+  const TensorOptions options = TensorOptions{}.with_dtype(dtype);
+  for (const auto& [what, labels] : groupings(n)) {
+    const auto groups = group_by_node(world(), labels);
+    for (const auto& [shape, layout] : layouts(n)) {
+      SCOPED_TRACE(what + ", " + shape);
+      const int64_t total = layout.total();
+      const int64_t mine = layout.counts[static_cast<size_t>(me)];
+      const size_t bytes = static_cast<size_t>(total) * sizeof(T);
+      // The all-gather: the flat one's bits, gaps untouched.
+      std::vector<double> block(static_cast<size_t>(mine));
+      for (int64_t i = 0; i < mine; ++i) block[static_cast<size_t>(i)] = addend(me, i);
+      const Tensor in = Tensor::from_vector(block, {mine}, options);
+      const Tensor flat = Tensor::zeros({total}, options);
+      world().backend().all_gather(in, flat, layout);
+      const Tensor out = Tensor::zeros({total}, options);
+      start_hierarchical_all_gather(groups, in, out, layout)->wait();
+      EXPECT_EQ(std::memcmp(out.raw_data(), flat.raw_data(), bytes), 0) << "all-gather";
+      const Tensor started = Tensor::zeros({total}, options);
+      auto pending = start_hierarchical_all_gather(groups, in, started, layout);
+      while (!pending->test()) {
+      }
+      EXPECT_EQ(std::memcmp(started.raw_data(), flat.raw_data(), bytes), 0) << "all-gather, tested";
+      // The reduce-scatter: this rank's block of the node-order sum of node sums.
+      std::vector<double> whole(static_cast<size_t>(total));
+      for (int64_t i = 0; i < total; ++i) whole[static_cast<size_t>(i)] = addend(me, i);
+      const Tensor partial = Tensor::from_vector(whole, {total}, options);
+      const std::vector<T> sums = expected_sums<T>(labels, total);
+      const std::vector<T> want(sums.begin() + layout.displs[static_cast<size_t>(me)],
+                                sums.begin() + layout.displs[static_cast<size_t>(me)] + mine);
+      const Tensor scattered = Tensor::empty({mine}, options);
+      start_hierarchical_reduce_scatter(groups, partial, layout, scattered)->wait();
+      EXPECT_EQ(std::memcmp(scattered.raw_data(), want.data(), want.size() * sizeof(T)), 0)
+          << "reduce-scatter";
+      const Tensor tested = Tensor::empty({mine}, options);
+      auto scatter = start_hierarchical_reduce_scatter(groups, partial, layout, tested);
+      while (!scatter->test()) {
+      }
+      EXPECT_EQ(std::memcmp(tested.raw_data(), want.data(), want.size() * sizeof(T)), 0)
+          << "reduce-scatter, tested";
+    }
+  }
+}
+
+TEST(HierarchicalGathers, AllGatherIsTheFlatOnesBitsAndReduceScatterSumsEachNodeFirst) {
+  check_gathers<float>(DType::F32);
+  check_gathers<double>(DType::F64);
+}
+
+// The functional all_gather and reduce_scatter (and their bucketed forms) take the hierarchical
+// form over the node groups attached to the communicator: the all-gather the grouped one's bits,
+// the reduce-scatter the rows of the hierarchical all-reduce, along a leading and an inner dim.
+TEST(HierarchicalGathers, TheFunctionalFormsRunOverTheNodeGroups) {
+  const int n = world().size(), me = world().rank();
+  std::vector<int> labels(n);
+  for (int r = 0; r < n; ++r) labels[r] = r % 2;
+  const Communicator grouped = world().with_node_groups(group_by_node(world(), labels));
+  std::vector<int64_t> lengths(n);
+  for (int r = 0; r < n; ++r) lengths[r] = (r * 3 + 2) % 5;  // some zero where n > 1
+  int64_t sum = 0;
+  for (int64_t len : lengths) sum += len;
+  for (int64_t dim : {int64_t{0}, int64_t{1}}) {
+    SCOPED_TRACE("dim " + std::to_string(dim));
+    const Shape local = dim == 0 ? Shape{lengths[me], 3} : Shape{3, lengths[me]};
+    std::vector<double> v(static_cast<size_t>(shape_numel(local)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = addend(me, static_cast<int64_t>(i));
+    const Tensor x = Tensor::from_vector(v, local);
+    const Tensor a = all_gather(grouped, x, dim, lengths, CollectiveMethod::Hierarchical);
+    const Tensor b = all_gather(world(), x, dim, lengths, CollectiveMethod::Grouped);
+    ASSERT_EQ(a.shape(), b.shape());
+    EXPECT_EQ(std::memcmp(a.contiguous().raw_data(), b.contiguous().raw_data(),
+                          static_cast<size_t>(b.numel()) * sizeof(float)),
+              0);
+    const std::vector<Tensor> many = all_gather_many(
+        grouped, {x, x}, {{dim, lengths}, {dim, lengths}}, CollectiveMethod::Hierarchical);
+    for (const Tensor& m : many)
+      EXPECT_EQ(std::memcmp(m.contiguous().raw_data(), b.contiguous().raw_data(),
+                            static_cast<size_t>(b.numel()) * sizeof(float)),
+                0);
+    const Shape full = dim == 0 ? Shape{sum, 3} : Shape{3, sum};
+    std::vector<double> w(static_cast<size_t>(shape_numel(full)));
+    for (size_t i = 0; i < w.size(); ++i) w[i] = addend(me, static_cast<int64_t>(i));
+    const Tensor partial = Tensor::from_vector(w, full);
+    const Tensor reduced = all_reduce(grouped, partial, CollectiveMethod::Hierarchical);
+    int64_t start = 0;
+    for (int r = 0; r < me; ++r) start += lengths[r];
+    const Tensor want = hap::narrow(reduced, dim, start, lengths[me]).contiguous();
+    const Tensor got =
+        reduce_scatter(grouped, partial, dim, lengths, CollectiveMethod::Hierarchical);
+    ASSERT_EQ(got.shape(), want.shape());
+    EXPECT_EQ(std::memcmp(got.contiguous().raw_data(), want.raw_data(),
+                          static_cast<size_t>(want.numel()) * sizeof(float)),
+              0);
+  }
+}
+
 // all_reduce(comm, x, Hierarchical) runs over the node groups attached to the communicator and
-// equals hierarchical_all_reduce; without them, or for another collective, it is refused.
-TEST(HierarchicalAllReduce, TheFunctionalFormNeedsNodeGroupsAndOnlyAllReduceHasIt) {
+// equals hierarchical_all_reduce; without them, or for an all-to-all, it is refused.
+TEST(HierarchicalAllReduce, TheFunctionalFormNeedsNodeGroupsAndAllToAllHasNone) {
   const int n = world().size();
   std::vector<int> labels(n);
   for (int r = 0; r < n; ++r) labels[r] = r < (n + 1) / 2 ? 0 : 1;
@@ -160,8 +283,14 @@ TEST(HierarchicalAllReduce, TheFunctionalFormNeedsNodeGroupsAndOnlyAllReduceHasI
   EXPECT_EQ(std::memcmp(y.raw_data(), want.data(), want.size() * sizeof(float)), 0);
   const std::vector<int64_t> lengths(n, numel);
   EXPECT_HAS(test_util::error_of(
-                 [&] { all_gather(grouped, x, 0, lengths, CollectiveMethod::Hierarchical); }),
-             "only all_reduce has a hierarchical form");
+                 [&] { all_gather(world(), x, 0, lengths, CollectiveMethod::Hierarchical); }),
+             "needs the ranks' nodes");
+  const Tensor square = Tensor::zeros({n, n});
+  const std::vector<int64_t> ones(n, 1);
+  EXPECT_HAS(test_util::error_of([&] {
+               all_to_all(grouped, square, 0, 1, ones, ones, CollectiveMethod::Hierarchical);
+             }),
+             "have a hierarchical form");
   EXPECT_HAS(test_util::error_of([&] { group_by_node(world(), std::vector<int>(n + 1, 0)); }),
              "expected one per rank");
 }

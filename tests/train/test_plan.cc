@@ -305,7 +305,7 @@ TEST_F(PlanReport, HierarchicalAllReducesAreCountedWithWhatTheySave) {
   o.strategy = hap::synth::Strategy::DpCp;
   const hap::synth::DistributedProgram hier = hap::synth::synthesize(graph_, c, o);
   const std::vector<std::string> lines =
-      lines_starting(report(c, hier), "hierarchical all-reduces: ");
+      lines_starting(report(c, hier), "hierarchical collectives: ");
   ASSERT_EQ(lines.size(), 1u) << report(c, hier);
   EXPECT_NE(lines[0].find("inside each of the 2 nodes, then across them in 2 lanes"),
             std::string::npos)
@@ -313,7 +313,7 @@ TEST_F(PlanReport, HierarchicalAllReducesAreCountedWithWhatTheySave) {
   EXPECT_NE(lines[0].find("where flat ones would take"), std::string::npos) << lines[0];
   o.hierarchical_collectives = false;
   const hap::synth::DistributedProgram flat = hap::synth::synthesize(graph_, c, o);
-  EXPECT_TRUE(lines_starting(report(c, flat), "hierarchical all-reduces").empty());
+  EXPECT_TRUE(lines_starting(report(c, flat), "hierarchical collectives").empty());
 }
 
 // A program that stores parameters sharded and gathers them for use (ZeRO storage) says how many,

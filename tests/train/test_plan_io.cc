@@ -278,7 +278,8 @@ TEST(PlanFile, HierarchicalAllReducesAreWrittenAndReadBack) {
   json j = good;
   j["instructions"][hierarchical]["kind"] = "all_to_all";
   EXPECT_HAS(load_error(cm, j), "instructions[" + std::to_string(hierarchical) +
-                                    "].method: only an all_reduce or grad_all_reduce");
+                                    "].method: only an all_reduce, grad_all_reduce, all_gather or "
+                                    "reduce_scatter can be hierarchical");
   // On the one-node cluster (another fingerprint: the plan is rewritten for it).
   const synth::CostModel one(s.graph, s.cluster);
   j = plan_to_json(one, synth::synthesize(s.graph, s.cluster, o));
