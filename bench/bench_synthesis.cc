@@ -91,6 +91,9 @@ int main(int argc, char** argv) {
   cli.add_option("--out", out, "results JSON");
   cli.add_option("--layers", layer_counts, "layer counts");
   cli.add_option("--devices", device_counts, "device counts");
+  bool show_steps = false;
+  cli.add_flag("--show-steps", show_steps,
+               "print each synthesis step of hap (what it searched, states, step time, seconds)");
   int select_devices = 256;
   cli.add_option("--selection-devices", select_devices,
                  "devices of the three-type cluster for the device-selection case (0: skip)");
@@ -114,6 +117,10 @@ int main(int argc, char** argv) {
         timing.push_back({{"layers", L}, {"devices", N}, {"error", e.what()}});
         continue;
       }
+      if (show_steps)
+        for (const auto& st : p.steps)
+          std::printf("   step %-70.70s %9lld %10.4f %7.3f s %s\n", st.what.c_str(),
+                      static_cast<long long>(st.states), st.cost_s, st.seconds, st.outcome.c_str());
       synth::SynthesisOptions memo_only;
       memo_only.dominance_pruning = false;
       const synth::DistributedProgram q = synth::synthesize(graph, c, memo_only);

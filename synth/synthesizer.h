@@ -79,8 +79,9 @@ struct SynthesisOptions {
   // baselines take all.
   std::vector<int> devices;
   // hap only, with no devices pinned: also plan on subsets of the fastest devices (the k fastest
-  // for k a power of two, and whole device classes), each judged first by its dp-cp program, and
-  // leave the others out where that is predicted faster (DistributedProgram::devices).
+  // for k a power of two, and whole device classes), each judged first by its dp-cp program, the
+  // best of them with hap too where its dp-cp is within 5% of hap on all devices, and leave the
+  // others out where that is predicted faster (DistributedProgram::devices).
   bool select_devices = true;
   Recompute recompute = Recompute::Auto;
   std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)

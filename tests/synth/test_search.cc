@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <functional>
 #include <limits>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -1043,6 +1044,69 @@ TEST(Synthesizer, HapLeavesOutDevicesWhereThatIsPredictedFaster) {
   EXPECT_EQ(states, p.states_expanded);
   // The same program on every call (ranks plan independently).
   EXPECT_EQ(program_hash(p), program_hash(synthesize(g, c, SynthesisOptions{})));
+}
+
+// Three tiers on one node: 2 fast devices, 2 half as fast and 4 a quarter as fast, the middle
+// tier's memory `middle` bytes, the others' plenty.
+Cluster three_tier_cluster(double middle) {
+  Cluster c;
+  c.name = "three-tier";
+  std::vector<Device> devs;
+  for (int i = 0; i < 8; ++i) {
+    const double flops = i < 2 ? 4e9 : i < 4 ? 2e9 : 1e9;
+    const double memory = i >= 2 && i < 4 ? middle : 1e12;
+    devs.push_back({"d" + std::to_string(i), "cpu", flops, static_cast<int64_t>(memory), -1});
+  }
+  c.add_node("n0", {1e10, 1e-6}, devs);
+  c.validate();
+  return c;
+}
+
+// Device selection judges the subsets of the fastest from the largest down, and leaves unplanned
+// a smaller one that must run out of memory as a larger one did (no larger smallest memory), but
+// plans one whose devices all have more memory than the larger one's smallest.
+TEST(Synthesizer, DeviceSelectionSkipsOnlySubsetsThatMustRunOutOfMemory) {
+  const Graph g = random_graph(11, 4, 4096);  // activations outweigh the parameters
+  // The middle tier's peak under dp-cp on the 4 fastest (a sixth of the batch each) and on all 8
+  // (an eighth): memory between the two fits all 8 but not the 4 fastest.
+  SynthesisOptions dp;
+  dp.strategy = Strategy::DpCp;
+  const Cluster roomy = three_tier_cluster(1e12);
+  const double on_4 = synthesize(g, roomy.subset({0, 1, 2, 3}), dp).device_memory_bytes[2];
+  const double on_8 = synthesize(g, roomy, dp).device_memory_bytes[2];
+  ASSERT_GT(on_4, on_8 * 1.1) << "the tiers' memory does not separate the subsets";
+  const Cluster c = three_tier_cluster(std::floor((on_4 + on_8) / 2));
+  EXPECT_THROW(synthesize(g, c.subset({0, 1, 2, 3}), dp), Error);
+  const DistributedProgram p = synthesize(g, c, SynthesisOptions{});
+  std::map<std::string, SynthesisStep> step;
+  for (const SynthesisStep& st : p.steps) step[st.what] = st;
+  ASSERT_TRUE(step.count("devices: the 4 fastest, by dp-cp"));
+  EXPECT_EQ(step["devices: the 4 fastest, by dp-cp"].outcome, "out of memory");
+  // The 2 and 1 fastest have plenty of memory: planned, and they fit.
+  for (const char* k : {"devices: the 2 fastest, by dp-cp", "devices: the 1 fastest, by dp-cp"}) {
+    ASSERT_TRUE(step.count(k)) << k;
+    EXPECT_GT(step[k].cost_s, 0) << k << ": " << step[k].outcome;
+  }
+  // With every device's memory that small, the 2 and 1 fastest must run out too: not planned.
+  Cluster small = c;
+  for (Device& d : small.devices) d.memory_bytes = c.devices[2].memory_bytes;
+  const DistributedProgram q = synthesize(g, small, SynthesisOptions{});
+  int skipped = 0;
+  for (const SynthesisStep& st : q.steps)
+    if (st.what == "devices: the 2 fastest, by dp-cp" ||
+        st.what == "devices: the 1 fastest, by dp-cp") {
+      ++skipped;
+      EXPECT_EQ(st.outcome, "out of memory (as the 4 fastest are; not planned)") << st.what;
+      EXPECT_EQ(st.states, 0);
+      EXPECT_THROW(
+          synthesize(g,
+                     small.subset(st.what.find(" 2 ") != std::string::npos ? std::vector<int>{0, 1}
+                                                                           : std::vector<int>{0}),
+                     dp),
+          Error)
+          << st.what;
+    }
+  EXPECT_EQ(skipped, 2);
 }
 
 TEST(Synthesizer, APinnedSubsetOfDevicesIsPlannedOnThoseAlone) {
