@@ -619,30 +619,20 @@ TEST(Executor, FactorBroadcastMatchesOneDevice) {
   }
 }
 
-// A hap program the search made with ZeRO storage (parallel.zero_storage on, on devices whose
-// optimizer step is slow enough that updating shards pays): it stores some parameter sharded
-// and gathers it for use, and 3 AdamW steps with dropout match one device.
-TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
-  if (world().size() < 2) GTEST_SKIP() << "ZeRO storage needs 2 ranks or more";
+// hap planned with `opt` on cluster `c` for the tiny GPT (dropout 0.1): `check` looks at the
+// program, and 3 AdamW steps of it match one device.
+void expect_synthesized_gpt_matches_one_device(
+    const synth::Cluster& c, synth::SynthesisOptions opt,
+    const std::function<void(const synth::Graph&, const synth::DistributedProgram&)>& check) {
   const int64_t B = 7, T = 6;
   const nn::GPTConfig cfg = tiny_gpt(0.1);
   nn::GPT ref(cfg);
   const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
   const synth::Graph g = gpt_graph(cfg, B, T);
-  synth::Cluster c = cluster_for(world().size());
-  for (synth::Device& d : c.devices) d.update_s_per_param = 1e-5;
-  synth::SynthesisOptions opt;
   opt.select_devices = false;
   opt.segments = synth::SegmentMode::Single;
-  opt.zero_storage = synth::ZeroStorage::On;
   const synth::DistributedProgram hap = synth::synthesize(g, c, opt);
-  int gathered = 0;
-  for (const synth::Instruction& in : hap.instructions)
-    if (in.kind == synth::InstrKind::AllGather &&
-        g.tensors[in.tensor].role == synth::TensorRole::Parameter && in.from.dim == 0 &&
-        hap.storage[in.tensor] == synth::Prop::sharded(0))
-      ++gathered;
-  ASSERT_GT(gathered, 0) << "the search stored no parameter sharded for a whole read";
+  check(g, hap);
   const double lr = 3e-3;
   const int steps = 3;
   compare_with_one_device(
@@ -652,36 +642,45 @@ TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
       [&](synth::DistributedProgram& plan) { plan = hap; });
 }
 
+// A hap program the search made with ZeRO storage (parallel.zero_storage on, on devices whose
+// optimizer step is slow enough that updating shards pays): it stores some parameter sharded
+// and gathers it for use, and 3 AdamW steps with dropout match one device.
+TEST(Executor, HapProgramsWithZeroStorageMatchOneDevice) {
+  if (world().size() < 2) GTEST_SKIP() << "ZeRO storage needs 2 ranks or more";
+  synth::Cluster c = cluster_for(world().size());
+  for (synth::Device& d : c.devices) d.update_s_per_param = 1e-5;
+  synth::SynthesisOptions opt;
+  opt.zero_storage = synth::ZeroStorage::On;
+  expect_synthesized_gpt_matches_one_device(
+      c, opt, [](const synth::Graph& g, const synth::DistributedProgram& hap) {
+        int gathered = 0;
+        for (const synth::Instruction& in : hap.instructions)
+          if (in.kind == synth::InstrKind::AllGather &&
+              g.tensors[in.tensor].role == synth::TensorRole::Parameter && in.from.dim == 0 &&
+              hap.storage[in.tensor] == synth::Prop::sharded(0))
+            ++gathered;
+        ASSERT_GT(gathered, 0) << "the search stored no parameter sharded for a whole read";
+      });
+}
+
 // The same with every parameter stored sharded (parallel.zero_storage: all) on two nodes joined
 // by a slow link: the search gathers them hierarchically, and 3 AdamW steps with dropout match one
 // device.
 TEST(Executor, HierarchicalZeroStorageProgramsMatchOneDevice) {
   if (world().size() < 3)
     GTEST_SKIP() << "two nodes with one of several ranks need 3 ranks or more";
-  const int64_t B = 7, T = 6;
-  const nn::GPTConfig cfg = tiny_gpt(0.1);
-  nn::GPT ref(cfg);
-  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-  const synth::Graph g = gpt_graph(cfg, B, T);
-  const synth::Cluster c = testing::two_node_cluster_for(world().size());
   synth::SynthesisOptions opt;
-  opt.select_devices = false;
-  opt.segments = synth::SegmentMode::Single;
   opt.zero_storage = synth::ZeroStorage::All;
-  const synth::DistributedProgram hap = synth::synthesize(g, c, opt);
-  int hierarchical = 0;
-  for (const synth::Instruction& in : hap.instructions)
-    if (in.kind == synth::InstrKind::AllGather &&
-        g.tensors[in.tensor].role == synth::TensorRole::Parameter)
-      hierarchical += in.method == CollectiveMethod::Hierarchical;
-  ASSERT_GT(hierarchical, 0) << "no parameter is gathered hierarchically";
-  const double lr = 3e-3;
-  const int steps = 3;
-  compare_with_one_device(
-      g, synth::Strategy::Hap, synth::SegmentMode::Single, ref,
-      [&] { return ref.loss(data.at("idx"), data.at("targets")); }, data, steps, lr, 0.0,
-      testing::close_parameters_with_attention(lr, steps), {}, c,
-      [&](synth::DistributedProgram& plan) { plan = hap; });
+  expect_synthesized_gpt_matches_one_device(
+      testing::two_node_cluster_for(world().size()), opt,
+      [](const synth::Graph& g, const synth::DistributedProgram& hap) {
+        int hierarchical = 0;
+        for (const synth::Instruction& in : hap.instructions)
+          if (in.kind == synth::InstrKind::AllGather &&
+              g.tensors[in.tensor].role == synth::TensorRole::Parameter)
+            hierarchical += in.method == CollectiveMethod::Hierarchical;
+        ASSERT_GT(hierarchical, 0) << "no parameter is gathered hierarchically";
+      });
 }
 
 // Gathering the parameters again in backward gives the loss and every gradient bit for bit what
