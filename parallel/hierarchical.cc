@@ -38,18 +38,17 @@ std::shared_ptr<const NodeGroups> group_by_node(const Communicator& comm,
 
 namespace {
 
+// Even cuts of `numel` elements into `lanes` pieces (the first numel % lanes one longer).
+int64_t lane_piece(int64_t numel, int lanes, int j) {
+  return numel / lanes + (j < numel % lanes ? 1 : 0);
+}
+
 // Block j of `numel` elements cut into `lanes` even blocks goes to local rank j; the node's other
 // ranks get empty blocks.
 BlockLayout lane_layout(int64_t numel, int lanes, int node_size) {
   std::vector<int64_t> counts(static_cast<size_t>(node_size), 0);
-  for (int j = 0; j < lanes; ++j)
-    counts[static_cast<size_t>(j)] = numel / lanes + (j < numel % lanes ? 1 : 0);
+  for (int j = 0; j < lanes; ++j) counts[static_cast<size_t>(j)] = lane_piece(numel, lanes, j);
   return BlockLayout::packed(counts);
-}
-
-// Even cuts of `numel` elements into `lanes` pieces (the first numel % lanes one longer).
-int64_t lane_piece(int64_t numel, int lanes, int j) {
-  return numel / lanes + (j < numel % lanes ? 1 : 0);
 }
 
 // Where a layout's blocks fall in the phases of the hierarchical all-gather and reduce-scatter.
@@ -60,6 +59,12 @@ struct NodePieces {
   std::vector<std::vector<int64_t>> piece_at;  // [node][lane]: its offset in the node's block
   std::vector<std::vector<int64_t>> lane_at;   // [node][lane]: its offset in the lane's buffer
   std::vector<int64_t> lane_total;             // per lane: its pieces of every node
+  // Lane j's layout across nodes: piece j of each node's block, in node order.
+  BlockLayout across(size_t j) const {
+    std::vector<int64_t> counts;
+    for (const auto& p : piece) counts.push_back(p[j]);
+    return BlockLayout::packed(counts);
+  }
 };
 
 NodePieces node_pieces(const NodeGroups& g, const BlockLayout& layout) {
@@ -122,6 +127,12 @@ BlockLayout per_lane(const NodeGroups& g, F count) {
   return BlockLayout::packed(counts);
 }
 
+// This rank's place in the grouped communicator.
+size_t my_rank(const NodeGroups& g) {
+  return static_cast<size_t>(
+      g.members[static_cast<size_t>(g.node_index)][static_cast<size_t>(g.local_rank)]);
+}
+
 void check_layout(const NodeGroups& g, const BlockLayout& layout, const char* op) {
   HAP_CHECK(g.node.valid() && g.lanes >= 1 && !g.members.empty(), op,
             ": the node groups are not set up");
@@ -172,12 +183,11 @@ std::unique_ptr<PendingCollective> start_hierarchical_all_gather(
   HAP_CHECK(groups != nullptr, op, ": no node groups");
   const std::shared_ptr<const NodeGroups>& g = groups;
   check_layout(*g, layout, op);
-  const int me = g->members[static_cast<size_t>(g->node_index)][static_cast<size_t>(g->local_rank)];
+  const size_t me = my_rank(*g);
   HAP_CHECK(in.defined() && out.defined() && in.dtype() == out.dtype() &&
-                in.numel() == layout.counts[static_cast<size_t>(me)] &&
-                out.numel() >= layout.total(),
+                in.numel() == layout.counts[me] && out.numel() >= layout.total(),
             op, ": in ", in.str(), " and out ", out.str(), " do not match the layout (",
-            layout.counts[static_cast<size_t>(me)], " elements in, ", layout.total(), " out)");
+            layout.counts[me], " elements in, ", layout.total(), " out)");
   auto np = std::make_shared<const NodePieces>(node_pieces(*g, layout));
   const size_t n = static_cast<size_t>(g->node_index), j = static_cast<size_t>(g->local_rank);
   const bool lane = g->local_rank < g->lanes;
@@ -196,11 +206,8 @@ std::unique_ptr<PendingCollective> start_hierarchical_all_gather(
       },
       [g, np, n, j, lane, node_block, lane_buf] {
         if (!lane) return Backend::completed();
-        std::vector<int64_t> counts;
-        for (const auto& p : np->piece) counts.push_back(p[j]);
         return g->lane.backend().start_all_gather(
-            flat(node_block, np->piece_at[n][j], np->piece[n][j]), lane_buf,
-            BlockLayout::packed(counts));
+            flat(node_block, np->piece_at[n][j], np->piece[n][j]), lane_buf, np->across(j));
       },
       [g, lane_buf, all, lanes_layout] {
         return g->node.backend().start_all_gather(lane_buf, all, lanes_layout);
@@ -221,12 +228,11 @@ std::unique_ptr<PendingCollective> start_hierarchical_reduce_scatter(
   HAP_CHECK(groups != nullptr, op, ": no node groups");
   const std::shared_ptr<const NodeGroups>& g = groups;
   check_layout(*g, layout, op);
-  const int me = g->members[static_cast<size_t>(g->node_index)][static_cast<size_t>(g->local_rank)];
+  const size_t me = my_rank(*g);
   HAP_CHECK(in.defined() && out.defined() && in.dtype() == out.dtype() &&
-                in.numel() >= layout.total() &&
-                out.numel() == layout.counts[static_cast<size_t>(me)],
+                in.numel() >= layout.total() && out.numel() == layout.counts[me],
             op, ": in ", in.str(), " and out ", out.str(), " do not match the layout (",
-            layout.total(), " elements in, ", layout.counts[static_cast<size_t>(me)], " out)");
+            layout.total(), " elements in, ", layout.counts[me], " out)");
   HAP_CHECK(in.dtype() != DType::U8, op, ": cannot sum u8 tensors (masks); cast them first");
   auto np = std::make_shared<const NodePieces>(node_pieces(*g, layout));
   const size_t n = static_cast<size_t>(g->node_index), j = static_cast<size_t>(g->local_rank);
@@ -244,16 +250,14 @@ std::unique_ptr<PendingCollective> start_hierarchical_reduce_scatter(
   Tensor piece = Tensor::empty({lane ? np->piece[n][j] : 0}, options);
   Tensor node_block = Tensor::empty({np->node_total[n]}, options);
   const BlockLayout pieces_layout = per_lane(*g, [&](size_t k) { return np->piece[n][k]; });
-  const int64_t my_at = np->member_at[static_cast<size_t>(me)];
+  const int64_t my_at = np->member_at[me];
   return std::make_unique<PhasedCollective>(std::vector<PhasedCollective::Phase>{
       [g, by_lane, lanes_layout, lane_buf] {
         return g->node.backend().start_reduce_scatter(by_lane, lanes_layout, lane_buf);
       },
       [g, np, j, lane, lane_buf, piece] {
         if (!lane) return Backend::completed();
-        std::vector<int64_t> counts;
-        for (const auto& p : np->piece) counts.push_back(p[j]);
-        return g->lane.backend().start_reduce_scatter(lane_buf, BlockLayout::packed(counts), piece);
+        return g->lane.backend().start_reduce_scatter(lane_buf, np->across(j), piece);
       },
       [g, piece, node_block, pieces_layout] {
         return g->node.backend().start_all_gather(piece, node_block, pieces_layout);
