@@ -59,6 +59,8 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
   link_ = cluster.bottleneck(all);
 
   requires_grad_.assign(graph.tensors.size(), false);
+  bytes_.resize(graph.tensors.size());
+  for (const GraphTensor& t : graph.tensors) bytes_[t.id] = static_cast<double>(t.bytes());
   for (const GraphTensor& t : graph.tensors)
     if (t.role == TensorRole::Parameter) {
       requires_grad_[t.id] = true;
@@ -177,7 +179,12 @@ std::vector<double> CostModel::compute_device_s(int node, int sig, const std::ve
       t[d] = device_compute_s(node, d) + fixed_compute_s(node, d);
     return t;
   }
-  const std::vector<double> share = compute_shares(node, sig, r, granule);
+  return compute_device_s_at(node, compute_shares(node, sig, r, granule));
+}
+
+std::vector<double> CostModel::compute_device_s_at(int node,
+                                                   const std::vector<double>& share) const {
+  std::vector<double> t(static_cast<size_t>(num_devices()));
   for (int d = 0; d < num_devices(); ++d)
     t[d] = device_compute_s(node, d) * share[d] + (share[d] > 0 ? fixed_compute_s(node, d) : 0.0);
   return t;
@@ -634,7 +641,7 @@ double CostModel::reshard_s(int tensor, int dim, const std::vector<double>& a,
 }
 
 double CostModel::held_bytes(int tensor, const Prop& p, double share) const {
-  double b = static_cast<double>(graph_.tensors[tensor].bytes());
+  const double b = bytes_[static_cast<size_t>(tensor)];
   return p.kind == PropKind::Sharded ? b * share : b;
 }
 

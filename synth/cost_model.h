@@ -119,6 +119,9 @@ class CostModel {
   // kernel overheads where it has a share (the whole node's where the signature splits nothing).
   std::vector<double> compute_device_s(int node, int sig, const std::vector<double>& r,
                                        int64_t granule = 1) const;
+  // The same from each device's share of a splitting signature's work (compute_shares' result,
+  // which a caller pricing many nodes on the same shards may compute once).
+  std::vector<double> compute_device_s_at(int node, const std::vector<double>& share) const;
   // Seconds of forward + backward of the whole of `node` on `device`: its FLOPs at the device's
   // FLOP/s plus, where the device's memory bandwidth is known, its bytes at that bandwidth (what
   // makes element-wise ops, norms and copies cost more than their few FLOPs suggest); the part
@@ -220,6 +223,7 @@ class CostModel {
   Link link_;  // bottleneck link over all devices
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
+  std::vector<double> bytes_;         // per tensor: its whole size (held_bytes reads it per state)
   std::vector<bool> recomputed_;      // per node (empty: none)
   std::vector<bool> dropped_;         // per tensor (empty: none)
   std::vector<int> dropped_segment_;  // per tensor

@@ -9,6 +9,7 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
 #include <string>
@@ -134,9 +135,28 @@ std::vector<double> device_compute_times(const CostModel& cm,
 }
 
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
-              const std::vector<std::vector<double>>& ratios) {
-  // Shards as the executor cuts them: whole granules (synth/shard_layout.h).
-  const ShardLayout layout(cm.graph(), instrs, ratios);
+              const std::vector<std::vector<double>>& ratios, const ShardLayout* granules) {
+  // Shards as the executor cuts them: whole granules (synth/shard_layout.h), which depend on the
+  // program alone (a caller pricing one program under many ratios builds them once).
+  std::optional<ShardLayout> own;
+  if (granules == nullptr) granules = &own.emplace(cm.graph(), instrs, ratios);
+  const ShardLayout& layout = *granules;
+  // What each device gets of a dimension of n elements in whole granules of g under a segment's
+  // ratios (ShardLayout::shares, CostModel::compute_shares), once per (segment, n, g): a program
+  // cuts the same few lengths again and again.
+  std::map<std::tuple<int, int64_t, int64_t>, std::vector<double>> cut;
+  auto shares = [&](int tensor, int64_t dim, int segment) -> const std::vector<double>& {
+    const int64_t n = cm.graph().tensors[tensor].shape[dim];
+    int64_t g = layout.granule(tensor, dim);
+    if (g <= 0 || n % g != 0) g = 1;
+    auto [it, fresh] = cut.try_emplace({segment, n, g});
+    if (fresh) {
+      const std::vector<int64_t> l = shard_lengths(n / g, ratios[segment]);
+      for (int64_t x : l)
+        it->second.push_back(n > 0 ? static_cast<double>(x * g) / static_cast<double>(n) : 0.0);
+    }
+    return it->second;
+  };
   // Compute between two synchronizing instructions is priced at that stretch's slowest device:
   // each instruction's cost_s is its time there, so that they sum to the stretch's time.
   std::vector<double> stretch(static_cast<size_t>(cm.num_devices()), 0.0);
@@ -156,8 +176,10 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
     switch (in.kind) {
       case InstrKind::Compute: {
         const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
-        std::vector<double> t = cm.compute_device_s(in.node, in.signature, r,
-                                                    tensor < 0 ? 1 : layout.granule(tensor, dim));
+        std::vector<double> t =
+            tensor < 0 || cm.graph().tensors[tensor].shape[dim] <= 0
+                ? cm.compute_device_s(in.node, in.signature, r)
+                : cm.compute_device_s_at(in.node, shares(tensor, dim, in.segment));
         for (size_t d = 0; d < t.size(); ++d) stretch[d] += t[d];
         members.emplace_back(i, std::move(t));
         break;
@@ -168,24 +190,24 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
         break;
       // Costs that scale with a device's share: the share it really gets (whole granules).
       case InstrKind::Update:
-        in.cost_s = cm.update(in.tensor, in.to)
-                        .eval(in.to.kind == PropKind::Sharded
-                                  ? layout.shares(in.tensor, in.to.dim, in.segment)
-                                  : r);
+        in.cost_s =
+            cm.update(in.tensor, in.to)
+                .eval(in.to.kind == PropKind::Sharded ? shares(in.tensor, in.to.dim, in.segment)
+                                                      : r);
         break;
       case InstrKind::AllGather:
         in.cost_s = cm.communication(in.kind, in.tensor, in.method, in.regather)
-                        .eval(layout.shares(in.tensor, in.from.dim, in.from_segment));
+                        .eval(shares(in.tensor, in.from.dim, in.from_segment));
         break;
       case InstrKind::ReduceScatter:
       case InstrKind::AllToAll:
         in.cost_s = cm.communication(in.kind, in.tensor, in.method)
-                        .eval(layout.shares(in.tensor, in.to.dim, in.segment));
+                        .eval(shares(in.tensor, in.to.dim, in.segment));
         break;
       case InstrKind::FactorBroadcast: {
         const auto [tensor, dim] = cm.split_dim(in.node, in.signature);
         in.cost_s = cm.factor_broadcast(in.node, in.signature, in.method)
-                        .eval(tensor < 0 ? r : layout.shares(tensor, dim, in.segment));
+                        .eval(tensor < 0 ? r : shares(tensor, dim, in.segment));
         break;
       }
       default:
@@ -607,9 +629,10 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   // The predicted step time of a program, infinite where it does not fit `limits`' memory.
   auto priced = [&](const Cluster& limits, const std::vector<Instruction>& instrs,
                     const std::vector<Prop>& storage,
-                    const std::vector<std::vector<double>>& ratios) {
+                    const std::vector<std::vector<double>>& ratios,
+                    const ShardLayout* granules = nullptr) {
     std::vector<Instruction> costed = instrs;
-    const double cost = recost(cm, costed, ratios);
+    const double cost = recost(cm, costed, ratios, granules);
     const std::vector<double> mem = program_memory(cm, costed, storage, ratios);
     for (int d = 0; d < D; ++d)
       if (mem[d] > static_cast<double>(limits.devices[d].memory_bytes))
@@ -621,10 +644,11 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
     if (!std::isfinite(p.predicted_step_s)) return;
     const auto t0 = std::chrono::steady_clock::now();
     std::vector<std::vector<double>> r = p.ratios;
+    const ShardLayout granules(cm.graph(), p.instructions, p.ratios);
     const double cost = descend_granules(
         cm, p.instructions, &r, p.predicted_step_s,
         [&](const std::vector<std::vector<double>>& x) {
-          return priced(limits, p.instructions, p.storage, x);
+          return priced(limits, p.instructions, p.storage, x, &granules);
         },
         256);
     if (!(cost < p.predicted_step_s)) return;

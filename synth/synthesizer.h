@@ -10,6 +10,8 @@
 
 namespace hap::synth {
 
+class ShardLayout;  // synth/shard_layout.h
+
 // dp-ep: DeepSpeed-MoE's expert parallelism: even data parallelism, except that expert weights
 // (parameters used as the batched weight of a matrix product, [E, ...]) are stored split evenly
 // along the experts (dim 0), with all-to-all between the batch split and the expert split.
@@ -105,9 +107,11 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
 
 // Recomputes every instruction's cost under `ratios`, keeping each collective's method, and
 // returns the predicted step time (step_time: the gradient all-reduces the backward pass hides
-// are not counted).
+// are not counted). `granules`: the program's ShardLayout (built from `instrs`, under any
+// ratios: only its granules are read), where the caller prices one program under many ratios.
 double recost(const CostModel& cm, std::vector<Instruction>& instrs,
-              const std::vector<std::vector<double>>& ratios);
+              const std::vector<std::vector<double>>& ratios,
+              const ShardLayout* granules = nullptr);
 
 // Each device's compute in one step under `ratios`: its time on every node it computes
 // (CostModel::compute_device_s on whole-granule shards, kernel overheads included) and its
