@@ -1016,6 +1016,11 @@ class FlatMap {
     while (cap < 2 * expected) cap *= 2;
     slots_.assign(cap, Slot{});
   }
+  // Starts loading the slot where `key` would be found (a later lookup of it then waits less:
+  // the search looks up every child of a state, and each lookup is a cache miss).
+  void prefetch(const Key& key) const {
+    __builtin_prefetch(&slots_[static_cast<size_t>(hash(key)) & (slots_.size() - 1)]);
+  }
   // The value of `key`, default-constructed when new.
   Value& operator[](Key key) {
     if (key == Key{}) key = one();
@@ -1251,7 +1256,18 @@ bool search_pass(const CostModel& cm, const Expander& ex,
   int64_t seq = 0;
   open.push({{ex.heuristic(arena[0]), seq++}, 0});
   int64_t expanded = 0;
-  State child;
+  // The children of the state expanded (reused: their vectors keep their capacity), with their
+  // signatures, heuristics and memo keys. All are made first and their memo slots prefetched,
+  // then each is judged in signature order as if made one at a time (a child's making reads
+  // only its parent).
+  std::vector<State> children;
+  struct Child {
+    int sig;
+    double h;
+    std::pair<uint64_t, uint64_t> key;
+    uint64_t group;  // group_key, where dominance pruning is on
+  };
+  std::vector<Child> made;
   while (!open.empty()) {
     int si = open.top().second;
     open.pop();
@@ -1266,12 +1282,26 @@ bool search_pass(const CostModel& cm, const Expander& ex,
     if (++expanded > space.max_states)
       throw SearchBudgetError("search: expanded more than " + std::to_string(space.max_states) +
                               " states without reaching the loss (raise the search budget)");
-    int nsig = ex.num_signatures(s.next);
+    const int nsig = ex.num_signatures(s.next);
+    made.clear();
     for (int sig = -1; sig < nsig; ++sig) {
-      if (!ex.step(arena[si], sig, child)) continue;
+      if (children.size() <= made.size()) children.emplace_back();
+      State& child = children[made.size()];
+      if (!ex.step(s, sig, child)) continue;
       const double h = ex.heuristic(child);
       if (child.g + h >= bound) continue;  // cannot beat a known program
-      Group* group = space.dominance_pruning ? &groups[group_key(child)] : nullptr;
+      made.push_back({sig, h, Expander::key(child), 0});
+      memo.prefetch(made.back().key);
+      if (space.dominance_pruning) {
+        made.back().group = group_key(child);
+        groups.prefetch(made.back().group);
+      }
+    }
+    for (size_t k = 0; k < made.size(); ++k) {
+      State& child = children[k];
+      const int sig = made[k].sig;
+      const double h = made[k].h;
+      Group* group = space.dominance_pruning ? &groups[made[k].group] : nullptr;
       if (group) {
         const uint32_t n = std::min<uint32_t>(group->count, kDominanceWindow);
         bool covered = false;
@@ -1282,7 +1312,7 @@ bool search_pass(const CostModel& cm, const Expander& ex,
           continue;
         }
       }
-      MemoEntry& e = memo[Expander::key(child)];
+      MemoEntry& e = memo[made[k].key];
       const int index = static_cast<int>(arena.size());
       if (memo_labels == 1) {
         if (child.g >= e.g) continue;
