@@ -1137,7 +1137,8 @@ std::string memory_shortfall(const CostModel& cm, const std::vector<std::vector<
                              const std::vector<std::vector<double>>& ratios,
                              const std::vector<int>& node_segment, const SearchSpace& space) {
   if (ex.worst_device() >= 0) {
-    const std::string why = memory_shortfall(cm, ratios, node_segment, space);
+    const std::string why =
+        space.explain_out_of_memory ? memory_shortfall(cm, ratios, node_segment, space) : "";
     if (!why.empty())
       HAP_CHECK(false, "no program fits in memory: ", why,
                 " (use more devices, a smaller batch or model)");
@@ -1386,7 +1387,8 @@ SearchResult search_program(const CostModel& cm, const std::vector<std::vector<d
     // Out of budget with states that ran out of memory: say what memory does as well, or the
     // budget would hide a program that cannot fit.
     if (ex.worst_device() < 0) throw;
-    const std::string why = memory_shortfall(cm, ratios, node_segment, space);
+    const std::string why =
+        space.explain_out_of_memory ? memory_shortfall(cm, ratios, node_segment, space) : "";
     throw SearchBudgetError(std::string(e.what()) + "; memory binds too" +
                             (why.empty() ? "" : ": " + why));
   }

@@ -64,6 +64,10 @@ struct SearchSpace {
   // an error that does not search again to say by how much the fastest program is short):
   // searches whose failure is only a candidate lost (the synthesizer's ladder of tighter limits).
   bool quick_out_of_memory = false;
+  // Where no program fits, search once more without limits to say by how much the fastest one is
+  // short (off: the error names the device that ran out first; for searches whose failure only
+  // rules a candidate out, its message unread).
+  bool explain_out_of_memory = true;
 };
 
 // The search expanded SearchSpace::max_states states without reaching the loss.

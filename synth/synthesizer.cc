@@ -579,6 +579,7 @@ DistributedProgram plan_on(const Graph& graph, const Cluster& cluster,
   const CostModel cm = cost_model_on(cluster);
   int D = cm.num_devices();
   SearchSpace space = space_for(options.strategy, options.max_states, options.dominance_pruning);
+  space.explain_out_of_memory = options.explain_out_of_memory;
   space.zero_storage = options.strategy == Strategy::Hap &&
                        options.zero_storage != ZeroStorage::Off && space.shard_parameters;
   space.zero_storage_everywhere = space.zero_storage && options.zero_storage == ZeroStorage::All;
@@ -1254,6 +1255,7 @@ DistributedProgram plan_storage(
   const auto t0 = std::chrono::steady_clock::now();
   SynthesisOptions all = options;
   all.zero_storage = ZeroStorage::All;
+  all.explain_out_of_memory = false;  // (a candidate that does not fit is only left out)
   // The log keeps the first program's rounds and ends with this candidate (its states, its step
   // time, whether it was kept).
   SynthesisStep step;
@@ -1371,6 +1373,7 @@ DistributedProgram synthesize_on(const Graph& graph, const Cluster& cluster,
     const int nseg = static_cast<int>(order.size());
     auto first = [&](int k, bool zero_all = false) {
       SynthesisOptions o = options;
+      o.explain_out_of_memory = false;  // (a count that does not fit is only a count ruled out)
       o.recompute = Recompute::All;
       o.recompute_segments.assign(static_cast<size_t>(nseg), false);
       for (int i = 0; i < k; ++i) o.recompute_segments[static_cast<size_t>(order[i])] = true;
@@ -1557,6 +1560,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   proxy.strategy = Strategy::DpCp;
   proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
   proxy.recompute = recomputes ? Recompute::All : Recompute::Off;
+  proxy.explain_out_of_memory = false;  // (a subset that fits nothing is only left out)
   double best_proxy = std::numeric_limits<double>::infinity();
   std::vector<int> chosen;
   // The subsets are nested (the k fastest are among the 2k fastest): judged from the largest

@@ -89,6 +89,11 @@ struct SynthesisOptions {
   std::vector<bool> recompute_segments;  // with All: the segments to recompute (empty: all)
   ZeroStorage zero_storage = ZeroStorage::Auto;
   FactorBroadcast factor_broadcast = FactorBroadcast::Auto;
+  // Where no program fits, say by how much the fastest one is short (SearchSpace::
+  // explain_out_of_memory: one more search). The synthesizer turns it off for the plans it only
+  // tries (a recomputation count, a device subset, a storage candidate), whose errors it reads
+  // no further than "out of memory".
+  bool explain_out_of_memory = true;
 };
 
 // Sets p.nodes to each device's node in `cluster` (the program's own devices) where the program

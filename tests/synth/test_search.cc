@@ -764,6 +764,26 @@ TEST(Synthesizer, MemoryShortfallNamesTheDeviceAndTheBytes) {
   }
 }
 
+// The plans the synthesizer only tries (explain_out_of_memory off) fail without the search that
+// measures the shortfall: the error names the device that ran out first and still says that no
+// program fits in memory (what the synthesizer reads of it).
+TEST(Synthesizer, PlansOnlyTriedFailWithoutMeasuringTheShortfall) {
+  Graph g = random_graph(8, 3);
+  Cluster c = make_cluster(2, 3, /*memory_bytes=*/64);
+  SynthesisOptions quiet;
+  quiet.explain_out_of_memory = false;
+  try {
+    synthesize(g, c, quiet);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no program fits in memory: every program runs out, device "),
+              std::string::npos)
+        << m;
+    EXPECT_EQ(m.find("the fastest program needs"), std::string::npos) << m;
+  }
+}
+
 // Parameters a strategy must keep whole on every device (data parallelism's) that alone exceed a
 // device's memory: the error says so before any search, and hap, which may shard them, plans.
 TEST(Synthesizer, ReplicatedParametersThatCannotFitAreRefusedBeforeSearching) {
