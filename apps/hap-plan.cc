@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
     hap::synth::DistributedProgram plan;
     try {
       plan = hap::synth::synthesize(graph, cluster, opt);
+    } catch (const hap::synth::OptionsError&) {
+      throw;  // options that contradict the model: a config error (exit 2), below
     } catch (const hap::Error& e) {
       std::fprintf(stderr, "hap-plan: error: %s\n",
                    hap::train::synthesis_error_message(e.what(), config.parallel).c_str());

@@ -88,6 +88,28 @@ TEST(PlanBinary, UnknownStrategyAndMissingClusterExitWith2) {
   EXPECT_NE(err.find("--cluster"), std::string::npos) << err;
 }
 
+// Options that contradict the model (recomputation off where only recomputing fits): a config
+// error naming the key, exit code 2, as hap-train gives.
+TEST(PlanBinary, RecomputationOffWhereOnlyItFitsIsAConfigError) {
+  const fs::path small =
+      fs::temp_directory_path() / ("hap_small_memory_" + std::to_string(::getpid()) + ".yaml");
+  std::ofstream(small) << "name: small-memory\nnodes:\n  - name: n\n"
+                          "    link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 1.0e-5}\n"
+                          "    devices:\n"
+                          "      - {name: a, type: t, flops_per_s: 1.0e12, memory_bytes: 800000}\n"
+                          "      - {name: b, type: t, flops_per_s: 1.0e12, memory_bytes: 800000}\n";
+  const std::string plan =
+      "--config " + src("configs/gpt-tiny.yaml") + " --cluster " + small.string();
+  std::string out, err;
+  ASSERT_EQ(run_plan(plan, &out, &err), 0) << err;
+  EXPECT_NE(out.find("recomputation: 3 of 3 segments"), std::string::npos) << out;
+  EXPECT_EQ(run_plan(plan + " --set parallel.recompute=off", &out, &err), 2) << err;
+  EXPECT_NE(err.find("hap-plan: config error: no program fits in memory"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("parallel.recompute: off forbids"), std::string::npos) << err;
+  fs::remove(small);
+}
+
 TEST(PlanBinary, ClusterWithNoDevicesIsAConfigError) {
   std::string out, err;
   fs::path bad =
