@@ -52,8 +52,6 @@ struct State {
   int again_segment = -1;
   int parent = -1;
   int signature = -1;  // of the step into this state; the path is replayed to rebuild the program
-  std::vector<Instruction> instrs;           // added by the step into this state (transient)
-  std::vector<std::pair<int, Prop>> stored;  // leaves first used by that step (transient)
 };
 
 class Expander {
@@ -237,8 +235,8 @@ class Expander {
     child.again = parent.again;
     child.again_peak = parent.again_peak;
     child.again_segment = parent.again_segment;
-    child.instrs.clear();
-    child.stored.clear();
+    instrs_.clear();
+    stored_.clear();
 
     for (size_t k = 0; k < n.inputs.size(); ++k) {
       int t = n.inputs[k];
@@ -247,11 +245,11 @@ class Expander {
       if (q.kind == PropKind::Sharded && g_.tensors[t].shape[q.dim] < 2) return false;
       Live* L = find(child.live, t);
       Live single{};
-      bool stored_here = std::any_of(child.stored.begin(), child.stored.end(),
-                                     [t](const auto& e) { return e.first == t; });
+      bool stored_here =
+          std::any_of(stored_.begin(), stored_.end(), [t](const auto& e) { return e.first == t; });
       if (!L && stored_here) {
         // A leaf read twice by this node: the first read stored it.
-        for (const auto& [st, sp] : child.stored)
+        for (const auto& [st, sp] : stored_)
           if (st == t) single = {t, bit(sp), static_cast<int16_t>(seg)};
         L = &single;
         if (!(L->mask & bit(q)) && !convert(*L, q, seg, child)) return false;
@@ -270,7 +268,7 @@ class Expander {
                    zero_param_[t]) {
           return false;  // every parameter read whole is stored sharded
         }
-        child.stored.push_back({t, q});
+        stored_.push_back({t, q});
         if (q.kind == PropKind::Replicated && cm_.requires_grad(t) &&
             !(factors && gt.role == TensorRole::Parameter)) {
           // Every rank's copy collects a Partial gradient: one all-reduce per step (with factors
@@ -284,7 +282,7 @@ class Expander {
           in.method = cm_.grad_all_reduce_method();  // the executor's bucketed all-reduce
           in.cost_s = cm_.communication(InstrKind::GradAllReduce, t, in.method).eval(r);
           child.g += in.cost_s;
-          child.instrs.push_back(in);
+          instrs_.push_back(in);
         }
         if (gt.role == TensorRole::Parameter) {
           // Its optimizer step, on what each device stores.
@@ -295,7 +293,7 @@ class Expander {
           in.segment = seg;
           in.cost_s = cm_.update(t, q).eval(r);
           child.g += in.cost_s;
-          child.instrs.push_back(in);
+          instrs_.push_back(in);
         }
         double factor = gt.role == TensorRole::Parameter ? cm_.param_state_factor() : 1.0;
         for (size_t c = 0; c < child.mem.size(); ++c)
@@ -322,7 +320,7 @@ class Expander {
     c.segment = seg;
     c.cost_s = compute_cost_[n.id][sig + 1];
     child.g += c.cost_s;
-    child.instrs.push_back(c);
+    instrs_.push_back(c);
     if (factors) {
       Instruction f;
       f.kind = InstrKind::FactorBroadcast;
@@ -334,7 +332,7 @@ class Expander {
       f.cost_s = factor_cost_[n.id][sig + 1].first;
       f.method = factor_cost_[n.id][sig + 1].second;
       child.g += f.cost_s;
-      child.instrs.push_back(f);
+      instrs_.push_back(f);
     }
 
     for (size_t o = 0; o < n.outputs.size(); ++o) {
@@ -691,6 +689,11 @@ class Expander {
   double min_overflow_f() const { return min_overflow_f_; }
   int worst_device() const { return over_device_; }
 
+  // What the latest step() added: its instructions, and the leaves it stored first (with their
+  // properties). The search reads them only when it replays the path found (finish).
+  const std::vector<Instruction>& step_instructions() const { return instrs_; }
+  const std::vector<std::pair<int, Prop>>& step_storage() const { return stored_; }
+
   // The memo key: a 128-bit hash (two independent 64-bit mixes) of the next node and every live
   // tensor's (id, properties, segment). Equal states have equal keys; a collision of both halves
   // is vanishingly unlikely (about 2^-128 per pair).
@@ -799,7 +802,7 @@ class Expander {
     }
     if (best_cost == kInf) return false;
     child.g += best.cost_s;
-    child.instrs.push_back(best);
+    instrs_.push_back(best);
     if (q.kind == PropKind::Sharded && L.segment != seg) {
       L.mask &= ~kShardedBits;  // shards of the old segment's lengths are dropped
       L.segment = static_cast<int16_t>(seg);
@@ -970,6 +973,8 @@ class Expander {
   std::vector<std::vector<std::pair<int, int>>> in_progress_;  // per position: (next node, input)
   std::vector<std::vector<double>> chain_value_;  // per node with a predecessor, per property
   std::vector<double> mem_suffix_;
+  mutable std::vector<Instruction> instrs_;           // see step_instructions()
+  mutable std::vector<std::pair<int, Prop>> stored_;  // see step_storage()
   mutable double over_ = 0;
   mutable double min_overflow_f_ = kInf;
   mutable int over_device_ = -1;
@@ -1081,8 +1086,8 @@ SearchResult finish(const CostModel& cm, const Expander& ex, const std::vector<S
   for (int sig : sigs) {
     bool ok = ex.step(cur, sig, next);
     HAP_ASSERT(ok, "replaying the searched path failed");
-    for (const Instruction& in : next.instrs) res.instructions.push_back(in);
-    for (const auto& [t, p] : next.stored) res.storage[t] = p;
+    for (const Instruction& in : ex.step_instructions()) res.instructions.push_back(in);
+    for (const auto& [t, p] : ex.step_storage()) res.storage[t] = p;
     std::swap(cur, next);
   }
   HAP_ASSERT(std::abs(cur.g - arena[goal].g) <= 1e-9 * std::max(1.0, cur.g),
@@ -1349,8 +1354,6 @@ bool search_pass(const CostModel& cm, const Expander& ex,
       }
       child.parent = si;
       child.signature = sig;
-      child.instrs.clear();
-      child.stored.clear();
       arena.push_back(child);
       dropped.push_back(0);
       if (group) group->index[group->count++ % kDominanceWindow] = index;
