@@ -153,6 +153,20 @@ void apply_overrides(Origin& origin, YAML::Node& root,
     } catch (const YAML::Exception& e) {
       fail(origin, key_path, argument + ": the value is not valid YAML: " + e.msg);
     }
+    // yaml-cpp reads a value that cannot start a plain scalar (",cpu1": an indicator first; "#x":
+    // a comment) as null where the file's reader refuses it: so does --set, unless the value
+    // spells null (nothing, ~, null), else ",cpu1" would silently mean no value at all.
+    if (value.IsNull()) {
+      std::string v = text.substr(equals + 1);
+      v.erase(0, v.find_first_not_of(" \t"));
+      v.erase(v.find_last_not_of(" \t") + 1);
+      if (!(v.empty() || v == "~" || v == "null" || v == "Null" || v == "NULL"))
+        fail(origin, key_path,
+             argument + ": '" + v +
+                 "' is not a YAML value (one that starts with ',', '#' or another YAML indicator "
+                 "must be quoted, e.g. --set '" +
+                 key_path + "=\"" + v + "\"')");
+    }
 
     // A malformed tree is left as it is: the section reader reports it.
     if (!root.IsNull() && root.IsDefined() && !root.IsMap()) continue;

@@ -225,6 +225,19 @@ TEST_F(ConfigFileTest, TextThatIsNotUtf8IsRefusedNamingWhere) {
                   {"data.path", "not UTF-8 text (byte 14)"});
 }
 
+// A --set value that yaml-cpp reads as null though it is not spelt null (an indicator first, a
+// comment) is refused, as the file's reader refuses it; spelt null, or quoted, it is taken.
+TEST_F(ConfigFileTest, SetValuesThatAreNotYamlAreRefusedNotReadAsNull) {
+  const std::string run = write(kValidRun);
+  for (const std::string value : {",cpu1", ",", "#corpus.txt", " , "})
+    expect_contains(load_error(run, {ConfigOverride("data.path=" + value)}),
+                    {"data.path", "is not a YAML value", "must be quoted"});
+  EXPECT_EQ(load_run_config(run, {ConfigOverride("data.path=\"#corpus.txt\"")})
+                .data.options.string("path"),
+            "#corpus.txt");
+  EXPECT_EQ(load_run_config(run, {ConfigOverride("train.log_file=~")}).train.log_file, "");
+}
+
 TEST_F(ConfigFileTest, DefaultsFillOptionalKeys) {
   const RunConfig c = load_run_config(write(kValidRun), {});
   EXPECT_EQ(c.model.options.integer("vocab_size"), 256);
