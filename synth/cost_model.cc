@@ -236,7 +236,7 @@ LinearCost CostModel::communication(InstrKind kind, int tensor, CollectiveMethod
   LinearCost c;
   int P = num_devices();
   if (P <= 1) return c;
-  double B = static_cast<double>(graph_.tensors[tensor].bytes());
+  const double B = bytes_[static_cast<size_t>(tensor)];
   bool grad = requires_grad_[tensor];
   // (A parameter's all-gather kept for backward runs in a bucket with the others at the start of
   // the forward pass, and its gradient's reduce-scatter in a bucket of the backward pass,
@@ -618,7 +618,7 @@ CollectiveMethod CostModel::best_method(InstrKind kind, int tensor, const std::v
 
 double CostModel::reshard_coef(int tensor) const {
   if (num_devices() <= 1) return 0;
-  return 2.0 * static_cast<double>(graph_.tensors[tensor].bytes()) /
+  return 2.0 * bytes_[static_cast<size_t>(tensor)] /
          link_.for_collective(Collective::AllGather).bandwidth_bytes_per_s;
 }
 

@@ -223,7 +223,7 @@ class CostModel {
   Link link_;  // bottleneck link over all devices
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
-  std::vector<double> bytes_;         // per tensor: its whole size (held_bytes reads it per state)
+  std::vector<double> bytes_;         // per tensor: its whole size (read per search state)
   std::vector<bool> recomputed_;      // per node (empty: none)
   std::vector<bool> dropped_;         // per tensor (empty: none)
   std::vector<int> dropped_segment_;  // per tensor

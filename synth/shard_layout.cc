@@ -73,16 +73,26 @@ int64_t ShardLayout::granule(int tensor, int64_t dim) const {
 }
 
 std::vector<int64_t> ShardLayout::lengths(int tensor, int64_t dim, int segment) const {
+  return lengths(tensor, dim, ratios_[static_cast<size_t>(segment)]);
+}
+
+std::vector<double> ShardLayout::shares(int tensor, int64_t dim, int segment) const {
+  return shares(tensor, dim, ratios_[static_cast<size_t>(segment)]);
+}
+
+std::vector<int64_t> ShardLayout::lengths(int tensor, int64_t dim,
+                                          const std::vector<double>& ratios) const {
   const int64_t n = graph_.tensors[static_cast<size_t>(tensor)].shape[static_cast<size_t>(dim)];
   int64_t g = granule(tensor, dim);
   if (g <= 0 || n % g != 0) g = 1;
-  std::vector<int64_t> l = shard_lengths(n / g, ratios_[static_cast<size_t>(segment)]);
+  std::vector<int64_t> l = shard_lengths(n / g, ratios);
   for (int64_t& x : l) x *= g;
   return l;
 }
 
-std::vector<double> ShardLayout::shares(int tensor, int64_t dim, int segment) const {
-  const std::vector<int64_t> l = lengths(tensor, dim, segment);
+std::vector<double> ShardLayout::shares(int tensor, int64_t dim,
+                                        const std::vector<double>& ratios) const {
+  const std::vector<int64_t> l = lengths(tensor, dim, ratios);
   const double n = static_cast<double>(
       graph_.tensors[static_cast<size_t>(tensor)].shape[static_cast<size_t>(dim)]);
   std::vector<double> out;

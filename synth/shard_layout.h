@@ -29,6 +29,9 @@ class ShardLayout {
   // What each device really gets of that dimension: its length over the dimension's (the ratios
   // rounded to whole granules).
   std::vector<double> shares(int tensor, int64_t dim, int segment) const;
+  // The same under other ratios (the granules are the program's whatever its ratios).
+  std::vector<int64_t> lengths(int tensor, int64_t dim, const std::vector<double>& ratios) const;
+  std::vector<double> shares(int tensor, int64_t dim, const std::vector<double>& ratios) const;
 
  private:
   const Graph& graph_;

@@ -141,20 +141,13 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
   std::optional<ShardLayout> own;
   if (granules == nullptr) granules = &own.emplace(cm.graph(), instrs, ratios);
   const ShardLayout& layout = *granules;
-  // What each device gets of a dimension of n elements in whole granules of g under a segment's
-  // ratios (ShardLayout::shares, CostModel::compute_shares), once per (segment, n, g): a program
-  // cuts the same few lengths again and again.
+  // What each device gets of a dimension under a segment's ratios (ShardLayout::shares), once per
+  // (segment, length, granule): a program cuts the same few lengths again and again.
   std::map<std::tuple<int, int64_t, int64_t>, std::vector<double>> cut;
   auto shares = [&](int tensor, int64_t dim, int segment) -> const std::vector<double>& {
-    const int64_t n = cm.graph().tensors[tensor].shape[dim];
-    int64_t g = layout.granule(tensor, dim);
-    if (g <= 0 || n % g != 0) g = 1;
-    auto [it, fresh] = cut.try_emplace({segment, n, g});
-    if (fresh) {
-      const std::vector<int64_t> l = shard_lengths(n / g, ratios[segment]);
-      for (int64_t x : l)
-        it->second.push_back(n > 0 ? static_cast<double>(x * g) / static_cast<double>(n) : 0.0);
-    }
+    auto [it, fresh] = cut.try_emplace(
+        {segment, cm.graph().tensors[tensor].shape[dim], layout.granule(tensor, dim)});
+    if (fresh) it->second = layout.shares(tensor, dim, ratios[segment]);
     return it->second;
   };
   // Compute between two synchronizing instructions is priced at that stretch's slowest device:
