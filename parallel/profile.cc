@@ -117,19 +117,30 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
     hap::synchronize(device);  // (a GPU backend may return before the collective is done)
   };
   run_once();  // warm-up: connections, buffers
-  // The compute before each call, on the rank's device: a GPU's kernels are queued, so the
-  // collective waits behind them as in training.
+  // The compute before each call, on the rank's device. A rank that computed arrives at the call
+  // with its CPU quota partly spent, or its GPU's caches and clocks as training leaves them, as
+  // in training; the time counts from the last rank's arrival, though: how late a slower or
+  // throttled rank arrives is its compute, which the cost model prices per device (a wall-clock
+  // busy loop under a CPU quota ends anywhere in the quota's period, and counting from each rank's
+  // own arrival added up to a period of waiting to every call, ten times the collective itself).
   Tensor a = Tensor::full({64, 64}, 0.5, on), b = Tensor::full({64, 64}, 0.25, on);
   std::vector<double> slowest;
   for (int i = 0; i < reps; ++i) {
     comm.barrier();
+    const auto start = Clock::now();
     if (busy_s > 0) {
-      const auto until = Clock::now() + std::chrono::duration<double>(busy_s);
+      const auto until = start + std::chrono::duration<double>(busy_s);
       while (Clock::now() < until) hap::matmul(a, b);
+      hap::synchronize(device);  // (a GPU's queued kernels done: the rank arrives)
     }
-    auto t0 = Clock::now();
+    const double arrived = seconds_since(start);
     run_once();
-    slowest.push_back(comm.allreduce(seconds_since(t0), ReduceOp::Max));
+    const double done = seconds_since(start);
+    // Each rank's times count from its own exit from the barrier (no common clock is needed;
+    // the exits lie within a message latency of each other).
+    const double last_arrival = comm.allreduce(arrived, ReduceOp::Max);
+    const double last_done = comm.allreduce(done, ReduceOp::Max);
+    slowest.push_back(std::max(last_done - last_arrival, 1e-9));
   }
   s.seconds = median(slowest);
   return s;

@@ -39,9 +39,12 @@ struct CollectiveSample {
 // least one row per rank) on `device` (GPU ranks: their tensors on their GPU, through whatever
 // backend `comm` has, each call waited for) sharded by `ratios` (one per rank of comm).
 // Collective over comm.
-// With busy_s > 0 every rank computes for busy_s seconds of wall time (from a common barrier)
-// before each timed call, as in training, where collectives come right after compute: a device
-// that is still busy or throttled (a CPU quota) then joins late, and the time shows it.
+// With busy_s > 0 the rank computes for busy_s seconds of wall time (from a common barrier; each
+// rank passes its own) before each timed call, as in training, where collectives come right after
+// compute (a CPU quota partly spent when the call starts, a GPU's clocks as training leaves them).
+// A sample is the time from the last rank's arrival at the call to the last rank's return: a rank
+// that arrives late (more compute, or a quota's throttling) is compute, which the cost model
+// prices per device, not a cost of the collective.
 CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
                                  CollectiveMethod method, double bytes,
                                  const std::vector<double>& ratios, int reps, double busy_s = 0,

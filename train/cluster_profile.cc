@@ -745,7 +745,8 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
          "# and uneven shards; padded and grouped), each right after "
       << opt.busy_ms
       << " ms of compute on every rank\n"
-         "# (as in training), with the cost model's formulas; 'fit' is the rms relative error.\n";
+         "# (as in training; timed from the last rank's arrival), with the cost model's formulas;\n"
+         "# 'fit' is the rms relative error.\n";
   }
   y << "name: "
     << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";

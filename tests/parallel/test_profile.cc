@@ -91,6 +91,24 @@ TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
   }
 }
 
+// A rank that computes longer before the call (here rank 0, 150 ms more) arrives late; the sample
+// counts from its arrival, so the others' wait for it is not priced as the collective's (it is
+// compute, which the cost model prices per device).
+TEST(Profile, TimedCollectivesCountFromTheLastRanksArrival) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "needs several ranks";
+  const std::vector<double> ratios(n, 1.0 / n);
+  const double late_s = 0.15;
+  const CollectiveSample s =
+      time_collective(world(), synth::InstrKind::AllReduce, CollectiveMethod::Grouped, 4096, ratios,
+                      3, world().rank() == 0 ? 0.001 + late_s : 0.001);
+  EXPECT_GT(s.seconds, 0.0);
+  // Counted from each rank's own arrival, every sample would include the 150 ms wait.
+  EXPECT_LT(s.seconds, late_s / 2);
+  EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max),
+            world().allreduce(s.seconds, ReduceOp::Min));
+}
+
 TEST(ProfileCompute, GemmRateIsTwoNCubedOverTheMedianTime) {
   const GemmRate g = profile_gemm(64, 3);
   EXPECT_EQ(g.n, 64);
