@@ -146,6 +146,66 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
   return s;
 }
 
+OverlapSample time_overlap(const Communicator& comm, double bytes, int reps, Device device) {
+  HAP_CHECK(reps >= 1, "time_overlap: expected reps >= 1, got ", reps);
+  HAP_CHECK(bytes >= 4, "time_overlap: expected bytes >= 4, got ", bytes);
+  OverlapSample s;
+  const TensorOptions on = TensorOptions{}.with_device(device);
+  const int64_t n = std::max<int64_t>(1, std::llround(bytes / 4.0));
+  s.bytes = 4.0 * static_cast<double>(n);
+  const Tensor in = Tensor::full({n}, 1.0, on);
+  const Tensor out = Tensor::empty({n}, on);
+  const Tensor a = Tensor::full({128, 128}, 0.5, on), b = Tensor::full({128, 128}, 0.25, on);
+  // The slowest rank's time of `body` from a common barrier.
+  auto timed = [&](auto&& body) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    body();
+    hap::synchronize(device);
+    return comm.allreduce(seconds_since(t0), ReduceOp::Max);
+  };
+  auto collective = [&] { comm.backend().start_all_reduce(in, out)->wait(); };
+  collective();  // warm-up: connections, buffers
+  // Products enough to take about as long as the collective on this rank (at its own sustained
+  // speed: a short probe under a CPU quota runs at full speed, so the count is refined on runs
+  // about as long as the collective).
+  const double c0 = median({timed(collective), timed(collective), timed(collective)});
+  auto own_time = [&](int count) {
+    comm.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < count; ++i) hap::matmul(a, b);
+    hap::synchronize(device);
+    return std::max(seconds_since(t0), 1e-7);
+  };
+  int products = 16;
+  for (int round = 0; round < 3; ++round)
+    products =
+        static_cast<int>(std::clamp(std::round(products * c0 / own_time(products)), 1.0, 1e6));
+  std::vector<double> c, w, t;
+  for (int r = 0; r < reps; ++r) {
+    c.push_back(timed(collective));
+    w.push_back(timed([&] {
+      for (int i = 0; i < products; ++i) hap::matmul(a, b);
+    }));
+    t.push_back(timed([&] {
+      std::unique_ptr<PendingCollective> pending = comm.backend().start_all_reduce(in, out);
+      bool done = false;
+      for (int i = 0; i < products; ++i) {
+        hap::matmul(a, b);
+        if (!done) done = pending->test();
+      }
+      pending->wait();
+    }));
+  }
+  s.collective_s = median(c);
+  s.compute_s = median(w);
+  s.together_s = median(t);
+  // The collective moves at `overlap` of its pace while the products run (the cost model's
+  // step_time): together = compute + collective - overlap * compute, until it hides entirely.
+  s.overlap = std::clamp((s.collective_s + s.compute_s - s.together_s) / s.compute_s, 0.0, 1.0);
+  return s;
+}
+
 LinkFit fit_link(const std::vector<CollectiveSample>& samples) {
   HAP_CHECK(samples.size() >= 2, "fit_link: expected at least 2 samples, got ", samples.size());
   // Rows of the weighted least squares: (a_i / t_i) * lat + (b_i / t_i) * inv_bw ~ 1.

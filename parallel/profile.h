@@ -50,6 +50,25 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
                                  const std::vector<double>& ratios, int reps, double busy_s = 0,
                                  Device device = Device::cpu());
 
+// How much of a collective passes while its ranks compute (synth::Link::overlap): every rank
+// starts an all-reduce of `bytes` (f32, through the backend training uses for its gradient
+// buckets) and computes small products, testing the collective after each as the executor does
+// between the backward pass's ops, about as long as the collective alone takes, then waits for
+// it. With c the collective alone, w the products alone and t the two together (medians over
+// `reps`, each the slowest rank's, every rank starting from a common barrier), the collective
+// moves at `overlap` of its pace while the products run, as synth::step_time prices it:
+// t = w + c - overlap * w, so overlap = (c + w - t) / w, clamped to [0, 1] (1: it moves at full
+// pace beside the products, 0: not at all).
+struct OverlapSample {
+  double bytes = 0;
+  double collective_s = 0;
+  double compute_s = 0;
+  double together_s = 0;
+  double overlap = 1;
+};
+OverlapSample time_overlap(const Communicator& comm, double bytes, int reps,
+                           Device device = Device::cpu());
+
 // The link that best explains the samples: latency_s >= 0 and bandwidth > 0 minimising the sum
 // of squared relative errors of latency_terms * latency_s + byte_terms / bandwidth against the
 // measured seconds. Throws hap::Error for fewer than two samples.

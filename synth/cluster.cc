@@ -167,6 +167,8 @@ void Cluster::validate() const {
               number_text(link.bandwidth_bytes_per_s));
     HAP_CHECK(std::isfinite(link.latency_s) && link.latency_s >= 0, owner,
               ": latency_s: expected a finite number >= 0, got ", number_text(link.latency_s));
+    HAP_CHECK(link.overlap >= 0 && link.overlap <= 1, owner,
+              ": overlap: expected a number in [0, 1], got ", number_text(link.overlap));
   };
 
   std::map<std::string, int, std::less<>> node_names;
@@ -253,12 +255,13 @@ const char* collective_name(Collective c) {
 Link Cluster::bottleneck(const std::vector<int>& ranks) const {
   const std::vector<int> members = members_per_node(*this, ranks);
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  Link slowest{.bandwidth_bytes_per_s = kInf, .latency_s = 0, .collective = {}};
+  Link slowest{.bandwidth_bytes_per_s = kInf, .latency_s = 0, .collective = {}, .overlap = 1.0};
   for (LinkTerms& t : slowest.collective) t = {kInf, 0};
   auto use = [&slowest](const Link& link) {
     slowest.bandwidth_bytes_per_s =
         std::min(slowest.bandwidth_bytes_per_s, link.bandwidth_bytes_per_s);
     slowest.latency_s = std::max(slowest.latency_s, link.latency_s);
+    slowest.overlap = std::min(slowest.overlap, link.overlap);
     for (int c = 0; c < kNumCollectives; ++c) {
       const Link own = link.for_collective(static_cast<Collective>(c));
       LinkTerms& t = slowest.collective[c];

@@ -34,12 +34,20 @@ struct Link {
   double bandwidth_bytes_per_s = 0;
   double latency_s = 0;
   std::array<LinkTerms, kNumCollectives> collective = {};
+  // The share of a collective's time over this link that can pass while its devices compute (a
+  // collective started before the backward pass's next kernels and completed after them): 1 where
+  // the transfer runs beside the kernels (a GPU's NCCL kernels and copy engines), less where the
+  // device itself must drive it (a CPU rank advances MPI between its ops, under one CPU quota).
+  // hap-profile measures it; 1 where not given. The cost model's step time moves the overlapped
+  // channels (bucketed gradient all-reduces, parameter gathers) at this share of the link's pace
+  // while the passes compute.
+  double overlap = 1.0;
 
   double transfer_s(double bytes) const { return latency_s + bytes / bandwidth_bytes_per_s; }
   Link for_collective(Collective c) const {
     const LinkTerms& t = collective[static_cast<int>(c)];
-    if (t.bandwidth_bytes_per_s <= 0) return {bandwidth_bytes_per_s, latency_s, {}};
-    return {t.bandwidth_bytes_per_s, t.latency_s, {}};
+    if (t.bandwidth_bytes_per_s <= 0) return {bandwidth_bytes_per_s, latency_s, {}, overlap};
+    return {t.bandwidth_bytes_per_s, t.latency_s, {}, overlap};
   }
 };
 

@@ -759,7 +759,9 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
     // own collectives hold the link (they come first: the pass waits on them).
     std::vector<double> left = gather_bucket_s;  // each bucket's link time still to go
     size_t next = 0;                             // the bucket the channel is on
-    auto channel_runs = [&](double dt) {
+    // While the pass computes the channel moves at the link's overlap share of its pace.
+    auto channel_runs = [&, pace = cm.overlap()](double dt) {
+      dt *= pace;
       for (; next < left.size() && dt > 0; ++next) {
         const double take = std::min(dt, left[next]);
         left[next] -= take;
@@ -841,7 +843,9 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
   for (size_t i = n; i-- > 0;)
     if (backward[i] > 0 && synchronizes(cm, instrs[i])) busy.emplace_back(done[i + 1], done[i]);
   size_t k = 0;
-  // When a bucket started at `at` with `need` seconds of link time ends.
+  // When a bucket started at `at` with `need` seconds of link time ends. Until the backward pass
+  // ends, the channel moves at the link's overlap share of its pace (the devices compute).
+  const double pace = cm.overlap();
   auto on_the_link = [&](double at, double need) {
     while (k < busy.size() && busy[k].second <= at) ++k;
     while (need > 0) {
@@ -849,11 +853,23 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         at = busy[k++].second;
         continue;
       }
-      const double free =
-          k < busy.size() ? busy[k].first - at : std::numeric_limits<double>::infinity();
-      const double take = std::min(need, free);
-      at += take;
-      need -= take;
+      double free = k < busy.size() ? busy[k].first - at : std::numeric_limits<double>::infinity();
+      double rate = 1.0;
+      if (at < backward_end) {
+        free = std::min(free, backward_end - at);
+        rate = pace;
+      }
+      if (rate <= 0) {
+        at += free;
+        continue;
+      }
+      if (need >= free * rate) {
+        need -= free * rate;
+        at += free;
+      } else {
+        at += need / rate;
+        need = 0;
+      }
     }
     return at;
   };

@@ -208,6 +208,9 @@ class CostModel {
   // cannot express the step from zero to a whole all-gather).
   double reshard_coef(int tensor) const;
   double latency_s() const { return link_.latency_s; }
+  // The share of the overlapped channels' link time that passes while the devices compute (the
+  // least of the links' Link::overlap): step_time() moves them at this share of their pace then.
+  double overlap() const { return link_.overlap; }
   // Bytes held per byte of a stored parameter: itself, its gradient and the optimizer's state.
   double param_state_factor() const { return param_state_factor_; }
 

@@ -51,8 +51,8 @@ constexpr std::array<std::string_view, 10> kDeviceKeys = {"name",
                                                           "update_s_per_param",
                                                           "memory_bandwidth_bytes_per_s",
                                                           "kernel_overhead_s"};
-constexpr std::array<std::string_view, 3> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
-                                                       "collectives"};
+constexpr std::array<std::string_view, 4> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
+                                                       "collectives", "overlap"};
 constexpr std::array<std::string_view, 2> kLinkTermKeys = {"bandwidth_bytes_per_s", "latency_s"};
 constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_gather",
                                                              "reduce_scatter", "all_to_all"};
@@ -71,6 +71,8 @@ const RealRange kFlopsRange = RealRange::closed(1e3, 1e18).because("FLOP/s of on
 const RealRange kBandwidthRange = RealRange::closed(1e3, 1e15).because("bytes/s");
 const RealRange kLatencyRange = RealRange::closed(0, 10).because("seconds");
 const RealRange kUpdateRange = RealRange::closed(0, 1e-3).because("seconds per parameter element");
+const RealRange kOverlapRange =
+    RealRange::closed(0, 1).because("the share of a collective that passes while devices compute");
 const RealRange kKernelOverheadRange = RealRange::closed(0, 1).because("seconds per kernel call");
 constexpr std::string_view kMemoryExpectation = kByteSizeExpectation;
 
@@ -109,6 +111,7 @@ synth::Link read_link(SectionReader& s) {
   synth::Link link;
   link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, kBandwidthRange);
   link.latency_s = s.number("latency_s", std::nullopt, kLatencyRange);
+  link.overlap = s.number("overlap", 1.0, kOverlapRange);  // (hap-profile measures it)
   // Optional figures per collective (hap-profile writes them).
   SectionReader per = s.section("collectives", kCollectiveKeys, /*optional=*/true);
   for (std::size_t c = 0; c < kCollectiveKeys.size(); ++c) {
@@ -337,7 +340,8 @@ std::string core_rate_line(const std::string& path, const ClusterLoadInfo& loade
 nlohmann::json cluster_to_json(const synth::Cluster& cluster) {
   auto link = [](const synth::Link& l) {
     return nlohmann::json{{"bandwidth_bytes_per_s", l.bandwidth_bytes_per_s},
-                          {"latency_s", l.latency_s}};
+                          {"latency_s", l.latency_s},
+                          {"overlap", l.overlap}};
   };
   nlohmann::json j;
   j["name"] = cluster.name;

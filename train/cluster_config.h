@@ -35,7 +35,9 @@
 // (in [1e3, 1e15]) and `latency_s` (in [0, 10]), both required, and `collectives` (optional): a
 // mapping from all_reduce, all_gather, reduce_scatter or all_to_all to {bandwidth_bytes_per_s,
 // latency_s} (same ranges), figures for that collective over the link (hap-profile fits them); the
-// cost model uses them instead of the link's own for that collective.
+// cost model uses them instead of the link's own for that collective; and `overlap` (optional, in
+// [0, 1], default 1): the share of a collective's time over the link that passes while the devices
+// compute (hap-profile measures it; synth::Link::overlap).
 //
 // The ranges are physically plausible figures, generous on both sides (1 kFLOP/s to 1 EFLOP/s,
 // 1 kB/s to 1 PB/s, up to 10 s of latency, 1 ms per parameter, 1 s per kernel call, 1 PB of

@@ -389,9 +389,12 @@ std::string number(double v) {
 struct LinkFits {
   hap::parallel::LinkFit all;
   std::vector<hap::parallel::LinkFit> per;  // empty when not measured
+  hap::parallel::OverlapSample overlap;     // not measured: overlap 1, no times
 
   std::vector<double> flatten() const {
-    std::vector<double> v = {all.bandwidth_bytes_per_s, all.latency_s, all.rms_relative_error};
+    std::vector<double> v = {
+        all.bandwidth_bytes_per_s, all.latency_s,     all.rms_relative_error, overlap.bytes,
+        overlap.collective_s,      overlap.compute_s, overlap.together_s,     overlap.overlap};
     for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
       const hap::parallel::LinkFit f =
           c < static_cast<int>(per.size()) ? per[c] : hap::parallel::LinkFit{};
@@ -402,8 +405,9 @@ struct LinkFits {
   static LinkFits unflatten(const std::vector<double>& v) {
     LinkFits f;
     f.all = {v[0], v[1], v[2]};
+    f.overlap = {v[3], v[4], v[5], v[6], v[7]};
     for (int c = 0; c < hap::synth::kNumCollectives; ++c)
-      f.per.push_back({v[3 + 3 * c], v[4 + 3 * c], v[5 + 3 * c]});
+      f.per.push_back({v[8 + 3 * c], v[9 + 3 * c], v[10 + 3 * c]});
     return f;
   }
 };
@@ -428,6 +432,11 @@ std::string link_yaml(const LinkFits& f, const std::string& indent) {
   y << "   # fit " << number(f.all.rms_relative_error * 100) << "% over all collectives\n";
   y << indent << "bandwidth_bytes_per_s: " << number(f.all.bandwidth_bytes_per_s) << "\n";
   y << indent << "latency_s: " << number(f.all.latency_s) << "\n";
+  if (f.overlap.collective_s > 0)
+    y << indent << "overlap: " << number(f.overlap.overlap) << "   # all_reduce of "
+      << format_bytes(f.overlap.bytes) << " " << number(f.overlap.collective_s * 1e3)
+      << " ms, products " << number(f.overlap.compute_s * 1e3) << " ms, together "
+      << number(f.overlap.together_s * 1e3) << " ms\n";
   y << indent << "collectives:";
   for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
     const hap::parallel::LinkFit& t = f.per[c];
@@ -548,8 +557,10 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
                             (config.train.batch_size > 1 ? step_rounds : 1);
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
-  Progress progress(lead, sizes_compute + (lead_node_measured ? static_cast<int>(plan.size()) : 0) +
-                              (world_measured ? static_cast<int>(plan.size()) : 0));
+  // (Each group: the plan's collectives, then an all-reduce beside compute.)
+  const int per_group = static_cast<int>(plan.size()) + 1;
+  Progress progress(lead, sizes_compute + (lead_node_measured ? per_group : 0) +
+                              (world_measured ? per_group : 0));
   if (lead) {
     std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
                  P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
@@ -643,16 +654,28 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     node_samples = profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name,
                                  progress, device);
   }
+  // How much of a gradient bucket's all-reduce passes while the ranks compute (Link::overlap).
+  const double overlap_bytes = opt.quick ? 262144.0 : 4194304.0;
+  const int overlap_reps = opt.quick ? 1 : 3;
+  hap::parallel::OverlapSample node_overlap, world_overlap;
+  if (node_comm.size() >= 2) {
+    node_overlap = hap::parallel::time_overlap(node_comm, overlap_bytes, overlap_reps, device);
+    progress.step("node " + node_name + ": all_reduce beside compute");
+  }
   world.barrier();
-  if (world_measured)
-    world_samples = profile_group(communicator_for(device, config.parallel.backend, world), rates,
-                                  plan, reps, busy_s, "all nodes", progress, device);
+  if (world_measured) {
+    const Communicator all = communicator_for(device, config.parallel.backend, world);
+    world_samples = profile_group(all, rates, plan, reps, busy_s, "all nodes", progress, device);
+    world_overlap = hap::parallel::time_overlap(all, overlap_bytes, overlap_reps, device);
+    progress.step("all nodes: all_reduce beside compute");
+  }
 
   // Each node's fits (overall, then per collective), collected from that node's first rank.
   const std::vector<InstrKind> kinds = {InstrKind::AllReduce, InstrKind::AllGather,
                                         InstrKind::ReduceScatter, InstrKind::AllToAll};
   std::vector<LinkFits> node_fits(nodes.size());
-  const LinkFits mine = node_samples.empty() ? LinkFits{} : fit_all(node_samples, kinds);
+  LinkFits mine = node_samples.empty() ? LinkFits{} : fit_all(node_samples, kinds);
+  mine.overlap = node_overlap;
   const std::vector<double> flat = mine.flatten();
   std::vector<std::vector<double>> gathered(flat.size());
   for (size_t i = 0; i < flat.size(); ++i) gathered[i] = world.allgather(flat[i]);
@@ -666,7 +689,10 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
       opt.raw_path.empty() ? std::vector<std::string>{}
                            : allgather_strings(world, samples_json(node_samples).dump());
   LinkFits inter{};
-  if (world_measured) inter = fit_all(world_samples, kinds);
+  if (world_measured) {
+    inter = fit_all(world_samples, kinds);
+    inter.overlap = world_overlap;
+  }
 
   const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
   const std::string dev_type =
@@ -746,7 +772,10 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
       << opt.busy_ms
       << " ms of compute on every rank\n"
          "# (as in training; timed from the last rank's arrival), with the cost model's formulas;\n"
-         "# 'fit' is the rms relative error.\n";
+         "# 'fit' is the rms relative error. overlap: the share of an all-reduce that passes "
+         "while\n"
+         "# the ranks compute small products beside it, testing it between them as training\n"
+         "# does (1: all of it, 0: none).\n";
   }
   y << "name: "
     << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
-# positive rates, per-collective link fits, a fixed cost per kernel call from a step measured at
+# positive rates, per-collective link fits, a measured overlap, a fixed cost per kernel call from a step measured at
 # two sizes); ranks of different speeds are rated on the rows a proportional split gives them; one rank profiles compute only and says so; an
 # interrupted profile leaves no file behind; bad input exits 2.
 # Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
@@ -34,7 +34,15 @@ for d in c["devices"]:
 seconds = re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples \([0-9.e+-]+ ms on (\d+); "
                      r"fixed [0-9.e+-]+ ms\)", text)
 assert len(seconds) == 2 and all(a != b for a, b in seconds), seconds
-print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["devices"]], "GFLOP/s")
+# How much of an all-reduce passes beside compute, measured on the node's link and read back.
+m = re.search(r"\n +overlap: ([0-9.e+-]+)   # all_reduce of [0-9]+ KiB ([0-9.e+-]+) ms, products "
+              r"([0-9.e+-]+) ms, together ([0-9.e+-]+) ms\n", text)
+assert m, "no measured overlap in the profiled file"
+overlap = float(m.group(1))
+assert 0 <= overlap <= 1 and all(float(g) > 0 for g in m.groups()[1:]), m.groups()
+assert abs(c["nodes"][0]["link"]["overlap"] - overlap) < 1e-12, c["nodes"][0]["link"]
+print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["devices"]], "GFLOP/s,",
+      "overlap", overlap)
 EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/two.yaml" > "$TMP/plan.log" 2>&1 \
   || fail "hap-plan cannot plan on the profiled file: $(cat "$TMP/plan.log")"

@@ -4,6 +4,7 @@
 // rank's usable memory is the node's available memory split between its ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <random>
@@ -107,6 +108,22 @@ TEST(Profile, TimedCollectivesCountFromTheLastRanksArrival) {
   EXPECT_LT(s.seconds, late_s / 2);
   EXPECT_EQ(world().allreduce(s.seconds, ReduceOp::Max),
             world().allreduce(s.seconds, ReduceOp::Min));
+}
+
+// The share of an all-reduce that passes beside compute: the three medians it is made of, every
+// rank reporting the same, and the share the cost model's pricing gives them.
+TEST(Profile, OverlapIsTheCollectivesPaceBesideCompute) {
+  const OverlapSample s = time_overlap(world(), 262144, 2);
+  EXPECT_EQ(s.bytes, 262144.0);
+  EXPECT_GT(s.collective_s, 0.0);
+  EXPECT_GT(s.compute_s, 0.0);
+  EXPECT_GT(s.together_s, 0.0);
+  EXPECT_NEAR(s.overlap,
+              std::clamp((s.collective_s + s.compute_s - s.together_s) / s.compute_s, 0.0, 1.0),
+              1e-12);
+  for (double v : {s.collective_s, s.compute_s, s.together_s, s.overlap})
+    EXPECT_EQ(world().allreduce(v, ReduceOp::Max), world().allreduce(v, ReduceOp::Min));
+  EXPECT_HAS(testing::error_of([] { time_overlap(world(), 262144, 0); }), "expected reps >= 1");
 }
 
 TEST(ProfileCompute, GemmRateIsTwoNCubedOverTheMedianTime) {

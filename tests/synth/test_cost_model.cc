@@ -7,6 +7,7 @@
 
 #include "ops/functional.h"
 #include "synth/synthesizer.h"
+#include "tests/test_util.h"
 
 namespace hap::synth {
 namespace {
@@ -544,6 +545,55 @@ TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackward
   st = step_time(cm, instrs);
   EXPECT_NEAR(st.step_s, 10 + L / 2, 1e-12);
   EXPECT_NEAR(st.hidden_s, 0, 1e-12);
+}
+
+// A link whose collectives pass only partly while the devices compute (Link::overlap: a CPU rank
+// advances MPI between its ops): the channels move at that share of their pace while the passes
+// compute and at full pace after. The two cases above, worked by hand with overlap 0.5 and 0.
+TEST(CostModel, StepTimeMovesTheChannelsAtTheLinksOverlapShareWhileThePassesCompute) {
+  const TwoProducts m = two_products(4, 1100, 1024);
+  const Graph& g = m.graph;
+  const int w1 = tensor_named(g, "w1"), w2 = tensor_named(g, "w2");
+  for (double overlap : {0.5, 0.0}) {
+    SCOPED_TRACE("overlap " + std::to_string(overlap));
+    const Cluster c = cluster3(Link{
+        .bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6, .collective = {}, .overlap = overlap});
+    const CostModel cm(g, c);
+    ASSERT_EQ(cm.overlap(), overlap);
+    const double L = cm.collective_latency_s(InstrKind::GradAllReduce, CollectiveMethod::Grouped);
+    // Gradient all-reduces: backward of the second product 2.5 -> 4.5, of the first 4.5 -> 6.
+    // w2's bucket (2 + L/2) moves 1.5 * overlap by 6 and the rest after; w1's follows it.
+    StepTime st = step_time(cm, {compute(m.mm[0], 3), compute(m.mm[1], 3), compute(m.mean_node, 0),
+                                 grad(w1, 2), grad(w2, 2)});
+    EXPECT_NEAR(st.step_s, 6 + (2 - 1.5 * overlap) + 2 + L, 1e-12);
+    EXPECT_NEAR(st.hidden_s, 1.5 * overlap, 1e-12);
+    // A bucketed parameter gather (1 of its cost 2 in the forward pass): it moves 1.5 * overlap
+    // while the first product's forward computes, and the second product waits for the rest.
+    Instruction gather;
+    gather.kind = InstrKind::AllGather;
+    gather.tensor = w2;
+    gather.from = Prop::sharded(0);
+    gather.to = Prop::replicated();
+    gather.method = CollectiveMethod::Grouped;
+    gather.cost_s = 2;
+    ASSERT_TRUE(bucketed_parameter_gather(g, gather));
+    st = step_time(cm, {compute(m.mm[0], 3), grad(w1, 2), gather, compute(m.mm[1], 3),
+                        compute(m.mean_node, 0)});
+    const double forward = 1.5 + std::max(0.0, 1 - 1.5 * overlap) + 1;
+    // Backward: 2 + 1.5 after the forward pass; w2's reduce-scatter (1) ready when the second
+    // product's backward ends, moving at the overlap share until the first product's ends.
+    const double backward_end = forward + 3.5;
+    const double scatter_end = backward_end + (1 - 1.5 * overlap);
+    EXPECT_NEAR(st.step_s, scatter_end + 2 + L / 2, 1e-12);
+    EXPECT_NEAR(st.hidden_s, 10 + L / 2 - st.step_s, 1e-12);
+    if (overlap == 0) {
+      EXPECT_NEAR(st.hidden_s, 0, 1e-12);
+    }
+  }
+  // Out of [0, 1]: refused where the cluster is checked.
+  Cluster bad = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  for (Node& n : bad.nodes) n.link.overlap = 1.5;
+  EXPECT_HAS(test_util::error_of([&] { bad.validate(); }), "overlap: expected a number in [0, 1]");
 }
 
 // The channels share the link with the passes' own collectives, which come first (the pass

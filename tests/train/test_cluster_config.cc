@@ -552,11 +552,10 @@ TEST_F(ClusterFileTest, DuplicateKey) {
 
 TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
   const std::string text = replace_first(
-      edited(
-          "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6}",
-          "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6, collectives: {all_reduce: "
-          "{bandwidth_bytes_per_s: 4.0e9, latency_s: 9.0e-6}, all_to_all: {bandwidth_bytes_per_s: "
-          "2.0e9, latency_s: 1.0e-5}}}"),
+      edited("link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6}",
+             "link: {bandwidth_bytes_per_s: 1.0e10, latency_s: 2.0e-6, overlap: 0.25, collectives: "
+             "{all_reduce: {bandwidth_bytes_per_s: 4.0e9, latency_s: 9.0e-6}, all_to_all: "
+             "{bandwidth_bytes_per_s: 2.0e9, latency_s: 1.0e-5}}}"),
       "memory_bytes: 32GiB}",
       "memory_bytes: 32GiB, update_s_per_param: 2.5e-9, memory_bandwidth_bytes_per_s: 9.0e11, "
       "cpu_quota: 0.5, kernel_overhead_s: 4.0e-6}");
@@ -578,6 +577,13 @@ TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
   const Link ag = link.for_collective(synth::Collective::AllGather);
   EXPECT_DOUBLE_EQ(ag.bandwidth_bytes_per_s, 1.0e10);
   EXPECT_DOUBLE_EQ(ag.latency_s, 2.0e-6);
+  // The share of a collective that passes while the devices compute, carried per collective too;
+  // 1 where not given.
+  EXPECT_DOUBLE_EQ(link.overlap, 0.25);
+  EXPECT_DOUBLE_EQ(ar.overlap, 0.25);
+  EXPECT_DOUBLE_EQ(c.bottleneck().overlap, 0.25);
+  EXPECT_DOUBLE_EQ(load_cluster_config(write(kValidCluster, "plain.yaml")).nodes[0].link.overlap,
+                   1.0);
 }
 
 // A cluster emulated on one GPU: each device's SMs (scripts/hap-emulate gives each rank a green
@@ -638,6 +644,9 @@ TEST_F(ClusterFileTest, BadProfiledAndEmulatedFiguresNameTheKey) {
        "nodes[0].link.collectives", "broadcast"},
       {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, collectives: {all_gather: {latency_s: 1e-6}}}",
        "nodes[0].link.collectives.all_gather.bandwidth_bytes_per_s", "missing required key"},
+      {"latency_s: 2.0e-6}", "latency_s: 2.0e-6, overlap: 1.2}", "nodes[0].link.overlap",
+       "expected a number in [0, 1] (the share of a collective that passes while devices "
+       "compute), got 1.2"},
   };
   for (const Case& test : cases) {
     SCOPED_TRACE(test.to);
