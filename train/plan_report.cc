@@ -308,6 +308,9 @@ std::string plan_report(const synth::CostModel& cm, const synth::DistributedProg
   if (p.hidden_communication_s > 0)
     os << ", of which " << fmt_s(p.hidden_communication_s) << " hidden behind computation";
   os << ")\n";
+  if (cm.overlap_grad_comm() && cm.overlap() < 1)
+    os << "overlap: gradient buckets and parameter gathers move at " << fixed(cm.overlap() * 100, 0)
+       << "% of their pace while the devices compute (the least 'overlap' of the links used)\n";
   if (!p.note.empty()) os << "note: " << p.note << "\n";
   os << "compute lower bound (total FLOPs / total FLOP/s): " << fmt_s(cm.compute_lower_bound_s())
      << ", ratio " << p.predicted_step_s / cm.compute_lower_bound_s() << "\n";

@@ -76,6 +76,44 @@ TEST(PlanBinary, PlansTheEmulatedClusterAndWritesJsonWithRatiosSummingToOne) {
   fs::remove(json);
 }
 
+// A link that passes only part of an overlapped collective while the devices compute (its
+// profiled 'overlap'): the report says so, and the step is never predicted faster for it.
+TEST(PlanBinary, TheReportSaysWhereLinksOverlapOnlyPartOfACollective) {
+  std::ifstream in(src("configs/clusters/emu-mixed4.yaml"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string link = "link: {bandwidth_bytes_per_s: 5.0e9, latency_s: 5.0e-6}";
+  ASSERT_NE(text.find(link), std::string::npos);
+  const fs::path dir =
+      fs::temp_directory_path() / ("hap_plan_overlap_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  auto cluster_with = [&](const std::string& name, const std::string& overlap) {
+    std::string t = text;
+    t.replace(t.find(link), link.size(),
+              "link: {bandwidth_bytes_per_s: 5.0e9, latency_s: 5.0e-6" + overlap + "}");
+    const std::string path = (dir / name).string();
+    std::ofstream(path) << t;
+    return path;
+  };
+  const std::string args = "--config " + src("configs/gpt-tiny.yaml") +
+                           " --set parallel.strategy=dp-cp --set parallel.select_devices=false" +
+                           " --cluster ";
+  std::string whole, part, err;
+  ASSERT_EQ(run_plan(args + cluster_with("whole.yaml", ""), &whole, &err), 0) << err;
+  ASSERT_EQ(run_plan(args + cluster_with("part.yaml", ", overlap: 0.25"), &part, &err), 0) << err;
+  EXPECT_EQ(whole.find("overlap:"), std::string::npos) << whole;
+  EXPECT_NE(part.find("overlap: gradient buckets and parameter gathers move at 25% of their pace"),
+            std::string::npos)
+      << part;
+  auto step_ms = [](const std::string& report) {
+    const std::string key = "predicted step time: ";
+    const size_t at = report.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(report.substr(at + key.size()));
+  };
+  EXPECT_GT(step_ms(whole), 0.0) << whole;
+  EXPECT_GE(step_ms(part), step_ms(whole));
+  fs::remove_all(dir);
+}
+
 TEST(PlanBinary, UnknownStrategyAndMissingClusterExitWith2) {
   std::string out, err;
   EXPECT_EQ(run_plan("--config " + src("configs/gpt-tiny.yaml") + " --cluster " +
