@@ -108,6 +108,7 @@ Cluster Cluster::subset(std::vector<int> ranks) const {
   Cluster out;
   out.name = name;
   out.inter_node = inter_node;
+  out.lanes = lanes;
   std::vector<int> node_index(nodes.size(), -1);
   for (int r : ranks) {
     Device d = devices[static_cast<size_t>(r)];
@@ -201,6 +202,7 @@ void Cluster::validate() const {
               nodes[owner[r]].name, "' lists it), got ", d.node);
   }
   if (num_nodes() > 1) check_link(where + "inter_node link", inter_node);
+  if (lanes.bandwidth_bytes_per_s != 0) check_link(where + "inter_node lanes", lanes);
 }
 
 int Cluster::node_of(int rank) const {

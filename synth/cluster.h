@@ -87,6 +87,13 @@ struct Cluster {
   std::vector<Device> devices;
   std::vector<Node> nodes;
   Link inter_node;  // between devices on different nodes; unused (may be zero) with one node
+  // Between nodes as the hierarchical collectives' middle phase uses it (parallel/hierarchical.h):
+  // one rank of every node in each lane, every lane at once, each moving its part of the tensor,
+  // priced with terms for one device per node and the whole tensor. hap-profile measures it on
+  // the lanes themselves; a flat collective over every rank (what inter_node is fitted to) crosses
+  // the link at other hops, with other latencies. Bandwidth 0: not given (inter_node's figures).
+  Link lanes;
+  const Link& across_lanes() const { return lanes.bandwidth_bytes_per_s > 0 ? lanes : inter_node; }
 
   // Number of devices (= number of ranks).
   int size() const { return static_cast<int>(devices.size()); }

@@ -497,7 +497,7 @@ CostModel::AllReduceTime CostModel::all_reduce_time(double bytes, CollectiveMeth
   }
   // Across nodes: each lane all-reduces its block over one device per node; the lanes share the
   // link out of a node, so together they move what one all-reduce of the whole tensor would.
-  const Link across = cluster_.inter_node.for_collective(Collective::AllReduce);
+  const Link across = cluster_.across_lanes().for_collective(Collective::AllReduce);
   const CollectiveTerms c = collective_terms(InstrKind::AllReduce, CollectiveMethod::Grouped,
                                              cluster_.num_nodes(), bytes, 1.0);
   t.latency_s += c.latency_terms * across.latency_s;
@@ -544,7 +544,7 @@ CostModel::AllReduceTime CostModel::hierarchical_time(InstrKind kind, double byt
   // Across nodes: lane j moves piece j of every node's block; the lanes share the link out of a
   // node, so together they move what one pass of the whole tensor over the nodes would.
   const int N = cluster_.num_nodes();
-  const Link across = cluster_.inter_node.for_collective(inside_first);
+  const Link across = cluster_.across_lanes().for_collective(inside_first);
   const CollectiveTerms c = collective_terms(kind, CollectiveMethod::Padded, N, bytes, 1.0 / N);
   t.latency_s += c.latency_terms * across.latency_s;
   t.bytes_s += c.byte_terms / across.bandwidth_bytes_per_s;

@@ -53,6 +53,9 @@ constexpr std::array<std::string_view, 10> kDeviceKeys = {"name",
                                                           "kernel_overhead_s"};
 constexpr std::array<std::string_view, 4> kLinkKeys = {"bandwidth_bytes_per_s", "latency_s",
                                                        "collectives", "overlap"};
+// The link between nodes may also give its lanes' figures (synth::Cluster::lanes).
+constexpr std::array<std::string_view, 5> kInterNodeKeys = {"bandwidth_bytes_per_s", "latency_s",
+                                                            "collectives", "overlap", "lanes"};
 constexpr std::array<std::string_view, 2> kLinkTermKeys = {"bandwidth_bytes_per_s", "latency_s"};
 constexpr std::array<std::string_view, 4> kCollectiveKeys = {"all_reduce", "all_gather",
                                                              "reduce_scatter", "all_to_all"};
@@ -107,7 +110,13 @@ double zero_or_in(SectionReader& s, std::string_view key, const RealRange& range
   return value;
 }
 
-synth::Link read_link(SectionReader& s) {
+// A link's figures; `lanes` (inter_node only): its lanes' figures, where given, into *lanes.
+synth::Link read_link(SectionReader& s, synth::Link* lanes = nullptr) {
+  if (lanes) {
+    const bool given = s.has("lanes");
+    SectionReader lane_reader = s.section("lanes", kLinkKeys, /*optional=*/!given);
+    if (given) *lanes = read_link(lane_reader);
+  }
   synth::Link link;
   link.bandwidth_bytes_per_s = s.number("bandwidth_bytes_per_s", std::nullopt, kBandwidthRange);
   link.latency_s = s.number("latency_s", std::nullopt, kLatencyRange);
@@ -307,8 +316,8 @@ synth::Cluster load_cluster_config(const std::string& path,
   }
 
   if (value_of(root, "inter_node")) {
-    SectionReader link_reader = document.section("inter_node", kLinkKeys);
-    cluster.inter_node = read_link(link_reader);
+    SectionReader link_reader = document.section("inter_node", kInterNodeKeys);
+    cluster.inter_node = read_link(link_reader, &cluster.lanes);
   } else {
     document.string("inter_node", "", /*allow_empty=*/true);  // absent: marks the key as read
     if (cluster.num_nodes() > 1)
@@ -363,7 +372,10 @@ nlohmann::json cluster_to_json(const synth::Cluster& cluster) {
   j["nodes"] = nlohmann::json::array();
   for (const synth::Node& n : cluster.nodes)
     j["nodes"].push_back({{"name", n.name}, {"devices", n.devices}, {"link", link(n.link)}});
-  if (cluster.num_nodes() > 1) j["inter_node"] = link(cluster.inter_node);
+  if (cluster.num_nodes() > 1) {
+    j["inter_node"] = link(cluster.inter_node);
+    if (cluster.lanes.bandwidth_bytes_per_s > 0) j["inter_node"]["lanes"] = link(cluster.lanes);
+  }
   return j;
 }
 

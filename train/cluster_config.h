@@ -37,7 +37,9 @@
 // latency_s} (same ranges), figures for that collective over the link (hap-profile fits them); the
 // cost model uses them instead of the link's own for that collective; and `overlap` (optional, in
 // [0, 1], default 1): the share of a collective's time over the link that passes while the devices
-// compute (hap-profile measures it; synth::Link::overlap).
+// compute (hap-profile measures it; synth::Link::overlap). `inter_node` may also have `lanes`: a
+// link mapping (the same keys) with the figures of the hierarchical collectives' lanes between
+// nodes (synth::Cluster::lanes; hap-profile measures them); inter_node's own where absent.
 //
 // The ranges are physically plausible figures, generous on both sides (1 kFLOP/s to 1 EFLOP/s,
 // 1 kB/s to 1 PB/s, up to 10 s of latency, 1 ms per parameter, 1 s per kernel call, 1 PB of

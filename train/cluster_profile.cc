@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,6 +31,7 @@
 #include "ops/cpu/blas.h"
 #include "ops/dispatch.h"
 #include "ops/threads.h"
+#include "parallel/hierarchical.h"
 #include "parallel/profile.h"
 #include "synth/cost_model.h"
 #include "train/cluster_config.h"
@@ -337,6 +339,18 @@ std::vector<Measurement> measurement_plan(bool quick) {
   return plan;
 }
 
+// The lanes between nodes (synth::Cluster::lanes): the collectives the hierarchical forms run
+// across nodes, even shares, at the same tensor sizes.
+std::vector<Measurement> lanes_plan(bool quick) {
+  std::vector<Measurement> plan;
+  for (const Measurement& m : measurement_plan(quick))
+    if (!m.uneven && ((m.kind == InstrKind::AllReduce) ||
+                      ((m.kind == InstrKind::AllGather || m.kind == InstrKind::ReduceScatter) &&
+                       m.method == CollectiveMethod::Padded)))
+      plan.push_back(m);
+  return plan;
+}
+
 std::vector<CollectiveSample> profile_group(const Communicator& group,
                                             const std::vector<double>& rates,
                                             const std::vector<Measurement>& plan, int reps,
@@ -438,7 +452,7 @@ std::string link_yaml(const LinkFits& f, const std::string& indent) {
       << " ms, products " << number(f.overlap.compute_s * 1e3) << " ms, together "
       << number(f.overlap.together_s * 1e3) << " ms\n";
   y << indent << "collectives:";
-  for (int c = 0; c < hap::synth::kNumCollectives; ++c) {
+  for (int c = 0; c < hap::synth::kNumCollectives && c < static_cast<int>(f.per.size()); ++c) {
     const hap::parallel::LinkFit& t = f.per[c];
     y << "\n"
       << indent << "  " << hap::synth::collective_name(static_cast<hap::synth::Collective>(c))
@@ -557,10 +571,16 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
                             (config.train.batch_size > 1 ? step_rounds : 1);
   const bool lead_node_measured = group_sizes[0] >= 2;
   const bool world_measured = P >= 2 && nodes.size() > 1;
+  // The lanes between nodes matter where the hierarchical forms exist: a node of several ranks.
+  const bool lanes_measured =
+      world_measured && *std::max_element(group_sizes.begin(), group_sizes.end()) >= 2;
+  const std::vector<Measurement> lane_plan =
+      lanes_measured ? lanes_plan(opt.quick) : std::vector<Measurement>{};
   // (Each group: the plan's collectives, then an all-reduce beside compute.)
   const int per_group = static_cast<int>(plan.size()) + 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? per_group : 0) +
-                              (world_measured ? per_group : 0));
+                              (world_measured ? per_group : 0) +
+                              static_cast<int>(lane_plan.size()));
   if (lead) {
     std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
                  P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
@@ -646,7 +666,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
   // ranks' tensors on their GPUs, through the backend training would use.
   Communicator node_comm =
       communicator_for(device, config.parallel.backend, world.split(node_index[me], me));
-  std::vector<CollectiveSample> node_samples, world_samples;
+  std::vector<CollectiveSample> node_samples, world_samples, lane_samples;
   if (node_comm.size() >= 2) {
     std::vector<double> node_rates;
     for (int r = 0; r < P; ++r)
@@ -668,6 +688,25 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     world_samples = profile_group(all, rates, plan, reps, busy_s, "all nodes", progress, device);
     world_overlap = hap::parallel::time_overlap(all, overlap_bytes, overlap_reps, device);
     progress.step("all nodes: all_reduce beside compute");
+    // The lanes: local rank j of every node, every lane at once (as the hierarchical forms run
+    // them), each moving its 1 / lanes of the tensor; priced, as the cost model prices them,
+    // with terms for one device per node and the whole tensor.
+    if (lanes_measured) {
+      const auto groups = hap::parallel::group_by_node(all, node_index);
+      const int N = static_cast<int>(nodes.size());
+      for (const Measurement& m : lane_plan) {
+        world.barrier();
+        if (groups->local_rank < groups->lanes) {
+          CollectiveSample s = hap::parallel::time_collective(
+              groups->lane, m.kind, m.method, m.bytes / groups->lanes,
+              std::vector<double>(static_cast<size_t>(N), 1.0 / N), reps, busy_s, device);
+          s.bytes *= groups->lanes;
+          lane_samples.push_back(s);
+        }
+        progress.step("lanes between nodes (" + std::to_string(groups->lanes) +
+                      "): " + hap::synth::instr_name(m.kind) + " " + format_bytes(m.bytes));
+      }
+    }
   }
 
   // Each node's fits (overall, then per collective), collected from that node's first rank.
@@ -693,6 +732,11 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     inter = fit_all(world_samples, kinds);
     inter.overlap = world_overlap;
   }
+  // (Rank 0, which writes the file, is in lane 0.)
+  std::optional<LinkFits> lane_fits;
+  if (!lane_samples.empty())
+    lane_fits = fit_all(lane_samples,
+                        {InstrKind::AllReduce, InstrKind::AllGather, InstrKind::ReduceScatter});
 
   const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
   const std::string dev_type =
@@ -780,6 +824,11 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
   y << "name: "
     << (opt.name.empty() ? std::filesystem::path(opt.out_path).stem().string() : opt.name) << "\n";
   if (nodes.size() > 1) y << "inter_node:" << link_yaml(inter, "  ") << "\n";
+  if (nodes.size() > 1 && lane_fits)
+    y << "  lanes:" << link_yaml(*lane_fits, "    ")
+      << "\n  # lanes: the hierarchical collectives' middle phase, one rank per node in each "
+         "lane,\n"
+         "  # every lane at once, each moving its part of the tensor\n";
   y << "nodes:\n";
   for (size_t n = 0; n < nodes.size(); ++n) {
     y << "  - name: " << nodes[n] << "\n";
@@ -840,6 +889,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
       if (r == 0 || node_index[r] != node_index[r - 1])
         raw["node_samples"][node_of[r]] = nlohmann::json::parse(raw_per_rank[r]);
     raw["world_samples"] = samples_json(world_samples);
+    raw["lane_samples"] = samples_json(lane_samples);
     write_file_atomically(opt.raw_path, raw.dump(2) + "\n");
   }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
-# positive rates, per-collective link fits, a measured overlap, a fixed cost per kernel call from a step measured at
+# positive rates, per-collective link fits, a measured overlap, figures of the lanes between
+# nodes, a fixed cost per kernel call from a step measured at
 # two sizes); ranks of different speeds are rated on the rows a proportional split gives them; one rank profiles compute only and says so; an
 # interrupted profile leaves no file behind; bad input exits 2.
 # Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
@@ -46,6 +47,29 @@ print("2-rank profile loads:", [round(d["flops_per_s"] / 1e9, 1) for d in c["dev
 EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/two.yaml" > "$TMP/plan.log" 2>&1 \
   || fail "hap-plan cannot plan on the profiled file: $(cat "$TMP/plan.log")"
+
+# Two nodes of two ranks (named by --node-name): the link between nodes is fitted to collectives
+# over all four, and the hierarchical forms' lanes (one rank per node, both lanes at once) get
+# figures of their own, which the planner reads.
+run -np 2 "$PROFILE" --quick --config "$CFG" --node-name a --out "$TMP/nodes.yaml" : \
+  -np 2 "$PROFILE" --quick --config "$CFG" --node-name b --out "$TMP/nodes.yaml" \
+  > "$TMP/nodes.log" 2>&1 || fail "2-node profile failed: $(cat "$TMP/nodes.log")"
+grep -q "lanes between nodes (2): all_reduce" "$TMP/nodes.log" \
+  || fail "no progress lines for the lanes: $(cat "$TMP/nodes.log")"
+"$PLAN" --cluster "$TMP/nodes.yaml" --describe-cluster > "$TMP/nodes.json" \
+  || fail "hap-plan rejects the 2-node profile: $(cat "$TMP/nodes.yaml")"
+python3 - "$TMP/nodes.json" <<'EOF' || fail "2-node profile: $(cat "$TMP/nodes.yaml")"
+import json, sys
+c = json.load(open(sys.argv[1]))
+assert [len(n["devices"]) for n in c["nodes"]] == [2, 2], c["nodes"]
+inter = c["inter_node"]
+assert inter["bandwidth_bytes_per_s"] > 0 and 0 <= inter["overlap"] <= 1, inter
+lanes = inter["lanes"]
+assert lanes["bandwidth_bytes_per_s"] > 0 and lanes["latency_s"] >= 0, lanes
+print("2-node profile: lanes", lanes)
+EOF
+"$PLAN" --config "$CFG" --cluster "$TMP/nodes.yaml" > "$TMP/nodes-plan.log" 2>&1 \
+  || fail "hap-plan cannot plan on the 2-node profile: $(cat "$TMP/nodes-plan.log")"
 
 # Two ranks of different speeds (rank 1's kernels slowed to a quarter): each rank's rate is
 # measured again on the rows a split of the batch in proportion to the first rates gives it (the

@@ -949,6 +949,32 @@ TEST(CostModel, HierarchicalAllGatherAndReduceScatterArePricedPerNodeAndChosenWh
   }
 }
 
+// Figures of the lanes between nodes (Cluster::lanes, what hap-profile measures on them) price the
+// hierarchical forms' middle phase in place of inter_node's; the flat forms keep inter_node's. The
+// cases above on 2 + 2 with lanes of 4e8 bytes/s and 50 us: the all-reduce's lanes move
+// 2 * 1/2 * 2e6 bytes (0.005 s) with 2 latencies, the all-gather's 1/2 * 2e6 (0.0025 s) with one.
+TEST(CostModel, TheLanesFiguresPriceTheHierarchicalFormsBetweenNodes) {
+  const Graph g = wide_graph();
+  const double B = 2e6;
+  Cluster c = nodes_of({2, 2});
+  c.lanes = {4e8, 5e-5};
+  c.validate();
+  const CostModel cm(g, c);
+  const auto flat = cm.all_reduce_time(B, CollectiveMethod::Grouped);
+  EXPECT_NEAR(flat.bytes_s, 0.03, 1e-12);
+  EXPECT_NEAR(flat.latency_s, 6e-4, 1e-15);
+  const auto hier = cm.all_reduce_time(B, CollectiveMethod::Hierarchical);
+  EXPECT_NEAR(hier.bytes_s, 2 * 1e-4 + 0.005, 1e-12);
+  EXPECT_NEAR(hier.latency_s, 2 * 1e-6 + 2 * 5e-5, 1e-15);
+  const auto gather = cm.hierarchical_time(InstrKind::AllGather, B);
+  EXPECT_NEAR(gather.bytes_s, 0.0025 + 1e-4 + 5e-5, 1e-12);
+  EXPECT_NEAR(gather.latency_s, 5e-5 + 2e-6, 1e-15);
+  // A subset of the cluster keeps them; bad figures are refused naming them.
+  EXPECT_DOUBLE_EQ(c.subset({0, 2}).lanes.bandwidth_bytes_per_s, 4e8);
+  c.lanes.latency_s = -1;
+  EXPECT_HAS(test_util::error_of([&] { c.validate(); }), "inter_node lanes: latency_s");
+}
+
 // hap with every parameter stored sharded on two nodes of two: the parameters' all-gathers (and
 // so their gradients' reduce-scatters) run hierarchically, the program names each rank's node,
 // and it is predicted faster than with the flat forms only.

@@ -586,6 +586,34 @@ TEST_F(ClusterFileTest, ProfiledFiguresAndPerCollectiveLinksLoad) {
                    1.0);
 }
 
+// The hierarchical collectives' lanes between nodes may have figures of their own (hap-profile
+// measures them), under inter_node only; inter_node's own figures stand where they are absent.
+TEST_F(ClusterFileTest, LanesBetweenNodesLoadUnderInterNodeOnly) {
+  const Cluster c = load_cluster_config(
+      write(edited("inter_node: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5}",
+                   "inter_node: {bandwidth_bytes_per_s: 1.0e9, latency_s: 1.0e-5, lanes: "
+                   "{bandwidth_bytes_per_s: 3.0e9, latency_s: 4.0e-6, collectives: {all_reduce: "
+                   "{bandwidth_bytes_per_s: 2.0e9, latency_s: 7.0e-6}}}}"),
+            "lanes.yaml"));
+  EXPECT_DOUBLE_EQ(c.inter_node.bandwidth_bytes_per_s, 1.0e9);
+  EXPECT_DOUBLE_EQ(c.across_lanes().bandwidth_bytes_per_s, 3.0e9);
+  EXPECT_DOUBLE_EQ(c.across_lanes().latency_s, 4.0e-6);
+  EXPECT_DOUBLE_EQ(
+      c.across_lanes().for_collective(synth::Collective::AllReduce).bandwidth_bytes_per_s, 2.0e9);
+  const Cluster plain = load_cluster_config(write(kValidCluster, "plain.yaml"));
+  EXPECT_DOUBLE_EQ(plain.lanes.bandwidth_bytes_per_s, 0.0);
+  EXPECT_DOUBLE_EQ(plain.across_lanes().bandwidth_bytes_per_s, 1.0e9);
+  // Bad figures name the key; a node's link has no lanes.
+  expect_contains(load_error(write(edited("latency_s: 1.0e-5}",
+                                          "latency_s: 1.0e-5, lanes: "
+                                          "{bandwidth_bytes_per_s: 0, latency_s: 0}}"))),
+                  {"inter_node.lanes.bandwidth_bytes_per_s", "expected a number in [1000, 1e+15]"});
+  expect_contains(load_error(write(edited("latency_s: 2.0e-6}",
+                                          "latency_s: 2.0e-6, lanes: {bandwidth_bytes_per_s: "
+                                          "1e9, latency_s: 0}}"))),
+                  {"nodes[0].link", "lanes"});
+}
+
 // A cluster emulated on one GPU: each device's SMs (scripts/hap-emulate gives each rank a green
 // context of them); carried to the JSON hap-emulate reads, ignored by the planner.
 TEST_F(ClusterFileTest, SmCountsOfAClusterEmulatedOnOneGpu) {
