@@ -448,6 +448,17 @@ Instruction compute(int node, double cost) {
   in.cost_s = cost;
   return in;
 }
+// A parameter stored Sharded(0) gathered whole for use (ZeRO storage).
+Instruction param_gather(int tensor, double cost) {
+  Instruction in;
+  in.kind = InstrKind::AllGather;
+  in.tensor = tensor;
+  in.from = Prop::sharded(0);
+  in.to = Prop::replicated();
+  in.method = CollectiveMethod::Grouped;
+  in.cost_s = cost;
+  return in;
+}
 Instruction grad(int tensor, double cost) {
   Instruction in;
   in.kind = InstrKind::GradAllReduce;
@@ -510,13 +521,7 @@ TEST(CostModel, BucketedParameterGathersHideTheirReduceScattersBehindTheBackward
   const TwoProducts m = two_products(4, 1100, 1024);
   const Graph& g = m.graph;
   const Cluster c = cluster3(link);
-  Instruction gather;
-  gather.kind = InstrKind::AllGather;
-  gather.tensor = tensor_named(g, "w2");
-  gather.from = Prop::sharded(0);
-  gather.to = Prop::replicated();
-  gather.method = CollectiveMethod::Grouped;
-  gather.cost_s = 2;
+  const Instruction gather = param_gather(tensor_named(g, "w2"), 2);
   ASSERT_TRUE(bucketed_parameter_gather(g, gather));
   std::vector<Instruction> instrs = {compute(m.mm[0], 3), grad(tensor_named(g, "w1"), 2), gather,
                                      compute(m.mm[1], 3), compute(m.mean_node, 0)};
@@ -569,13 +574,7 @@ TEST(CostModel, StepTimeMovesTheChannelsAtTheLinksOverlapShareWhileThePassesComp
     EXPECT_NEAR(st.hidden_s, 1.5 * overlap, 1e-12);
     // A bucketed parameter gather (1 of its cost 2 in the forward pass): it moves 1.5 * overlap
     // while the first product's forward computes, and the second product waits for the rest.
-    Instruction gather;
-    gather.kind = InstrKind::AllGather;
-    gather.tensor = w2;
-    gather.from = Prop::sharded(0);
-    gather.to = Prop::replicated();
-    gather.method = CollectiveMethod::Grouped;
-    gather.cost_s = 2;
+    const Instruction gather = param_gather(w2, 2);
     ASSERT_TRUE(bucketed_parameter_gather(g, gather));
     st = step_time(cm, {compute(m.mm[0], 3), grad(w1, 2), gather, compute(m.mm[1], 3),
                         compute(m.mean_node, 0)});
@@ -608,16 +607,7 @@ TEST(CostModel, StepTimeSharesTheLinkWithThePassesOwnCollectives) {
   const CostModel cm(g, c);
   const double L = cm.collective_latency_s(InstrKind::GradAllReduce, CollectiveMethod::Grouped);
   ASSERT_DOUBLE_EQ(L, 2 * (3 - 1) * 1e-6);
-  auto gather = [](int tensor, double cost) {
-    Instruction in;
-    in.kind = InstrKind::AllGather;
-    in.tensor = tensor;
-    in.from = Prop::sharded(0);
-    in.to = Prop::replicated();
-    in.method = CollectiveMethod::Grouped;
-    in.cost_s = cost;
-    return in;
-  };
+  const auto gather = param_gather;
   const int h = g.nodes[m.mm[0]].outputs[0];
   const int w1 = tensor_named(g, "w1"), w2 = tensor_named(g, "w2");
   {
