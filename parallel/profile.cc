@@ -202,7 +202,8 @@ OverlapSample time_overlap(const Communicator& comm, double bytes, int reps, Dev
   s.together_s = median(t);
   // The collective moves at `overlap` of its pace while the products run (the cost model's
   // step_time): together = compute + collective - overlap * compute, until it hides entirely.
-  s.overlap = std::clamp((s.collective_s + s.compute_s - s.together_s) / s.compute_s, 0.0, 1.0);
+  const double share = (s.collective_s + s.compute_s - s.together_s) / s.compute_s;
+  s.overlap = std::isfinite(share) ? std::clamp(share, 0.0, 1.0) : 1.0;  // (no time measured)
   return s;
 }
 
