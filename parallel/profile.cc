@@ -122,7 +122,7 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
   // in training; the time counts from the last rank's arrival, though: how late a slower or
   // throttled rank arrives is its compute, which the cost model prices per device (a wall-clock
   // busy loop under a CPU quota ends anywhere in the quota's period, and counting from each rank's
-  // own arrival added up to a period of waiting to every call, ten times the collective itself).
+  // own arrival added up to a period of waiting to every call, many times a small collective).
   Tensor a = Tensor::full({64, 64}, 0.5, on), b = Tensor::full({64, 64}, 0.25, on);
   std::vector<double> slowest;
   for (int i = 0; i < reps; ++i) {
