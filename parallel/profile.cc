@@ -156,44 +156,41 @@ OverlapSample time_overlap(const Communicator& comm, double bytes, int reps, Dev
   const Tensor in = Tensor::full({n}, 1.0, on);
   const Tensor out = Tensor::empty({n}, on);
   const Tensor a = Tensor::full({128, 128}, 0.5, on), b = Tensor::full({128, 128}, 0.25, on);
-  // The slowest rank's time of `body` from a common barrier.
-  auto timed = [&](auto&& body) {
+  // This rank's time of `body` from a common barrier, and the slowest rank's.
+  auto own_time = [&](auto&& body) {
     comm.barrier();
     const auto t0 = Clock::now();
     body();
     hap::synchronize(device);
-    return comm.allreduce(seconds_since(t0), ReduceOp::Max);
+    return std::max(seconds_since(t0), 1e-7);
   };
+  auto timed = [&](auto&& body) { return comm.allreduce(own_time(body), ReduceOp::Max); };
   auto collective = [&] { comm.backend().start_all_reduce(in, out)->wait(); };
+  int products = 16;
+  // `products` small products, after each `between()`.
+  auto compute = [&](auto&& between) {
+    for (int i = 0; i < products; ++i) {
+      hap::matmul(a, b);
+      between();
+    }
+  };
+  auto nothing = [] {};
   collective();  // warm-up: connections, buffers
   // Products enough to take about as long as the collective on this rank (at its own sustained
   // speed: a short probe under a CPU quota runs at full speed, so the count is refined on runs
   // about as long as the collective).
   const double c0 = median({timed(collective), timed(collective), timed(collective)});
-  auto own_time = [&](int count) {
-    comm.barrier();
-    const auto t0 = Clock::now();
-    for (int i = 0; i < count; ++i) hap::matmul(a, b);
-    hap::synchronize(device);
-    return std::max(seconds_since(t0), 1e-7);
-  };
-  int products = 16;
   for (int round = 0; round < 3; ++round)
-    products =
-        static_cast<int>(std::clamp(std::round(products * c0 / own_time(products)), 1.0, 1e6));
+    products = static_cast<int>(
+        std::clamp(std::round(products * c0 / own_time([&] { compute(nothing); })), 1.0, 1e6));
   std::vector<double> c, w, t;
   for (int r = 0; r < reps; ++r) {
     c.push_back(timed(collective));
-    w.push_back(timed([&] {
-      for (int i = 0; i < products; ++i) hap::matmul(a, b);
-    }));
+    w.push_back(timed([&] { compute(nothing); }));
     t.push_back(timed([&] {
       std::unique_ptr<PendingCollective> pending = comm.backend().start_all_reduce(in, out);
       bool done = false;
-      for (int i = 0; i < products; ++i) {
-        hap::matmul(a, b);
-        if (!done) done = pending->test();
-      }
+      compute([&] { done = done || pending->test(); });
       pending->wait();
     }));
   }

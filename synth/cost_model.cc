@@ -859,11 +859,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         free = std::min(free, backward_end - at);
         rate = pace;
       }
-      if (rate <= 0) {
-        at += free;
-        continue;
-      }
-      if (need >= free * rate) {
+      if (need >= free * rate) {  // (a pace of 0 waits out the pass)
         need -= free * rate;
         at += free;
       } else {

@@ -667,18 +667,17 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
   Communicator node_comm =
       communicator_for(device, config.parallel.backend, world.split(node_index[me], me));
   std::vector<CollectiveSample> node_samples, world_samples, lane_samples;
+  // Each group's collectives, then how much of a gradient bucket's all-reduce passes while its
+  // ranks compute (Link::overlap).
+  const double overlap_bytes = opt.quick ? 262144.0 : 4194304.0;
+  const int overlap_reps = opt.quick ? 1 : 3;
+  hap::parallel::OverlapSample node_overlap, world_overlap;
   if (node_comm.size() >= 2) {
     std::vector<double> node_rates;
     for (int r = 0; r < P; ++r)
       if (node_index[r] == node_index[me]) node_rates.push_back(rates[r]);
     node_samples = profile_group(node_comm, node_rates, plan, reps, busy_s, "node " + node_name,
                                  progress, device);
-  }
-  // How much of a gradient bucket's all-reduce passes while the ranks compute (Link::overlap).
-  const double overlap_bytes = opt.quick ? 262144.0 : 4194304.0;
-  const int overlap_reps = opt.quick ? 1 : 3;
-  hap::parallel::OverlapSample node_overlap, world_overlap;
-  if (node_comm.size() >= 2) {
     node_overlap = hap::parallel::time_overlap(node_comm, overlap_bytes, overlap_reps, device);
     progress.step("node " + node_name + ": all_reduce beside compute");
   }
