@@ -1,13 +1,15 @@
 // hap-profile: measure a cluster and write the cluster file hap-plan and hap-train read.
 //   mpirun -np N hap-profile --out cluster.yaml [--config run.yaml] [--name NAME]
-//          [--node-name NAME] [--type TYPE] [--busy-ms MS] [--quick] [--raw FILE.json]
+//          [--node-name NAME] [--type TYPE] [--busy-ms MS] [--pool-tolerance X] [--quick]
+//          [--raw FILE.json]
 //
 // Every rank measures its compute rate (GEMM at several sizes, and one training step of the
 // config's model on its share of the batch; the step's rate is the device's flops_per_s) and its
-// usable memory. The ranks are grouped into nodes by hostname (or --node-name / HAP_NODE_NAME);
-// each node's ranks then time all_reduce, all_gather, reduce_scatter and all_to_all at several
-// sizes, with even and uneven shards and both methods (padded, grouped), and so do all ranks
-// together when there are several nodes. Each group's link is fitted to its timings with the
+// usable memory; ranks of one kind (type, device, quota or SMs) pool those measurements into one
+// set of figures (--pool-tolerance). The ranks are grouped into nodes by hostname (or --node-name /
+// HAP_NODE_NAME); each node's ranks then time all_reduce, all_gather, reduce_scatter and all_to_all
+// at several sizes, with even and uneven shards and both methods (padded, grouped), and so do all
+// ranks together when there are several nodes. Each group's link is fitted to its timings with the
 // cost model's own formulas (parallel/profile.h). With one rank only compute is profiled.
 //
 // Rank 0 shows progress on stderr and writes the file at the end, through a temporary file and
@@ -81,6 +83,11 @@ int main(int argc, char** argv) {
   cli.add_option("--busy-ms", opt.busy_ms,
                  "compute this long before each timed collective, as in training (0: from idle)")
       ->check(CLI::Range(0.0, 10000.0));
+  cli.add_option("--pool-tolerance", opt.pool_tolerance,
+                 "ranks of one kind (type, device, quota or SMs) pool their compute measurements "
+                 "where each one's step is within a factor 1 + this of their median (default "
+                 "0.25; 0: every rank keeps its own figures)")
+      ->check(CLI::Range(0.0, 1000.0));
   try {
     cli.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

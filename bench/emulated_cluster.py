@@ -35,6 +35,12 @@ largest cap of the file ("memory_lifted"), so that its speed is still known. Wit
 matplotlib the script still runs: it reads the config itself, writes the JSON, and --chart-only
 draws the PNG from it later.
 
+--profile-each-round profiles the cluster again before every round after the first and plans
+that round on that profile: the machine's speed drifts (round medians 10-25% apart on this shared
+machine), and each round's prediction is then set beside a measurement minutes after its own
+profile; every strategy reports each round's prediction and error, and its prediction_error is
+their median (without it: one profile, one plan, the overall median's error).
+
 --set KEY=VALUE (repeatable) overrides a config key in every hap-profile and hap-train run (a
 larger model: --set model.n_layer=12 ...), --tag names the results files after it.
 
@@ -45,6 +51,7 @@ its profiles as bench/results/profiled-<cluster>-ops.yaml.
   /usr/bin/python3 bench/emulated_cluster.py [--steps 30] [--rounds 3]
                                              [--clusters emu-mixed4,emu-2node] [--throttle ops]
                                              [--device cuda] [--set KEY=VALUE]... [--tag TAG]
+                                             [--profile-each-round]
   /usr/bin/python3 bench/emulated_cluster.py --chart-only --out JSON --png PNG
 """
 import argparse
@@ -222,6 +229,11 @@ def main(argv):
                    help="where every run's log and plan go (default runs/bench-emulated)")
     p.add_argument("--no-ddp", action="store_true", help="skip the PyTorch DDP peer")
     p.add_argument("--quick-profile", action="store_true", help="hap-profile --quick")
+    p.add_argument("--profile-each-round", action="store_true",
+                   help="profile the cluster again before every round after the first and plan "
+                        "that round on it: each round's prediction is then set beside a "
+                        "measurement minutes after its profile, not the machine's drift since "
+                        "the first (prediction_error: the median of the rounds' errors)")
     p.add_argument("--chart-only", action="store_true",
                    help="draw --png from an existing --out JSON and exit")
     p.add_argument("--throttle", choices=["cfs", "ops"], default="cfs",
@@ -280,9 +292,12 @@ def main(argv):
         name_tag = tag if tag or model["name"] == "gpt" else f"-{model['name']}"
         profiled = os.path.join(args.profile_dir, f"profiled-{name}{name_tag}" +
                     ("" if gpu or args.throttle == "cfs" else f"-{args.throttle}") + ".yaml")
-        run(emulate + [declared, "--", profile, "--config", args.config, "--out", profiled,
-             "--raw", os.path.join(work, f"profile-{name}.json")] + sets +
-            (["--quick"] if args.quick_profile else []), os.path.join(work, f"profile-{name}.log"))
+        def profile_to(path, suffix=""):
+            run(emulate + [declared, "--", profile, "--config", args.config, "--out", path,
+                 "--raw", os.path.join(work, f"profile-{name}{suffix}.json")] + sets +
+                (["--quick"] if args.quick_profile else []),
+                os.path.join(work, f"profile-{name}{suffix}.log"))
+        profile_to(profiled)
         entry = {"declared_cluster": declared, "profiled_cluster": profiled, "strategies": {}}
         entry["profile"] = profile_vs_declared(args.build, profiled, speed_key)
         entry["ideal_speedup_over_dp_ev"] = ideal_speedup(declared_devices, speed_key)
@@ -299,7 +314,9 @@ def main(argv):
             runs += [("hap-flat", profiled, "hap", flat), ("dp-cp-flat", profiled, "dp-cp", flat)]
         step_ms = {label: [] for label, _, _, _ in runs}
         round_medians = {label: [] for label, _, _, _ in runs}
-        programs, predicted = {}, {}
+        programs = {label: [] for label, _, _, _ in runs}
+        predicted = {label: [] for label, _, _, _ in runs}
+        round_profiles = [profiled]
         # A run that fails under the memory caps runs again, from then on, with every device given
         # the file's largest cap (lifted[label]: the cluster files it runs with); one that fails
         # there too is recorded with its error and not run again.
@@ -308,9 +325,17 @@ def main(argv):
                                         os.path.join(work, f"{name}-memory-lifted.yaml"))
         ddp_ms, ddp_round_medians, torch_version = [], [], None
         for rnd in range(args.rounds):
+            if args.profile_each_round and rnd > 0:
+                base, ext = os.path.splitext(profiled)
+                round_profiles.append(f"{base}-r{rnd}{ext}")
+                profile_to(round_profiles[-1], f"-r{rnd}")
+                print(f"{name} round {rnd + 1}/{args.rounds}: profiled again "
+                      f"({os.path.basename(round_profiles[-1])})", flush=True)
             for label, cluster_file, strategy, extra in runs:
                 if label in failed:
                     continue
+                if cluster_file == profiled:
+                    cluster_file = round_profiles[-1]
                 log = os.path.join(work, f"{name}-{label}-r{rnd}.jsonl")
                 plan = os.path.join(work, f"{name}-{label}-plan.json")
                 for path in (log, plan):
@@ -348,9 +373,9 @@ def main(argv):
                 round_medians[label].append(statistics.median(ms))
                 with open(plan) as f:
                     plan_json = json.load(f)
-                predicted[label] = plan_json["predicted_step_s"] * 1e3
-                programs[label] = json.dumps([plan_json["ratios"], plan_json["instructions"]],
-                                             sort_keys=True)
+                predicted[label].append(plan_json["predicted_step_s"] * 1e3)
+                programs[label].append(json.dumps([plan_json["ratios"], plan_json["instructions"]],
+                                                  sort_keys=True))
                 print(f"{name} {label} round {rnd + 1}/{args.rounds}: median "
                       f"{round_medians[label][-1]:.1f} ms/step", flush=True)
             if not args.no_ddp:
@@ -379,16 +404,29 @@ def main(argv):
                 print(f"{name} {label}: failed; error recorded", flush=True)
             else:
                 median = statistics.median(step_ms[label])
-                result = {"median_ms": median, "predicted_ms": predicted[label],
+                # Each round's prediction beside that round's median (one plan, one prediction,
+                # unless every round is profiled again).
+                round_errors = [(pr - m) / m for pr, m in zip(predicted[label], round_medians[label])]
+                if args.profile_each_round:
+                    predicted_ms = statistics.median(predicted[label])
+                    error = statistics.median(round_errors)
+                else:
+                    predicted_ms = predicted[label][-1]
+                    error = (predicted_ms - median) / median
+                result = {"median_ms": median, "predicted_ms": predicted_ms,
                           "cluster_file": lifted.get(label, (None, cluster_file))[1],
-                          "prediction_error": (predicted[label] - median) / median,
+                          "prediction_error": error,
+                          "round_predicted_ms": predicted[label],
+                          "round_prediction_errors": round_errors,
                           "round_medians_ms": round_medians[label],
                           "round_spread": spread(round_medians[label]), "step_ms": step_ms[label],
+                          "distinct_programs": len(set(programs[label])),
                           "memory_lifted": label in lifted}
                 print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
                       f"(round medians {spread(round_medians[label]) * 100:.1f}% apart), predicted "
-                      f"{predicted[label]:.1f} ms" + (" (memory lifted)" if label in lifted else ""),
-                      flush=True)
+                      f"{predicted_ms:.1f} ms, error {error * 100:+.1f}% (rounds: " +
+                      ", ".join(f"{e * 100:+.0f}%" for e in round_errors) + ")" +
+                      (" (memory lifted)" if label in lifted else ""), flush=True)
             if label in error_under_caps:
                 result["error_under_memory_caps"] = error_under_caps[label]
             if label == "hap-declared":
@@ -406,6 +444,8 @@ def main(argv):
                                     "torch_version": torch_version}
             print(f"{name} pytorch-ddp: median {entry['pytorch_ddp']['median_ms']:.1f} ms/step",
                   flush=True)
+        if args.profile_each_round:
+            entry["round_profiled_clusters"] = round_profiles
         # The same program planned under two names (hap finding dp-cp's, say) must measure alike.
         same = []
         s = entry["strategies"]

@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -19,6 +21,7 @@
 
 #include "core/allocator.h"
 #include "core/atomic_file.h"
+#include "core/error.h"
 #include "core/philox.h"
 #include "core/rng.h"
 #include "core/sm_partition.h"
@@ -133,13 +136,77 @@ std::vector<int64_t> proportional_rows(int64_t total, const std::vector<double>&
 }  // namespace
 
 double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b) {
-  if (rows_a <= 0 || rows_b <= 0 || rows_a == rows_b || !(step_a > 0) || !(step_b > 0) ||
-      !std::isfinite(step_a) || !std::isfinite(step_b))
-    return 0.0;
-  const double per_row =
-      (step_b - step_a) / static_cast<double>(rows_b - rows_a);  // > 0: then fixed < both steps
-  if (!(per_row > 0)) return 0.0;
-  return std::max(0.0, step_a - per_row * static_cast<double>(rows_a));
+  return fit_fixed_step_s({{rows_a, step_a}, {rows_b, step_b}});
+}
+
+double fit_fixed_step_s(const std::vector<std::pair<int64_t, double>>& points) {
+  double n = 0, sx = 0, sy = 0, smallest = std::numeric_limits<double>::infinity();
+  for (const auto& [rows, s] : points) {
+    if (rows <= 0 || !(s > 0) || !std::isfinite(s)) return 0.0;
+    n += 1;
+    sx += static_cast<double>(rows);
+    sy += s;
+    smallest = std::min(smallest, s);
+  }
+  if (n < 2) return 0.0;
+  const double mx = sx / n, my = sy / n;
+  double sxx = 0, sxy = 0;
+  for (const auto& [rows, s] : points) {
+    const double dx = static_cast<double>(rows) - mx;
+    sxx += dx * dx;
+    sxy += dx * (s - my);
+  }
+  if (!(sxx > 0)) return 0.0;  // one row count
+  const double per_row = sxy / sxx;
+  if (!(per_row > 0)) return 0.0;  // > 0: then the fixed part is below the mean time
+  return std::clamp(my - per_row * mx, 0.0, smallest);
+}
+
+std::vector<int> pooled_kinds(const std::vector<std::string>& keys,
+                              const std::vector<double>& even_step_s, double tolerance) {
+  HAP_CHECK(keys.size() == even_step_s.size(), "pooled_kinds: ", keys.size(), " keys but ",
+            even_step_s.size(), " steps");
+  const size_t P = keys.size();
+  std::vector<int> group(P, -1);
+  int groups = 0;
+  for (size_t r = 0; r < P; ++r) {
+    if (group[r] >= 0) continue;
+    std::vector<size_t> same;  // r's kind
+    std::vector<double> steps;
+    for (size_t q = r; q < P; ++q)
+      if (keys[q] == keys[r]) {
+        same.push_back(q);
+        if (std::isfinite(even_step_s[q])) steps.push_back(even_step_s[q]);
+      }
+    std::sort(steps.begin(), steps.end());
+    const double median = steps.empty() ? std::nan("")
+                          : steps.size() % 2
+                              ? steps[steps.size() / 2]
+                              : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
+    const auto alike = [&](size_t q) {
+      const double t = even_step_s[q];
+      return std::isfinite(t) && t > 0 && median > 0 &&
+             std::max(t / median, median / t) <= 1 + tolerance;
+    };
+    int pool = -1;  // the kind's group, numbered at its first alike rank
+    for (size_t q : same) {
+      if (group[q] >= 0) continue;
+      if (alike(q)) {
+        if (pool < 0) pool = groups++;
+        group[q] = pool;
+      } else {
+        group[q] = groups++;
+      }
+    }
+  }
+  // Numbered in order of their first rank.
+  std::vector<int> number(static_cast<size_t>(groups), -1);
+  int next = 0;
+  for (int& g : group) {
+    if (number[static_cast<size_t>(g)] < 0) number[static_cast<size_t>(g)] = next++;
+    g = number[static_cast<size_t>(g)];
+  }
+  return group;
 }
 
 int64_t second_profile_rows(int64_t rows, int64_t operating, int64_t batch) {
@@ -463,6 +530,40 @@ std::string link_yaml(const LinkFits& f, const std::string& indent) {
   return y.str();
 }
 
+// Every round of the step (`first`, then `second`) of every rank in this rank's group of `kind`,
+// with what pooling reads of it: rows, step and graph times, products' share, update per
+// parameter. Collective over `world`.
+std::vector<ComputeResult> gather_kind_rounds(const Communicator& world,
+                                              const std::vector<int>& kind,
+                                              const std::vector<ComputeResult>& first,
+                                              const std::vector<ComputeResult>& second) {
+  std::vector<ComputeResult> mine = first;
+  mine.insert(mine.end(), second.begin(), second.end());
+  const std::vector<int64_t> counts = world.allgather(static_cast<int64_t>(mine.size()));
+  const int64_t most = *std::max_element(counts.begin(), counts.end());
+  std::vector<ComputeResult> out;
+  for (int64_t i = 0; i < most; ++i) {
+    const ComputeResult c =
+        i < static_cast<int64_t>(mine.size()) ? mine[static_cast<size_t>(i)] : ComputeResult{};
+    const std::vector<int64_t> rows = world.allgather(c.batch_rows);
+    const std::vector<double> graph = world.allgather(c.graph_step_s);
+    const std::vector<double> step = world.allgather(c.step_s);
+    const std::vector<double> share = world.allgather(c.product_share);
+    const std::vector<double> update = world.allgather(c.update_s_per_param);
+    for (int r = 0; r < world.size(); ++r) {
+      if (kind[r] != kind[world.rank()] || i >= counts[r]) continue;
+      ComputeResult p;
+      p.batch_rows = rows[r];
+      p.graph_step_s = graph[r];
+      p.step_s = step[r];
+      p.product_share = share[r];
+      p.update_s_per_param = update[r];
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 double measure_core_flops_per_s(double window_s) {
@@ -596,18 +697,43 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
   std::vector<ComputeResult> first = {
       profile_compute(config, P, opt.quick, progress, /*gemms=*/true, window_s)};
   std::vector<double> rates = world.allgather(first[0].flops_per_s);
+  // Ranks of one kind (type, device, quota or SMs) pool their measurements: one line through all
+  // their steps, and one set of figures for all of them (pooled_kinds). Measured alone, two
+  // 0.2-core twins on emu-2node were given fixed parts of 10 and 56 ms from steps 0.5% apart
+  // on the same rows, since each line went through two noisy points on different rows.
+  const std::string dev_type =
+      !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", default_type(device));
+  const std::string quota = env_or("HAP_CPU_QUOTA", "");
+  // A rank of a cluster emulated on one GPU (scripts/hap-emulate) writes its SMs back, so that
+  // the file can be emulated as the one it was measured on.
+  const hap::SmPartitionRequest partition = hap::sm_partition_from_environment();
+  const int64_t my_sms = device.is_cpu() || partition.asked.empty()
+                             ? 0
+                             : partition.asked[static_cast<size_t>(partition.group)];
+  std::vector<int> kind =
+      pooled_kinds(allgather_strings(world, dev_type + "\n" + device_line(device) + "\n" + quota +
+                                                "\n" + std::to_string(my_sms)),
+                   world.allgather(first[0].graph_step_s), opt.pool_tolerance);
+  if (!(opt.pool_tolerance > 0)) std::iota(kind.begin(), kind.end(), 0);  // each its own
   // Each rank's step again on other rows, where that is possible: a kernel's time is not
   // proportional to its rows (fixed costs per call: dispatch, launch, what does not shrink with
   // the rows), and two sizes give a fixed part (kernel_overhead_s per call) and the rates of the
   // rest. The second is at the operating point where ranks differ: the rows a split of the
-  // batch in proportion to the first rates gives each (dp-cp's split, about what a plan gives
-  // it); elsewhere (alike ranks, one rank, a rank whose proportional share is the even one) twice
-  // or half the rows. On emu-mixed4 under --throttle ops the 0.2-core ranks, rated at 4 rows and
-  // run at 2, measured 10% slower than a rate-only model predicted and the 0.8-core rank, run
-  // at 8, 11% faster.
+  // batch in proportion to the first rates (each kind's mean) gives each (dp-cp's split, about
+  // what a plan gives it); elsewhere (alike ranks, one rank, a rank whose proportional share is
+  // the even one) twice or half the rows. On emu-mixed4 under --throttle ops the 0.2-core ranks,
+  // rated at 4 rows and run at 2, measured 10% slower than a rate-only model predicted and the
+  // 0.8-core rank, run at 8, 11% faster.
   std::vector<int64_t> operating(static_cast<size_t>(P), 0);
   if (P > 1) {
-    operating = proportional_rows(config.train.batch_size, rates);
+    std::vector<double> kind_rates(rates.size());
+    for (int r = 0; r < P; ++r) {
+      double sum = 0, n = 0;
+      for (int q = 0; q < P; ++q)
+        if (kind[q] == kind[r]) sum += rates[q], n += 1;
+      kind_rates[r] = sum / n;
+    }
+    operating = proportional_rows(config.train.batch_size, kind_rates);
     // (A batch smaller than the ranks leaves some with no row: the even share stands then.)
     if (*std::min_element(operating.begin(), operating.end()) <= 0)
       operating = world.allgather(first[0].batch_rows);
@@ -623,32 +749,46 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
       first.push_back(profile_compute(config, P, opt.quick, progress, /*gemms=*/false, window_s,
                                       first[0].batch_rows));
   }
-  auto median_round = [](std::vector<ComputeResult> v) {
+  if (second_rows <= 0)
+    progress.step("compute: no second size to measure the step at (batch too small)");
+  // Every round of every rank of this one's kind, by rows: the median round of each size (the
+  // upper one of an even count, a whole round so that its parts stay together).
+  const std::vector<ComputeResult> kind_rounds = gather_kind_rounds(world, kind, first, second);
+  std::map<int64_t, std::vector<ComputeResult>> by_rows;
+  for (const ComputeResult& c : kind_rounds) by_rows[c.batch_rows].push_back(c);
+  std::map<int64_t, ComputeResult> median_at;
+  std::vector<std::pair<int64_t, double>> points;
+  double smallest = std::numeric_limits<double>::infinity();
+  for (auto& [n, v] : by_rows) {
     std::sort(v.begin(), v.end(), [](const ComputeResult& a, const ComputeResult& b) {
       return a.graph_step_s < b.graph_step_s;
     });
-    return v[v.size() / 2];
-  };
-  ComputeResult compute = median_round(first);
-  compute.gemm = first[0].gemm;
-  ComputeResult fitted = compute;
-  if (second_rows > 0) {
-    const ComputeResult at = median_round(second);
-    const double fixed_s = std::min(
-        fit_fixed_step_s(compute.batch_rows, compute.graph_step_s, at.batch_rows, at.graph_step_s),
-        // (a fixed part above the smaller step's graph time is noise, never a measurement)
-        0.95 * std::min(compute.graph_step_s, at.graph_step_s));
-    // The rates from the measurement at the operating point (else the first, the even share).
-    fitted = at.batch_rows == operating[static_cast<size_t>(me)] ? at : compute;
-    fitted.gemm = compute.gemm;
-    set_rates(fitted, fixed_s);
-    fitted.kernel_overhead_s = fitted.kernel_calls > 0 ? fixed_s / fitted.kernel_calls : 0.0;
-    fitted.other_rows = at.batch_rows == fitted.batch_rows ? compute.batch_rows : at.batch_rows;
-    fitted.other_step_s = at.batch_rows == fitted.batch_rows ? compute.step_s : at.step_s;
-  } else {
-    progress.step("compute: no second size to measure the step at (batch too small)");
+    median_at[n] = v[v.size() / 2];
+    points.push_back({n, median_at[n].graph_step_s});
+    smallest = std::min(smallest, median_at[n].graph_step_s);
   }
-  compute = std::move(fitted);
+  // (a fixed part above 95% of the smallest step's graph time is noise, never a measurement)
+  const double fixed_s = std::min(fit_fixed_step_s(points), 0.95 * smallest);
+  // This rank's figures at its operating point where it measured there, else on the even share:
+  // its own round's work (FLOPs, bytes, calls), the kind's median round's times and shares.
+  const int64_t at_rows = second_rows > 0 && second_rows == operating[static_cast<size_t>(me)]
+                              ? second_rows
+                              : first[0].batch_rows;
+  ComputeResult compute = at_rows == first[0].batch_rows ? first[0] : second[0];
+  const ComputeResult& pooled = median_at.at(at_rows);
+  compute.gemm = first[0].gemm;
+  compute.step_s = pooled.step_s;
+  compute.graph_step_s = pooled.graph_step_s;
+  compute.product_share = pooled.product_share;
+  compute.update_s_per_param = pooled.update_s_per_param;
+  set_rates(compute, fixed_s);
+  compute.kernel_overhead_s = compute.kernel_calls > 0 ? fixed_s / compute.kernel_calls : 0.0;
+  // The other size this rank measured, for the file's comments.
+  const int64_t other = at_rows == first[0].batch_rows ? second_rows : first[0].batch_rows;
+  if (other > 0 && median_at.count(other)) {
+    compute.other_rows = other;
+    compute.other_step_s = median_at.at(other).step_s;
+  }
   rates = world.allgather(compute.flops_per_s);
   const std::vector<int64_t> rows = world.allgather(compute.batch_rows);
   // Memory: the node's shared among its ranks, or a GPU's among the ranks on it.
@@ -738,16 +878,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
                         {InstrKind::AllReduce, InstrKind::AllGather, InstrKind::ReduceScatter});
 
   const std::string dev_name = env_or("HAP_DEVICE_NAME", "");
-  const std::string dev_type =
-      !opt.type.empty() ? opt.type : env_or("HAP_DEVICE_TYPE", default_type(device));
-  const std::string quota = env_or("HAP_CPU_QUOTA", "");
-  // A rank of a cluster emulated on one GPU (scripts/hap-emulate) writes its SMs back, so that
-  // the file can be emulated as the one it was measured on.
-  const hap::SmPartitionRequest partition = hap::sm_partition_from_environment();
-  const std::vector<int64_t> sm_counts =
-      world.allgather(int64_t{device.is_cpu() || partition.asked.empty()
-                                  ? 0
-                                  : partition.asked[static_cast<size_t>(partition.group)]});
+  const std::vector<int64_t> sm_counts = world.allgather(my_sms);
   const std::vector<std::string> names = allgather_strings(world, dev_name);
   const std::vector<std::string> types = allgather_strings(world, dev_type);
   const std::vector<std::string> quotas = allgather_strings(world, quota);
@@ -782,7 +913,13 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     << "# kernel_overhead_s: per kernel call (" << kernel_calls
     << " per step), the fixed part of a line through the step's graph time on\n"
        "# those rows and on a second size (where the batch allows one); flops_per_s and\n"
-       "# memory_bandwidth_bytes_per_s rate the rest;\n"
+       "# memory_bandwidth_bytes_per_s rate the rest; ranks of one kind (type, device, quota or\n"
+       "# SMs) pool their rounds: one line through all their steps (least squares over each\n"
+       "# size's median), each size's median round of all of them, so alike devices get alike\n"
+    << (opt.pool_tolerance > 0
+            ? "# figures (a rank whose step is more than a factor " +
+                  number(1 + opt.pool_tolerance) + " off its kind's median keeps its own);\n"
+            : std::string("# figures (here not: --pool-tolerance 0, each rank its own);\n"))
     << "# update_s_per_param: the same step's optimizer update and gradient-norm pass per "
        "parameter;\n"
     << "# the graph's time is split by the kernel profiler: products (GEMM, attention) give\n"
@@ -800,6 +937,11 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     if (other_rows[r] > 0)
       y << " (" << number(other_step_s[r] * 1e3) << " ms on " << other_rows[r] << "; fixed "
         << number(overhead[r] * kernel_calls * 1e3) << " ms)";
+    std::string pool;
+    for (int q = 0; q < P; ++q)
+      if (q != r && kind[q] == kind[r]) pool += (pool.empty() ? "" : ", ") + std::to_string(q);
+    if (!pool.empty())
+      y << "; pooled with rank" << (pool.find(',') == std::string::npos ? " " : "s ") << pool;
     y << "; GEMM";
     for (size_t i = 0; i < compute.gemm.size(); ++i) y << " " << number(gemm_rates[i][r]);
     y << "\n#     " << cpu_gemm[r] << "\n";
@@ -872,6 +1014,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
                               {"second_step_s", other_step_s[r]},
                               {"second_batch_rows", other_rows[r]},
                               {"kernel_calls", kernel_calls},
+                              {"pooled_kind", kind[r]},
                               {"kernel_overhead_s", overhead[r]},
                               {"model_step_flops", step_flops[r]},
                               {"flops_per_s", rates[r]},

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "models/model.h"
@@ -25,6 +26,9 @@ struct ProfileOptions {
   std::string raw_path;   // also write every measurement as JSON ("" = no)
   bool quick = false;     // fewer sizes and repetitions (a smoke test, not a profile)
   double busy_ms = 20;    // compute this long before each timed collective, as in training
+  // Ranks of one kind pool their compute measurements where each one's step is within a factor
+  // 1 + pool_tolerance of their median (pooled_kinds); 0: every rank keeps its own figures.
+  double pool_tolerance = 0.25;
 };
 
 // Collective over `world`. Throws ConfigError (on every rank alike) when the ranks of a node are
@@ -38,6 +42,19 @@ void profile_cluster(const RunConfig& config, const ProfileOptions& options,
 // proportional to its rows); otherwise in [0, min(step_a, step_b)). hap-profile divides it over
 // the step's kernel calls (kernel_overhead_s).
 double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b);
+
+// The same through any number of (rows, seconds) measurements: the least-squares line's value at
+// zero rows, 0 where fewer than two row counts are given (or a point is not positive and finite)
+// or the line does not grow with the rows, and never more than the smallest time.
+double fit_fixed_step_s(const std::vector<std::pair<int64_t, double>>& points);
+
+// Which ranks pool their compute measurements (hap-profile): ranks of one kind (equal `keys`:
+// device type, device description, quota or SMs) share one group, and their steps are fitted
+// together, except a rank whose step on the even share (`even_step_s`) is more than a factor
+// 1 + `tolerance` from its kind's median (either way) or not a positive number, which keeps a
+// group of its own: a device unlike its declared type. Groups are numbered by their first rank.
+std::vector<int> pooled_kinds(const std::vector<std::string>& keys,
+                              const std::vector<double>& even_step_s, double tolerance);
 
 // The rows a rank measures its step at a second time, having measured it on `rows` of a batch of
 // `batch`: its operating point where that is given (> 0) and differs, else twice the rows where

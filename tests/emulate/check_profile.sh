@@ -2,7 +2,7 @@
 # hap-profile under mpirun: writes a cluster file hap-plan accepts as is (one device per rank,
 # positive rates, per-collective link fits, a measured overlap, figures of the lanes between
 # nodes, a fixed cost per kernel call from a step measured at
-# two sizes); ranks of different speeds are rated on the rows a proportional split gives them; one rank profiles compute only and says so; an
+# two sizes); ranks of one kind pool their measurements; ranks of different speeds are rated on the rows a proportional split gives them; one rank profiles compute only and says so; an
 # interrupted profile leaves no file behind; bad input exits 2.
 # Usage: check_profile.sh MPIEXEC HAP_PROFILE HAP_PLAN SOURCE_DIR
 set -u
@@ -14,7 +14,10 @@ CFG="$SRC/configs/gpt-tiny.yaml"
 run() { "$MPIEXEC" --allow-run-as-root --oversubscribe "$@"; }
 
 # Two ranks, one node: compute and links.
-run -np 2 "$PROFILE" --quick --config "$CFG" --out "$TMP/two.yaml" > "$TMP/two.log" 2>&1 \
+# (The two ranks are of one kind: --pool-tolerance 1000 makes them pool however busy the
+# machine is, so that their figures are alike.)
+run -np 2 "$PROFILE" --quick --config "$CFG" --pool-tolerance 1000 --out "$TMP/two.yaml" \
+  > "$TMP/two.log" 2>&1 \
   || fail "2-rank profile failed: $(cat "$TMP/two.log")"
 grep -q "\[ *[0-9]*/[0-9]*\] node .*all_to_all grouped uneven" "$TMP/two.log" \
   || fail "no progress lines for the collectives: $(cat "$TMP/two.log")"
@@ -35,6 +38,12 @@ for d in c["devices"]:
 seconds = re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples \([0-9.e+-]+ ms on (\d+); "
                      r"fixed [0-9.e+-]+ ms\)", text)
 assert len(seconds) == 2 and all(a != b for a, b in seconds), seconds
+# Two ranks of one kind pool their rounds: one set of figures, and the file says so.
+a, b = c["devices"]
+for key in ("flops_per_s", "memory_bandwidth_bytes_per_s", "kernel_overhead_s",
+            "update_s_per_param"):
+    assert a[key] == b[key], (key, a, b)
+assert "pooled with rank 1;" in text and "pooled with rank 0;" in text, text
 # How much of an all-reduce passes beside compute, measured on the node's link and read back.
 m = re.search(r"\n +overlap: ([0-9.e+-]+)   # all_reduce of [0-9]+ KiB ([0-9.e+-]+) ms, products "
               r"([0-9.e+-]+) ms, together ([0-9.e+-]+) ms\n", text)
@@ -83,6 +92,8 @@ import re, sys
 text = open(sys.argv[1]).read()
 rows = [int(n) for n in re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples", text)]
 assert len(rows) == 2 and sum(rows) == 4 and rows[0] > rows[1] >= 1, rows
+# Of one kind by name (no type, no quota) but 4x apart: each keeps its own figures.
+assert "pooled with" not in text, text
 print("mixed-speed profile: rows per rank", rows)
 EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/mixed.yaml" > "$TMP/mixed-plan.log" 2>&1 \
@@ -109,6 +120,10 @@ ls -a "$TMP" | grep -q "cut.yaml.tmp" && fail "an interrupted profile left a tem
 # Bad input.
 run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP" > "$TMP/dir.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "is a directory" "$TMP/dir.log" || fail "--out DIR: exit $rc: $(cat "$TMP/dir.log")"
+run -np 1 "$PROFILE" --quick --config "$CFG" --pool-tolerance -1 --out "$TMP/x.yaml" \
+  > "$TMP/pool.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "pool-tolerance" "$TMP/pool.log" \
+  || fail "--pool-tolerance -1: exit $rc: $(cat "$TMP/pool.log")"
 run -np 1 "$PROFILE" --quick --config "$TMP/none.yaml" --out "$TMP/x.yaml" > "$TMP/cfg.log" 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "missing --config: exit $rc: $(cat "$TMP/cfg.log")"
 # NCCL carries GPU ranks' collectives only: CPU ranks asking for it are refused alike.

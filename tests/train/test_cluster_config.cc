@@ -879,6 +879,47 @@ TEST(ProfileFit, TheFixedPartIsWhereTheLineThroughTwoStepsMeetsZeroRows) {
   EXPECT_LT(f, 5e-3);
 }
 
+// Through more points, the least-squares line: 2, 4 and 8 rows at 3 ms fixed and 2 ms a row,
+// each off by a little, give about 3 ms; where the points do not rise with the rows, or fewer
+// than two row counts are given, nothing is fixed; never more than the smallest time.
+TEST(ProfileFit, ThePooledFixedPartIsTheLeastSquaresLinesValueAtZeroRows) {
+  EXPECT_NEAR(fit_fixed_step_s({{2, 7e-3}, {4, 11e-3}, {8, 19e-3}}), 3e-3, 1e-12);
+  // 1 ms more on the middle point moves the intercept by half of it: 1/n - mean(x) (x - mean(x))
+  // / Sxx = 1/3 + (14/3)(2/3) / (56/3) = 1/2.
+  EXPECT_NEAR(fit_fixed_step_s({{2, 7e-3}, {4, 12e-3}, {8, 19e-3}}), 3.5e-3, 1e-12);
+  EXPECT_NEAR(fit_fixed_step_s({{1, 44e-3}, {2, 99e-3}, {4, 142.7e-3}, {4, 142e-3}}),
+              fit_fixed_step_s({{4, 142.7e-3}, {1, 44e-3}, {4, 142e-3}, {2, 99e-3}}), 1e-15);
+  EXPECT_EQ(fit_fixed_step_s({{4, 10e-3}, {4, 11e-3}, {4, 12e-3}}), 0.0);  // one row count
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, 9e-3}, {8, 8e-3}}), 0.0);    // falls with rows
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}}), 0.0);
+  EXPECT_EQ(fit_fixed_step_s({}), 0.0);
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, 20e-3}, {0, 30e-3}}), 0.0);  // no rows
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, std::nan("")}, {8, 30e-3}}), 0.0);
+  // A steep drop then flat: the line's intercept lies above the smallest time; held to it.
+  EXPECT_EQ(fit_fixed_step_s({{1, 5e-3}, {2, 5.001e-3}, {3, 5.002e-3}, {50, 5.003e-3}}), 5e-3);
+  // Two points: the line through them, as the two-measurement form gives.
+  EXPECT_NEAR(fit_fixed_step_s({{2, 13.0e-3}, {8, 42.7e-3}}), 3.1e-3, 1e-12);
+}
+
+// Ranks of one kind pool; a rank far from its kind's median step on the even share keeps its
+// own group; groups are numbered by their first rank.
+TEST(ProfileFit, RanksOfOneKindPoolUnlessTheirStepIsFarFromTheKindsMedian) {
+  EXPECT_EQ(pooled_kinds({"a", "b", "c", "c"}, {1.0, 2.0, 4.0, 4.1}, 0.2),
+            (std::vector<int>{0, 1, 2, 2}));
+  EXPECT_EQ(pooled_kinds({"c", "a", "c", "a"}, {4.0, 1.0, 4.4, 1.1}, 0.2),
+            (std::vector<int>{0, 1, 0, 1}));
+  // The third 'c' is 4x slower: it stands alone; the other two pool.
+  EXPECT_EQ(pooled_kinds({"c", "c", "c"}, {4.0, 16.0, 4.2}, 0.2), (std::vector<int>{0, 1, 0}));
+  // Two of a kind more than 2 x tolerance apart: each of its own (their median is their mean).
+  EXPECT_EQ(pooled_kinds({"c", "c"}, {1.0, 4.0}, 0.2), (std::vector<int>{0, 1}));
+  EXPECT_EQ(pooled_kinds({"c", "c"}, {1.0, 1.3}, 0.2), (std::vector<int>{0, 0}));
+  // A step that is not finite never pools.
+  EXPECT_EQ(pooled_kinds({"c", "c", "c"}, {1.0, std::nan(""), 1.0}, 0.2),
+            (std::vector<int>{0, 1, 0}));
+  EXPECT_TRUE(pooled_kinds({}, {}, 0.2).empty());
+  EXPECT_THROW(pooled_kinds({"a"}, {}, 0.2), Error);
+}
+
 TEST(ProfileFit, TheSecondSizeIsTheOperatingPointElseTwiceElseHalfTheRows) {
   EXPECT_EQ(second_profile_rows(4, 8, 16), 8);  // the rows a proportional split gives
   EXPECT_EQ(second_profile_rows(4, 2, 16), 2);
