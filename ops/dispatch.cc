@@ -192,6 +192,12 @@ double emulated_speed() {
   return speed;
 }
 
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 namespace {
 double thread_cpu_s() {
   timespec ts{};
@@ -331,6 +337,8 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
       slowed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
   auto t0 =
       g_profiling ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  const bool cpu_profiled = g_profiling && device.is_cpu();
+  const double process0 = cpu_profiled ? process_cpu_s() : 0;
   std::vector<Tensor> outputs = kernel(ctx);
   wait_for_device();
   if (slowed) {
@@ -346,6 +354,7 @@ std::vector<Tensor> call(OpKind kind, std::vector<Tensor> inputs, Attrs attrs) {
   if (g_profiling)
     g_stats.kernel_s[static_cast<size_t>(kind)] +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (cpu_profiled) g_stats.kernel_cpu_s[static_cast<size_t>(kind)] += process_cpu_s() - process0;
   HAP_ASSERT(outputs.size() == out_meta.size(), "op ", def.name, " kernel returned ",
              outputs.size(), " outputs, inferred ", out_meta.size());
   // History is attached to outputs, so an output must never be an input's own impl.

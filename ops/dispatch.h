@@ -101,11 +101,17 @@ DType autocast_dtype();
 struct DispatchStats {
   std::array<uint64_t, kNumOps> calls{};
   std::array<double, kNumOps> kernel_s{};  // filled while profiling is on
+  // The process's CPU time in CPU kernels while profiling is on: unlike the wall clock, it leaves
+  // out the time a CPU quota throttles the process, which lands on whichever kernel runs then.
+  std::array<double, kNumOps> kernel_cpu_s{};
 };
 const DispatchStats& dispatch_stats();
 void reset_dispatch_stats();
-// Times every kernel (wall clock, per op kind) into dispatch_stats().kernel_s.
+// Times every kernel (wall clock, per op kind) into dispatch_stats().kernel_s, and a CPU
+// kernel's CPU time into kernel_cpu_s.
 void set_profiling(bool on);
+// The CPU time of this process (all its threads), in seconds.
+double process_cpu_s();
 // The ops by kernel time, one per line: name, calls, seconds, share.
 std::string profile_report(size_t top = 20);
 

@@ -322,8 +322,14 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   std::vector<hap::Tensor> params = model->parameters();
   double num_params = 0;
   for (const hap::Tensor& p : params) num_params += static_cast<double>(p.numel());
-  double graph_s = 0, update_s = 0;
+  // On the CPU the split between the graph and the update, and between the graph's products and
+  // the rest, is read in CPU time: under a CPU quota the throttled spells land on whichever part
+  // runs then, and in wall time a 0.2-core rank's update measured faster per parameter than a
+  // 0.8-core rank's.
+  const bool cpu = device.is_cpu();
+  double graph_s = 0, update_s = 0, graph_cpu_s = 0, update_cpu_s = 0;
   auto step_once = [&]() {
+    const double c0 = cpu ? hap::ops::process_cpu_s() : 0;
     auto t0 = Clock::now();
     hap::Tensor loss;
     {
@@ -334,17 +340,21 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
     loss.backward();
     hap::synchronize(device);  // (a GPU's kernels run after their launch)
     auto t1 = Clock::now();
+    const double c1 = cpu ? hap::ops::process_cpu_s() : 0;
     // As the trainer: the norm, then the update with clipping's coefficient.
     const double norm = hap::nn::grad_norm(params);
     const double clip = config.train.grad_clip > 0 ? config.train.grad_clip / (norm + 1e-6) : 1.0;
     opt->step(clip < 1 ? clip : 1.0);
     hap::synchronize(device);
     auto t2 = Clock::now();
+    const double c2 = cpu ? hap::ops::process_cpu_s() : 0;
     graph_s += std::chrono::duration<double>(t1 - t0).count();
     update_s += std::chrono::duration<double>(t2 - t1).count();
+    graph_cpu_s += c1 - c0;
+    update_cpu_s += c2 - c1;
   };
   step_once();  // warm-up
-  graph_s = update_s = 0;
+  graph_s = update_s = graph_cpu_s = update_cpu_s = 0;
   hap::ops::reset_dispatch_stats();
   // On the CPU the kernel profiler times the very steps measured; on a GPU it waits for the
   // device around every op, which a training step does not: the steps are measured without it,
@@ -369,9 +379,20 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   hap::ops::set_profiling(false);
   double product_s = 0, other_s = 0;
   const hap::ops::DispatchStats& stats = hap::ops::dispatch_stats();
-  for (size_t k = 0; k < hap::ops::kNumOps; ++k)
-    (hap::ops::op_def(static_cast<hap::ops::OpKind>(k)).flops_bound ? product_s : other_s) +=
-        stats.kernel_s[k];
+  double product_cpu_s = 0, other_cpu_s = 0;
+  for (size_t k = 0; k < hap::ops::kNumOps; ++k) {
+    const bool product = hap::ops::op_def(static_cast<hap::ops::OpKind>(k)).flops_bound;
+    (product ? product_s : other_s) += stats.kernel_s[k];
+    (product ? product_cpu_s : other_cpu_s) += stats.kernel_cpu_s[k];
+  }
+  if (cpu && product_cpu_s > 0 && other_cpu_s > 0) {
+    product_s = product_cpu_s;
+    other_s = other_cpu_s;
+  }
+  if (cpu && graph_cpu_s > 0 && update_cpu_s > 0) {
+    graph_s = graph_cpu_s;
+    update_s = update_cpu_s;
+  }
   // Spread the wall time (quota throttling and dispatch included) over the parts in their
   // measured shares: update vs graph, and within the graph products vs the rest.
   r.step_s = elapsed / steps;

@@ -23,6 +23,7 @@
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
+#include "ops/threads.h"
 #include "tests/stand_in_device.h"
 #include "tests/test_util.h"
 
@@ -576,6 +577,30 @@ TEST_F(FakeDevice, SynchronizeWaitsThroughTheBackendAndNotForTheCpu) {
   EXPECT_HAS(test_util::error_of([] { synchronize(Device::cuda(0)); }),
              "waiting for cuda:0: no cuda backend registered how");
   register_device_synchronize(DeviceKind::CUDA, &test_util::stand_in_synchronize);
+}
+
+// Profiling also counts a CPU kernel's CPU time (hap-profile splits a step by it: a CPU quota's
+// throttled spells are not the kernel's work); on one thread it is at most the wall time, and a
+// kernel of another device adds none.
+TEST_F(FakeDevice, ProfilingCountsCpuKernelsCpuTime) {
+  const int threads = num_threads();
+  set_num_threads(1);
+  ops::reset_dispatch_stats();
+  const Tensor a = randn({192, 192}, 7, 0), b = randn({192, 192}, 7, 1);
+  ops::set_profiling(true);
+  for (int i = 0; i < 8; ++i) matmul(a, b);
+  ops::call1(ops::OpKind::Permute, {Tensor::ones({2, 3}).to(Device::cuda(0))},
+             ops::PermuteAttrs{{1, 0}});
+  ops::set_profiling(false);
+  set_num_threads(threads);
+  const ops::DispatchStats& stats = ops::dispatch_stats();
+  const size_t mm = static_cast<size_t>(ops::OpKind::MatMul);
+  const size_t permute = static_cast<size_t>(ops::OpKind::Permute);
+  EXPECT_GT(stats.kernel_cpu_s[mm], 0.0);
+  EXPECT_LE(stats.kernel_cpu_s[mm], stats.kernel_s[mm] + 1e-3);
+  EXPECT_GT(stats.kernel_s[permute], 0.0);
+  EXPECT_EQ(stats.kernel_cpu_s[permute], 0.0) << "a cuda kernel is not timed in CPU time";
+  ops::reset_dispatch_stats();
 }
 
 TEST_F(FakeDevice, HostAccessToADeviceTensorIsAnErrorThatNamesTheDevice) {
