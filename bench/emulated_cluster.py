@@ -191,6 +191,17 @@ def spread(values):
     return max(values) / min(values) - 1
 
 
+def prediction_errors(round_predicted, round_medians, median, each_round):
+    """(predicted ms, prediction error, each round's error): each round's prediction beside that
+    round's median; with a profile per round the error is the median of the rounds' errors and
+    the prediction their median, else (one plan, one prediction) the prediction's error against
+    the median of all steps."""
+    round_errors = [(p - m) / m for p, m in zip(round_predicted, round_medians)]
+    if each_round:
+        return statistics.median(round_predicted), statistics.median(round_errors), round_errors
+    return round_predicted[-1], (round_predicted[-1] - median) / median, round_errors
+
+
 def steps_from_log(path, skip):
     ms = []
     with open(path) as f:
@@ -404,15 +415,8 @@ def main(argv):
                 print(f"{name} {label}: failed; error recorded", flush=True)
             else:
                 median = statistics.median(step_ms[label])
-                # Each round's prediction beside that round's median (one plan, one prediction,
-                # unless every round is profiled again).
-                round_errors = [(pr - m) / m for pr, m in zip(predicted[label], round_medians[label])]
-                if args.profile_each_round:
-                    predicted_ms = statistics.median(predicted[label])
-                    error = statistics.median(round_errors)
-                else:
-                    predicted_ms = predicted[label][-1]
-                    error = (predicted_ms - median) / median
+                predicted_ms, error, round_errors = prediction_errors(
+                    predicted[label], round_medians[label], median, args.profile_each_round)
                 result = {"median_ms": median, "predicted_ms": predicted_ms,
                           "cluster_file": lifted.get(label, (None, cluster_file))[1],
                           "prediction_error": error,

@@ -1,7 +1,8 @@
 """The emulated-cluster benchmark's helpers (bench/emulated_cluster.py), which also run
 without PyYAML: its own reader of run configs gives what PyYAML gives on every config we ship,
 --set overrides land where hap-train puts them, a memory-lifted copy of a cluster file changes
-memory and nothing else, and the ideal speed-up over dp-ev follows the SM counts or quotas.
+memory and nothing else, the ideal speed-up over dp-ev follows the SM counts or quotas, and
+prediction errors are each round's (their median with a profile per round).
 
     python3 check_bench_helpers.py SOURCE_DIR HAP_PLAN
 """
@@ -55,6 +56,15 @@ check(model["n_layer"] == 12 and model["n_embd"] == 768 and model["batch_size"] 
 check(model["seq_len"] == model["block_size"], f"seq_len 0 should mean block_size: {model}")
 moe = bench.read_config(os.path.join(src, "configs", "bert_moe.yaml"), [])
 check("dp-ep" in bench.strategies_of(moe), f"a model with experts runs dp-ep too: {moe}")
+
+# Prediction errors: each round's beside its median; with a profile per round, their median.
+pred, err, rounds = bench.prediction_errors([110.0, 120.0, 100.0], [100.0, 100.0, 125.0], 100.0,
+                                            True)
+check(pred == 110.0 and abs(err - 0.1) < 1e-12, f"each round: {pred}, {err}")
+check([round(e, 12) for e in rounds] == [0.1, 0.2, -0.2], f"round errors: {rounds}")
+pred, err, rounds = bench.prediction_errors([90.0, 90.0], [100.0, 80.0], 95.0, False)
+check(pred == 90.0 and abs(err - (90.0 - 95.0) / 95.0) < 1e-12, f"one profile: {pred}, {err}")
+check([round(e, 12) for e in rounds] == [-0.1, 0.125], f"round errors: {rounds}")
 
 build = os.path.dirname(hap_plan)  # describe() runs build/hap-plan from the source folder
 gpu_file = os.path.join("configs", "clusters", "emu-gpu-mixed4.yaml")
