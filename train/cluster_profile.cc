@@ -514,6 +514,13 @@ struct LinkFits {
   }
 };
 
+// A collective gets figures of its own only from this many samples; with fewer, the link's fit
+// over all its collectives prices it. Two parameters fitted to 4 noisy times swung by up to 10x
+// between profiles minutes apart: emu-2node's lanes (4 sizes each) fitted all_gather 3.0e8 B/s
+// and 2.8 ms, then 1.1e8 B/s and 0.5 ms, and reduce_scatter 6.6 ms, where their fits over all
+// 12 samples gave 1.20-1.28e8 B/s and 0.23-0.46 ms in all three.
+constexpr size_t kMinSamplesPerCollective = 8;
+
 LinkFits fit_all(const std::vector<CollectiveSample>& samples,
                  const std::vector<InstrKind>& kinds) {
   LinkFits f;
@@ -522,7 +529,9 @@ LinkFits fit_all(const std::vector<CollectiveSample>& samples,
     std::vector<CollectiveSample> of_kind;
     for (const CollectiveSample& s : samples)
       if (s.kind == k) of_kind.push_back(s);
-    f.per.push_back(hap::parallel::fit_link(of_kind));
+    // (bandwidth 0: too few samples, not fitted)
+    f.per.push_back(of_kind.size() >= kMinSamplesPerCollective ? hap::parallel::fit_link(of_kind)
+                                                               : hap::parallel::LinkFit{});
   }
   return f;
 }
@@ -539,15 +548,24 @@ std::string link_yaml(const LinkFits& f, const std::string& indent) {
       << format_bytes(f.overlap.bytes) << " " << number(f.overlap.collective_s * 1e3)
       << " ms, products " << number(f.overlap.compute_s * 1e3) << " ms, together "
       << number(f.overlap.together_s * 1e3) << " ms\n";
-  y << indent << "collectives:";
+  std::string fitted, unfitted;
   for (int c = 0; c < hap::synth::kNumCollectives && c < static_cast<int>(f.per.size()); ++c) {
     const hap::parallel::LinkFit& t = f.per[c];
-    y << "\n"
-      << indent << "  " << hap::synth::collective_name(static_cast<hap::synth::Collective>(c))
-      << ": {bandwidth_bytes_per_s: " << number(t.bandwidth_bytes_per_s)
-      << ", latency_s: " << number(t.latency_s) << "}   # fit "
-      << number(t.rms_relative_error * 100) << "%";
+    const std::string name = hap::synth::collective_name(static_cast<hap::synth::Collective>(c));
+    if (!(t.bandwidth_bytes_per_s > 0)) {
+      unfitted += (unfitted.empty() ? "" : ", ") + name;
+      continue;
+    }
+    fitted += "\n" + indent + "  " + name +
+              ": {bandwidth_bytes_per_s: " + number(t.bandwidth_bytes_per_s) +
+              ", latency_s: " + number(t.latency_s) + "}   # fit " +
+              number(t.rms_relative_error * 100) + "%";
   }
+  if (!fitted.empty()) y << indent << "collectives:" << fitted;
+  if (!unfitted.empty())
+    y << (fitted.empty() ? "" : "\n") << indent << "# " << unfitted << ": fewer than "
+      << kMinSamplesPerCollective
+      << " samples each, priced by the figures above (fitted over all collectives)";
   return y.str();
 }
 

@@ -30,8 +30,14 @@ text = open(sys.argv[2]).read()
 assert len(c["devices"]) == 2, c
 for d in c["devices"]:
     assert d["flops_per_s"] > 1e6 and d["memory_bytes"] > 1e6, d
-for name in ("all_reduce:", "all_gather:", "reduce_scatter:", "all_to_all:"):
-    assert name in text, f"no {name} fit in the profiled file"
+# A fit per collective where it has 8 samples or more (--quick: 2 sizes, even and uneven, both
+# methods), else a note that the link's overall figures price it (all_reduce: one method, 4).
+for name in ("all_gather", "reduce_scatter", "all_to_all"):
+    assert re.search(name + r": \{bandwidth_bytes_per_s: [0-9.e+-]+, latency_s: ", text), \
+        f"no {name} fit in the profiled file"
+assert re.search(r"# all_reduce: fewer than 8 samples each, priced by the figures above", text), \
+    "no note for all_reduce's 4 samples"
+assert "all_reduce: {" not in text, "a fit of all_reduce's own from 4 samples"
 # Each rank's step measured at a second size too, a fixed cost per kernel call fitted.
 for d in c["devices"]:
     assert 0 <= d["kernel_overhead_s"] < 1e-2, d
