@@ -879,9 +879,9 @@ TEST(ProfileFit, TheFixedPartIsWhereTheLineThroughTwoStepsMeetsZeroRows) {
   EXPECT_LT(f, 5e-3);
 }
 
-// Through more points, the least-squares line: 2, 4 and 8 rows at 3 ms fixed and 2 ms a row,
-// each off by a little, give about 3 ms; where the points do not rise with the rows, or fewer
-// than two row counts are given, nothing is fixed; never more than the smallest time.
+// Through more points, the least-squares line: 2, 4 and 8 rows at 3 ms fixed and 2 ms a row give
+// 3 ms; where the points do not rise with the rows, or fewer than two row counts are given,
+// nothing is fixed; never more than the smallest time.
 TEST(ProfileFit, ThePooledFixedPartIsTheLeastSquaresLinesValueAtZeroRows) {
   EXPECT_NEAR(fit_fixed_step_s({{2, 7e-3}, {4, 11e-3}, {8, 19e-3}}), 3e-3, 1e-12);
   // 1 ms more on the middle point moves the intercept by half of it: 1/n - mean(x) (x - mean(x))
@@ -910,7 +910,7 @@ TEST(ProfileFit, RanksOfOneKindPoolUnlessTheirStepIsFarFromTheKindsMedian) {
             (std::vector<int>{0, 1, 0, 1}));
   // The third 'c' is 4x slower: it stands alone; the other two pool.
   EXPECT_EQ(pooled_kinds({"c", "c", "c"}, {4.0, 16.0, 4.2}, 0.2), (std::vector<int>{0, 1, 0}));
-  // Two of a kind more than 2 x tolerance apart: each of its own (their median is their mean).
+  // Two of a kind, each more than a factor 1.2 from their median (their mean): each its own.
   EXPECT_EQ(pooled_kinds({"c", "c"}, {1.0, 4.0}, 0.2), (std::vector<int>{0, 1}));
   EXPECT_EQ(pooled_kinds({"c", "c"}, {1.0, 1.3}, 0.2), (std::vector<int>{0, 0}));
   // A step that is not finite never pools.
