@@ -192,19 +192,16 @@ double emulated_speed() {
   return speed;
 }
 
-double process_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
-
 namespace {
-double thread_cpu_s() {
+double clock_s(clockid_t clock) {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(clock, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
+double thread_cpu_s() { return clock_s(CLOCK_THREAD_CPUTIME_ID); }
 }  // namespace
+
+double process_cpu_s() { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
 
 std::string profile_report(size_t top) {
   std::vector<size_t> order;

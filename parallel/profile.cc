@@ -27,13 +27,6 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  HAP_ASSERT(!v.empty(), "median of nothing");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // The cost model prices an all-reduce without a method (it moves even blocks).
 CollectiveMethod priced_method(synth::InstrKind kind, CollectiveMethod m) {
   return kind == synth::InstrKind::AllReduce ? CollectiveMethod::None : m;
@@ -42,6 +35,13 @@ CollectiveMethod priced_method(synth::InstrKind kind, CollectiveMethod m) {
 constexpr int64_t kRowFloats = 256;
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  HAP_ASSERT(!v.empty(), "median of nothing");
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 GemmRate profile_gemm(int64_t n, int reps, Device device, DType dtype) {
   HAP_CHECK(n >= 1 && reps >= 1, "profile_gemm: expected n >= 1 and reps >= 1, got n=", n,

@@ -13,6 +13,9 @@
 
 namespace hap::parallel {
 
+// The median of a non-empty sample (the mean of the middle two of an even count).
+double median(std::vector<double> v);
+
 // Median seconds of `reps` runs of an n x n x n matmul of `dtype` (f32 or bf16) on `device` (after
 // one warm-up; on a GPU each run waits for the device), and the rate 2 n^3 / median.
 struct GemmRate {

@@ -135,10 +135,6 @@ std::vector<int64_t> proportional_rows(int64_t total, const std::vector<double>&
 
 }  // namespace
 
-double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b) {
-  return fit_fixed_step_s({{rows_a, step_a}, {rows_b, step_b}});
-}
-
 double fit_fixed_step_s(const std::vector<std::pair<int64_t, double>>& points) {
   double n = 0, sx = 0, sy = 0, smallest = std::numeric_limits<double>::infinity();
   for (const auto& [rows, s] : points) {
@@ -178,11 +174,7 @@ std::vector<int> pooled_kinds(const std::vector<std::string>& keys,
         same.push_back(q);
         if (std::isfinite(even_step_s[q])) steps.push_back(even_step_s[q]);
       }
-    std::sort(steps.begin(), steps.end());
-    const double median = steps.empty() ? std::nan("")
-                          : steps.size() % 2
-                              ? steps[steps.size() / 2]
-                              : 0.5 * (steps[steps.size() / 2 - 1] + steps[steps.size() / 2]);
+    const double median = steps.empty() ? std::nan("") : hap::parallel::median(steps);
     const auto alike = [&](size_t q) {
       const double t = even_step_s[q];
       return std::isfinite(t) && t > 0 && median > 0 &&

@@ -36,16 +36,12 @@ struct ProfileOptions {
 void profile_cluster(const RunConfig& config, const ProfileOptions& options,
                      const parallel::Communicator& world);
 
-// The fixed part of a step's time read as fixed + rows * per_row through two measurements
-// (rows_a, step_a) and (rows_b, step_b): 0 where the rows are alike or not positive, a time is
-// not finite and > 0, or the time does not grow with the rows (then the step is read as
-// proportional to its rows); otherwise in [0, min(step_a, step_b)). hap-profile divides it over
-// the step's kernel calls (kernel_overhead_s).
-double fit_fixed_step_s(int64_t rows_a, double step_a, int64_t rows_b, double step_b);
-
-// The same through any number of (rows, seconds) measurements: the least-squares line's value at
-// zero rows, 0 where fewer than two row counts are given (or a point is not positive and finite)
-// or the line does not grow with the rows, and never more than the smallest time.
+// The fixed part of a step's time read as fixed + rows * per_row through (rows, seconds)
+// measurements: the least-squares line's value at zero rows (through two, the line through
+// them); 0 where fewer than two row counts are given, a row count is not positive or a time not
+// finite and > 0, or the time does not grow with the rows (then the step is read as proportional
+// to its rows); never more than the smallest time. hap-profile divides it over the step's kernel
+// calls (kernel_overhead_s).
 double fit_fixed_step_s(const std::vector<std::pair<int64_t, double>>& points);
 
 // Which ranks pool their compute measurements (hap-profile): ranks of one kind (equal `keys`:

@@ -863,18 +863,18 @@ TEST_F(ClusterFileTest, FileProblems) {
 // sequences and 42.7 ms on 8, 3.1 ms of it fixed. Where the rows agree, a time is not positive
 // or does not grow with the rows, nothing is fixed (the step is read as proportional).
 TEST(ProfileFit, TheFixedPartIsWhereTheLineThroughTwoStepsMeetsZeroRows) {
-  EXPECT_NEAR(fit_fixed_step_s(2, 13.0e-3, 8, 42.7e-3), 3.1e-3, 1e-12);
-  EXPECT_NEAR(fit_fixed_step_s(8, 42.7e-3, 2, 13.0e-3), 3.1e-3, 1e-12);  // either order
-  EXPECT_EQ(fit_fixed_step_s(4, 10e-3, 4, 11e-3), 0.0);                  // one size
-  EXPECT_EQ(fit_fixed_step_s(2, 10e-3, 4, 9e-3), 0.0);                   // faster on more rows
-  EXPECT_NEAR(fit_fixed_step_s(2, 10e-3, 4, 20e-3), 0.0, 1e-15);         // proportional
-  EXPECT_EQ(fit_fixed_step_s(2, 10e-3, 4, 30e-3), 0.0);                  // superlinear
-  EXPECT_EQ(fit_fixed_step_s(0, 10e-3, 4, 30e-3), 0.0);
-  EXPECT_EQ(fit_fixed_step_s(2, 0.0, 4, 30e-3), 0.0);
-  EXPECT_EQ(fit_fixed_step_s(2, 1e-3, 4, std::numeric_limits<double>::infinity()), 0.0);
-  EXPECT_EQ(fit_fixed_step_s(2, std::nan(""), 4, 3e-3), 0.0);
+  EXPECT_NEAR(fit_fixed_step_s({{2, 13.0e-3}, {8, 42.7e-3}}), 3.1e-3, 1e-12);
+  EXPECT_NEAR(fit_fixed_step_s({{8, 42.7e-3}, {2, 13.0e-3}}), 3.1e-3, 1e-12);  // either order
+  EXPECT_EQ(fit_fixed_step_s({{4, 10e-3}, {4, 11e-3}}), 0.0);                  // one size
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, 9e-3}}), 0.0);            // faster on more rows
+  EXPECT_NEAR(fit_fixed_step_s({{2, 10e-3}, {4, 20e-3}}), 0.0, 1e-15);  // proportional
+  EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, 30e-3}}), 0.0);           // superlinear
+  EXPECT_EQ(fit_fixed_step_s({{0, 10e-3}, {4, 30e-3}}), 0.0);
+  EXPECT_EQ(fit_fixed_step_s({{2, 0.0}, {4, 30e-3}}), 0.0);
+  EXPECT_EQ(fit_fixed_step_s({{2, 1e-3}, {4, std::numeric_limits<double>::infinity()}}), 0.0);
+  EXPECT_EQ(fit_fixed_step_s({{2, std::nan("")}, {4, 3e-3}}), 0.0);
   // Never more than either step.
-  const double f = fit_fixed_step_s(1, 5e-3, 2, 5.001e-3);
+  const double f = fit_fixed_step_s({{1, 5e-3}, {2, 5.001e-3}});
   EXPECT_GT(f, 4.9e-3);
   EXPECT_LT(f, 5e-3);
 }
@@ -897,8 +897,6 @@ TEST(ProfileFit, ThePooledFixedPartIsTheLeastSquaresLinesValueAtZeroRows) {
   EXPECT_EQ(fit_fixed_step_s({{2, 10e-3}, {4, std::nan("")}, {8, 30e-3}}), 0.0);
   // A steep drop then flat: the line's intercept lies above the smallest time; held to it.
   EXPECT_EQ(fit_fixed_step_s({{1, 5e-3}, {2, 5.001e-3}, {3, 5.002e-3}, {50, 5.003e-3}}), 5e-3);
-  // Two points: the line through them, as the two-measurement form gives.
-  EXPECT_NEAR(fit_fixed_step_s({{2, 13.0e-3}, {8, 42.7e-3}}), 3.1e-3, 1e-12);
 }
 
 // Ranks of one kind pool; a rank far from its kind's median step on the even share keeps its
