@@ -368,7 +368,7 @@ ParallelConfig read_parallel(SectionReader& s) {
   p.backend = s.choice("backend", kCommBackends, p.backend);
   p.share_gpus = s.boolean("share_gpus", p.share_gpus);
   p.overlap_grad_comm = s.boolean("overlap_grad_comm", p.overlap_grad_comm);
-  p.devices = s.string("devices", p.devices, /*allow_empty=*/true);
+  p.devices = s.names("devices", p.devices);
   p.select_devices = s.boolean("select_devices", p.select_devices);
   p.recompute = s.choice("recompute", kRecomputeModes, p.recompute);
   p.hierarchical_collectives = s.boolean("hierarchical_collectives", p.hierarchical_collectives);

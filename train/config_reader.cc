@@ -145,6 +145,29 @@ std::string SectionReader::string(std::string_view key, std::optional<std::strin
   return node->Scalar();
 }
 
+std::string SectionReader::names(std::string_view key, std::optional<std::string> fallback) {
+  const std::optional<YAML::Node> node = find(key);
+  if (node && !node->IsSequence() && !node->IsScalar() && !node->IsNull())
+    fail(origin_, path(key),
+         "expected names separated by commas, or a list of names, got " + show(*node));
+  if (!node || !node->IsSequence()) return string(key, std::move(fallback), /*allow_empty=*/true);
+  if (node->size() == 0)
+    fail(origin_, path(key),
+         "expected at least one name, got an empty list (for none, leave " + path(key) +
+             " out or set it to \"\")");
+  std::string joined;
+  for (size_t i = 0; i < node->size(); ++i) {
+    const YAML::Node item = (*node)[i];
+    const std::string where = path(key) + "[" + std::to_string(i) + "]";
+    if (!item.IsScalar()) fail(origin_, where, "expected a name, got " + show(item));
+    const std::string& name = item.Scalar();
+    if (name.empty() || name.find(',') != std::string::npos)
+      fail(origin_, where, "expected a non-empty name without a comma, got '" + name + "'");
+    joined += (i ? ", " : "") + name;
+  }
+  return joined;
+}
+
 void SectionReader::fail_value(std::string_view key, std::string_view expectation) const {
   const auto it = entries_.find(key);
   const std::string got = it == entries_.end()    ? "nothing"

@@ -183,6 +183,11 @@ class SectionReader {
   // Any scalar, quoted or not; an empty value reads as "" where `allow_empty`.
   std::string string(std::string_view key, std::optional<std::string> fallback, bool allow_empty);
 
+  // Names as one string, separated by commas ("a, b"), or as a YAML sequence of names ([a, b]),
+  // returned in the string form (the sequence's names joined by ", "); an empty string or null
+  // reads as "". A sequence must hold at least one name, each a non-empty scalar without a comma.
+  std::string names(std::string_view key, std::optional<std::string> fallback);
+
   template <typename E, std::size_t N>
   E choice(std::string_view key, const std::array<Choice<E>, N>& choices,
            std::type_identity_t<std::optional<E>> fallback);

@@ -698,6 +698,18 @@ TEST(ParallelSection, PinnedDevicesAreNamesOfTheClustersDevices) {
   expect_contains(error("a,z"), {"parallel.devices", "no device 'z'", "its devices: a, b, c"});
   expect_contains(error("b,b"), {"parallel.devices", "'b' is named twice"});
   expect_contains(error(" , "), {"parallel.devices", "names no device"});
+  // A YAML list of names reads as the same names; an empty list names none, an error as " , " is.
+  const RunConfig listed = load_run_config(path, {"parallel.devices=[c, a]"});
+  EXPECT_EQ(listed.parallel.devices, "c, a");
+  EXPECT_EQ(pinned_devices(listed.parallel, c), (std::vector<int>{0, 2}));
+  expect_contains(load_error(path, {"parallel.devices=[]"}),
+                  {"parallel.devices", "at least one name", "an empty list"});
+  expect_contains(load_error(path, {"parallel.devices=[a, [b]]"}),
+                  {"parallel.devices[1]", "expected a name"});
+  expect_contains(load_error(path, {"parallel.devices=[a, 'b,c']"}),
+                  {"parallel.devices[1]", "without a comma", "'b,c'"});
+  expect_contains(load_error(path, {"parallel.devices={a: 1}"}),
+                  {"parallel.devices", "a list of names"});
 }
 
 TEST(ParallelSection, SearchBudgetDefaultsToTwoMillionStatesAndReachesTheSynthesizer) {
