@@ -408,6 +408,7 @@ double CostModel::device_compute_s(int node, int device) const {
 void CostModel::set_recompute(const std::vector<int>& node_segment,
                               const std::vector<bool>& segments) {
   recomputed_.assign(graph_.nodes.size(), false);
+  recomputed_segments_ = segments;
   dropped_.assign(graph_.tensors.size(), false);
   dropped_segment_.assign(graph_.tensors.size(), -1);
   bool any = false;
@@ -418,6 +419,7 @@ void CostModel::set_recompute(const std::vector<int>& node_segment,
   }
   if (!any) {
     recomputed_.clear();
+    recomputed_segments_.clear();
     dropped_.clear();
     return;
   }
@@ -434,6 +436,23 @@ void CostModel::set_recompute(const std::vector<int>& node_segment,
     dropped_[t.id] = true;
     dropped_segment_[t.id] = segment;
   }
+}
+
+double CostModel::recompute_factor(const Instruction& in) const {
+  if (recomputed_segments_.empty() || !segment_recomputed(in.segment)) return 1.0;
+  switch (in.kind) {
+    case InstrKind::AllGather:
+      if (bucketed_parameter_gather(graph_, in)) return 1.0;
+      break;
+    case InstrKind::ReduceScatter:
+    case InstrKind::AllReduce:
+    case InstrKind::AllToAll:
+    case InstrKind::Reshard:
+      break;
+    default:  // compute (priced by recomputed()), local, and backward or optimizer instructions
+      return 1.0;
+  }
+  return requires_grad_[static_cast<size_t>(in.tensor)] ? 1.5 : 2.0;
 }
 
 LinearCost CostModel::update(int tensor, const Prop& stored) const {
@@ -719,8 +738,12 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         break;
       default: {
         // A collective's backward adjoint costs about what its forward does; a bucketed
-        // parameter gather's (its gradient's reduce-scatter) goes to the buckets below.
-        const double adjoint = cm.requires_grad(in.tensor) ? 0.5 * in.cost_s : 0.0;
+        // parameter gather's (its gradient's reduce-scatter) goes to the buckets below. In a
+        // recomputed segment its forward runs again in backward (CostModel::recompute_factor).
+        const bool grad = cm.requires_grad(in.tensor);
+        const bool again = cm.recompute_factor(in) > 1.0;
+        const double once = in.cost_s / (1.0 + (grad ? 1.0 : 0.0) + (again ? 1.0 : 0.0));
+        const double adjoint = grad ? once : 0.0;
         first_use[in.tensor] = std::min(first_use[in.tensor], i);
         if (bucketed_parameter_gather(graph, in)) {
           if (gathered[in.tensor]) {  // (read again from the whole copy)
@@ -742,7 +765,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
           gather_bucket[i] = static_cast<int>(gather_bucket_s.size()) - 1;
           continue;
         }
-        backward[i] = adjoint;
+        backward[i] = adjoint + (again ? once : 0.0);
         break;
       }
     }

@@ -66,9 +66,21 @@ class CostModel {
   // run their forward again in backward (their compute costs 1 + the forward's share more, all
   // of it in the backward pass), and what is read only inside one such segment is not kept for
   // backward (held only while that segment is recomputed: program_memory() adds the largest).
-  // Collectives re-run inside a recomputed segment are not priced again (an approximation).
+  // The forward collectives of a recomputed segment's instructions run again in backward too
+  // (parallel::Executor::plan_recomputation): recompute_factor() prices them so.
   void set_recompute(const std::vector<int>& node_segment, const std::vector<bool>& segments);
   bool recomputed(int node) const { return !recomputed_.empty() && recomputed_[node]; }
+  bool segment_recomputed(int segment) const {
+    return segment >= 0 && static_cast<size_t>(segment) < recomputed_segments_.size() &&
+           recomputed_segments_[static_cast<size_t>(segment)];
+  }
+  // What a communication instruction's forward + backward price is multiplied by where its
+  // forward runs again in the backward pass: a collective (all-gather, reduce-scatter,
+  // all-reduce, all-to-all, reshard) of a recomputed segment (Instruction::segment, as the
+  // executor reads it), except a bucketed parameter gather, whose gathered copy the
+  // recomputation reads. Its forward run is priced as its adjoint is (step_time: half of the
+  // price where the tensor needs a gradient): 1.5 with a gradient, 2 without; 1 elsewhere.
+  double recompute_factor(const Instruction& in) const;
   // Whether a copy of tensor t a program makes is kept from the forward to the backward pass: it
   // needs a gradient and is not read only inside one recomputed segment.
   bool kept_for_backward(int tensor) const {
@@ -226,10 +238,11 @@ class CostModel {
   Link link_;  // bottleneck link over all devices
   std::vector<std::vector<ops::ShardSignature>> sigs_;
   std::vector<bool> requires_grad_;
-  std::vector<double> bytes_;         // per tensor: its whole size (read per search state)
-  std::vector<bool> recomputed_;      // per node (empty: none)
-  std::vector<bool> dropped_;         // per tensor (empty: none)
-  std::vector<int> dropped_segment_;  // per tensor
+  std::vector<double> bytes_;              // per tensor: its whole size (read per search state)
+  std::vector<bool> recomputed_;           // per node (empty: none)
+  std::vector<bool> recomputed_segments_;  // per segment (empty: none)
+  std::vector<bool> dropped_;              // per tensor (empty: none)
+  std::vector<int> dropped_segment_;       // per tensor
   std::vector<double> step_flops_;
   std::vector<double> step_bytes_;
   std::vector<int> kernel_calls_;  // per node, recomputation aside

@@ -764,6 +764,7 @@ class Expander {
       } else {
         in.method = best_method(kind, t, in.segment, &cost);
       }
+      cost *= cm_.recompute_factor(in);  // its forward run again in backward, where recomputed
       in.cost_s = cost;
       if (cost < best_cost) {
         best_cost = cost;

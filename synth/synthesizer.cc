@@ -207,6 +207,7 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
         in.cost_s = cm.communication(in.kind, in.tensor, in.method).eval(r);
         break;
     }
+    if (in.kind != InstrKind::Compute) in.cost_s *= cm.recompute_factor(in);  // run again?
   }
   close_stretch();
   return step_time(cm, instrs).step_s;
@@ -300,7 +301,7 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
       continue;
     }
     if (in.kind == InstrKind::Reshard) {
-      double k = cm.reshard_coef(in.tensor);
+      double k = cm.reshard_coef(in.tensor) * cm.recompute_factor(in);
       if (k == 0) continue;
       int t = new_var(1.0);
       for (int c = 0; c < C; ++c) {
@@ -326,7 +327,7 @@ bool optimize_ratios(const CostModel& cm, const std::vector<Instruction>& instrs
       for (int c = 0; c < C; ++c)
         add_row({{it->second, 1.0}, {rvar(in.segment, c), -pattern[c]}}, 0.0, COIN_DBL_MAX);
     }
-    obj[it->second] += scale;
+    obj[it->second] += scale * cm.recompute_factor(in);
   }
   for (const Stretch& st : stretches) {
     double scale = 0;
@@ -1546,13 +1547,19 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   // on a subset is often a few percent faster than dp-cp's there: with the gate at "dp-cp
   // already faster", 12 layers on 16 V100/P100 kept hap on all 16 at 0.5485 s where the 8
   // fastest, whose dp-cp was 0.26% slower, take 0.5366 s with hap; bench_synthesis).
-  // Subsets recompute as the program on all devices does (fewer devices hold no less each).
+  // Where the program on all devices recomputes, subsets decide recomputation for themselves as
+  // the user's option says: one that leaves out the device short of memory may need none (they
+  // recomputed as all devices did, which made a little more memory on one device choose a slower
+  // plan once the recomputed segments' collectives were priced again: Synthesizer.MoreMemory-
+  // NeverYieldsASlowerPlan, seed 42). Where it does not, neither do they (a subset that fits
+  // nothing so is only left out: judging it with recomputation cost 25% more synthesis time on
+  // 64 devices, bench_synthesis, for no faster plan).
   const bool recomputes =
       std::find(best.recompute.begin(), best.recompute.end(), true) != best.recompute.end();
   SynthesisOptions proxy = options;
   proxy.strategy = Strategy::DpCp;
   proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
-  proxy.recompute = recomputes ? Recompute::All : Recompute::Off;
+  if (!recomputes) proxy.recompute = Recompute::Off;
   proxy.explain_out_of_memory = false;  // (a subset that fits nothing is only left out)
   double best_proxy = std::numeric_limits<double>::infinity();
   std::vector<int> chosen;

@@ -691,6 +691,73 @@ TEST(CostModel, RecomputationPricesTheForwardAgainAndKeepsOnlyWhatLeavesTheSegme
   EXPECT_TRUE(cm.kept_for_backward(y));
 }
 
+// The forward collectives of a recomputed segment run again in the backward pass (the executor
+// replays the segment's instructions, parallel::Executor::run_recomputed), and are priced so: on
+// the two products, an all-reduce of h (Partial -> Replicated; h needs a gradient, so its
+// adjoint all-reduces that) costs its forward and its adjoint, and once more in a recomputed
+// segment: x 1.5, the extra third in the backward pass. A gradient all-reduce, a bucketed
+// parameter gather (the recomputation reads the gathered copy) and anything outside the
+// recomputed segments are not run again.
+TEST(CostModel, RecomputationPricesTheSegmentsForwardCollectivesAgain) {
+  const TwoProducts m = two_products(4, 8, 16);
+  const Graph& g = m.graph;
+  const Cluster c = cluster3(Link{.bandwidth_bytes_per_s = 1e9, .latency_s = 1e-6});
+  std::vector<int> segment(g.nodes.size(), 0);
+  segment[m.mm[1]] = segment[m.mean_node] = 1;
+  const int h = g.nodes[m.mm[0]].outputs[0];
+  const int w2 = g.nodes[m.mm[1]].inputs[1];
+  ASSERT_EQ(g.tensors[w2].role, TensorRole::Parameter);
+  auto collective = [](InstrKind kind, int tensor, Prop from, Prop to, int seg) {
+    Instruction in;
+    in.kind = kind;
+    in.tensor = tensor;
+    in.from = from;
+    in.to = to;
+    in.segment = in.from_segment = seg;
+    in.method = CollectiveMethod::Grouped;
+    return in;
+  };
+  const Instruction reduce1 =
+      collective(InstrKind::AllReduce, h, Prop::partial(), Prop::replicated(), 1);
+  const Instruction reduce0 =
+      collective(InstrKind::AllReduce, h, Prop::partial(), Prop::replicated(), 0);
+  const Instruction gather_h =
+      collective(InstrKind::AllGather, h, Prop::sharded(0), Prop::replicated(), 1);
+  const Instruction gather_w2 =
+      collective(InstrKind::AllGather, w2, Prop::sharded(0), Prop::replicated(), 1);
+  const Instruction grad_w2 =
+      collective(InstrKind::GradAllReduce, w2, Prop::partial(), Prop::replicated(), 1);
+  ASSERT_TRUE(bucketed_parameter_gather(g, gather_w2));
+  CostModel cm(g, c);
+  for (const Instruction& in : {reduce1, reduce0, gather_h, gather_w2, grad_w2})
+    EXPECT_EQ(cm.recompute_factor(in), 1.0) << "nothing recomputed";
+  cm.set_recompute(segment, {false, true});
+  EXPECT_TRUE(cm.segment_recomputed(1));
+  EXPECT_FALSE(cm.segment_recomputed(0));
+  EXPECT_EQ(cm.recompute_factor(reduce1), 1.5);
+  EXPECT_EQ(cm.recompute_factor(gather_h), 1.5);
+  EXPECT_EQ(cm.recompute_factor(reduce0), 1.0);
+  EXPECT_EQ(cm.recompute_factor(gather_w2), 1.0);
+  EXPECT_EQ(cm.recompute_factor(grad_w2), 1.0);
+  // Priced by recost: the same all-reduce costs 1.5 x, and the step grows by the forward run
+  // (a third of the new price, all of it in the backward pass).
+  const std::vector<std::vector<double>> ratios(2, std::vector<double>(3, 1.0 / 3));
+  const CostModel plain_cm(g, c);
+  std::vector<Instruction> plain = {reduce1}, again = {reduce1};
+  const double plain_step = recost(plain_cm, plain, ratios);
+  const double again_step = recost(cm, again, ratios);
+  ASSERT_GT(plain[0].cost_s, 0);
+  EXPECT_NEAR(again[0].cost_s, 1.5 * plain[0].cost_s, 1e-15);
+  EXPECT_NEAR(again_step - plain_step, 0.5 * plain[0].cost_s, 1e-15);
+  EXPECT_NEAR(step_time(cm, again).step_s, again[0].cost_s, 1e-15);
+  // Outside the recomputed segment, or with nothing recomputed, the price is the plain one.
+  std::vector<Instruction> outside = {reduce0};
+  recost(cm, outside, ratios);
+  EXPECT_NEAR(outside[0].cost_s, plain[0].cost_s, 1e-15);
+  cm.set_recompute(segment, {});
+  EXPECT_EQ(cm.recompute_factor(reduce1), 1.0);
+}
+
 // A recomputed segment whose instructions are interleaved with another's is recomputed run by
 // run (parallel::Executor::plan_recomputation), so program_memory holds again the largest run,
 // not the whole segment's sum (which it did: on GPT-2 at 1,024 tokens across hap-paper's V100s
