@@ -3,6 +3,7 @@
 // divide, and parameters still match after 10 AdamW steps with dropout on.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -368,6 +369,7 @@ struct StepResult {
   size_t values_held = 0;      // Executor::values_held after the forward
   BackwardStats backward;      // Executor::last_backward
   uint64_t all_gathers = 0;    // all-gather calls of the forward and backward
+  std::array<uint64_t, kNumCollectiveStats> calls{};  // every kind's calls (collective_stats)
 };
 StepResult run_step(const synth::Graph& g, const synth::DistributedProgram& plan,
                     const std::vector<std::pair<std::string, Tensor>>& named,
@@ -389,6 +391,8 @@ StepResult run_step(const synth::Graph& g, const synth::DistributedProgram& plan
   ex.backward(local);
   r.backward = ex.last_backward();
   r.all_gathers = collective_stats().calls[static_cast<int>(CollectiveStat::AllGather)];
+  for (int k = 0; k < kNumCollectiveStats; ++k)
+    r.calls[static_cast<size_t>(k)] = collective_stats().calls[k];
   for (const auto& [name, p] : named)
     r.grads[name] = ex.gathered_grad(name).to(Device::cpu()).contiguous();
   return r;
@@ -446,6 +450,75 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
     }
     for (int mode = 1; mode < 3; ++mode)
       expect_same_step(step[0], step[mode], "recomputation (mode " + std::to_string(mode) + ")");
+  }
+}
+
+// The executor runs a recomputed segment's forward collectives again in the backward pass, as the
+// cost model prices them (CostModel::recompute_factor): with every segment recomputed, each
+// collective kind is called once more per forward instruction the cost model marks as run
+// again (a reshard that moves its shards is an all-gather), and no other collective more often.
+TEST(Executor, RecomputationRunsAgainTheForwardCollectivesTheCostModelPricesAgain) {
+  const int64_t B = 7, T = 6;
+  const nn::GPTConfig cfg = tiny_gpt(0.0);
+  nn::GPT ref(cfg);
+  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
+  const synth::Graph g = gpt_graph(cfg, B, T);
+  const auto named = ref.named_parameters();
+  const synth::Cluster cluster = cluster_for(world().size());
+  for (auto strategy : {synth::Strategy::Tp, synth::Strategy::Hap}) {
+    SCOPED_TRACE(synth::strategy_name(strategy));
+    synth::SynthesisOptions opt;
+    opt.strategy = strategy;
+    opt.select_devices = false;
+    synth::DistributedProgram plan = synth::synthesize(g, cluster, opt);
+    plan.recompute.clear();
+    const StepResult plain = run_step(g, plan, named, data, 3);
+    plan.recompute.assign(plan.ratios.size(), true);
+    const StepResult again = run_step(g, plan, named, data, 3);
+    ASSERT_GT(again.recomputed_runs, 0u);
+    synth::CostModel cm(g, cluster);
+    cm.set_recompute(plan.node_segment, plan.recompute);
+    std::array<uint64_t, kNumCollectiveStats> expected{};
+    auto count = [&](CollectiveStat k) { ++expected[static_cast<size_t>(k)]; };
+    for (const synth::Instruction& in : plan.instructions) {
+      // The vocabulary-parallel cross-entropy gathers each rank's log-sum-exp of its rows inside
+      // its kernel (ops/defs/loss.cc; N floats, priced with the node): again where recomputed.
+      if (in.kind == synth::InstrKind::Compute && cm.recomputed(in.node) &&
+          g.nodes[static_cast<size_t>(in.node)].kind == ops::OpKind::CrossEntropy &&
+          cm.input_prop(in.node, in.signature, 0) == Prop::sharded(1))
+        count(CollectiveStat::AllGather);
+      if (cm.recompute_factor(in) == 1.0) continue;
+      switch (in.kind) {
+        case synth::InstrKind::AllGather:
+          count(CollectiveStat::AllGather);
+          break;
+        case synth::InstrKind::ReduceScatter:
+          count(CollectiveStat::ReduceScatter);
+          break;
+        case synth::InstrKind::AllReduce:
+          count(CollectiveStat::AllReduce);
+          break;
+        case synth::InstrKind::AllToAll:
+          count(CollectiveStat::AllToAll);
+          break;
+        case synth::InstrKind::Reshard:  // priced (and run) where the shard lengths differ
+          if (in.cost_s > 0) count(CollectiveStat::AllGather);
+          break;
+        default:
+          ADD_FAILURE() << "run again: " << synth::instr_name(in.kind);
+      }
+    }
+    for (int k = 0; k < kNumCollectiveStats; ++k) {
+      const size_t i = static_cast<size_t>(k);
+      EXPECT_EQ(again.calls[i] - plain.calls[i], expected[i])
+          << collective_stat_name(static_cast<CollectiveStat>(k)) << ": " << plain.calls[i]
+          << " calls without recomputation, " << again.calls[i] << " with";
+    }
+    // Megatron's blocks all-reduce their activations in the forward pass.
+    if (strategy == synth::Strategy::Tp && world().size() > 1) {
+      EXPECT_GT(expected[static_cast<size_t>(CollectiveStat::AllReduce)], 0u);
+    }
+    expect_same_step(plain, again, "recomputation");
   }
 }
 
