@@ -71,7 +71,13 @@ class Executor::NodeContext : public ops::ShardContext {
                     const std::vector<int64_t>& lengths) override {
     return functional::all_gather(ex_.comm_, shard, dim, lengths, CollectiveMethod::Grouped);
   }
-  int64_t sum_over_ranks(int64_t value) override { return ex_.comm_.allreduce(value); }
+  // (An op's own all-reduce of an integer, e.g. the row-split cross-entropy's target count: in
+  // --trace timelines as "sum_over_ranks", which the cost model does not price.)
+  int64_t sum_over_ranks(int64_t value) override {
+    std::optional<timeline::Scope> span;
+    if (timeline::recording()) span.emplace("collective", "sum_over_ranks", "8 bytes");
+    return ex_.comm_.allreduce(value);
+  }
 
  private:
   const synth::GraphTensor& tensor(int t) const {
