@@ -439,7 +439,7 @@ void CostModel::set_recompute(const std::vector<int>& node_segment,
 }
 
 double CostModel::recompute_factor(const Instruction& in) const {
-  if (recomputed_segments_.empty() || !segment_recomputed(in.segment)) return 1.0;
+  if (!segment_recomputed(in.segment)) return 1.0;
   switch (in.kind) {
     case InstrKind::AllGather:
       if (bucketed_parameter_gather(graph_, in)) return 1.0;
