@@ -289,6 +289,7 @@ def main(argv):
     strategies = strategies_of(model)
     work = os.path.join(ROOT, args.work, model["name"] + tag)
     os.makedirs(work, exist_ok=True)
+    os.makedirs(os.path.join(ROOT, args.profile_dir), exist_ok=True)
     results = {"config": args.config, "sets": args.sets, "device": args.device, "steps": args.steps,
                "skipped_warmup_steps": args.skip, "rounds": args.rounds,
                "throttle": None if gpu else args.throttle,

@@ -126,6 +126,15 @@ ls -a "$TMP" | grep -q "cut.yaml.tmp" && fail "an interrupted profile left a tem
 # Bad input.
 run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP" > "$TMP/dir.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "is a directory" "$TMP/dir.log" || fail "--out DIR: exit $rc: $(cat "$TMP/dir.log")"
+# An output folder that does not exist is refused before the minutes of profiling, on every rank.
+run -np 2 "$PROFILE" --quick --config "$CFG" --out "$TMP/none/x.yaml" > "$TMP/nodir.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "folder '$TMP/none' does not exist" "$TMP/nodir.log" \
+  && ! grep -q "hap-profile: \[" "$TMP/nodir.log" \
+  || fail "--out in a missing folder: exit $rc: $(cat "$TMP/nodir.log")"
+run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP/y.yaml" --raw "$TMP/none/r.json" \
+  > "$TMP/noraw.log" 2>&1; rc=$?
+[ $rc -eq 2 ] && grep -q "\-\-raw '$TMP/none/r.json': folder" "$TMP/noraw.log" && [ ! -e "$TMP/y.yaml" ] \
+  || fail "--raw in a missing folder: exit $rc: $(cat "$TMP/noraw.log")"
 run -np 1 "$PROFILE" --quick --config "$CFG" --pool-tolerance -1 --out "$TMP/x.yaml" \
   > "$TMP/pool.log" 2>&1; rc=$?
 [ $rc -eq 2 ] && grep -q "pool-tolerance" "$TMP/pool.log" \
