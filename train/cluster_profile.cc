@@ -398,43 +398,10 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   return r;
 }
 
-struct Measurement {
-  InstrKind kind;
-  CollectiveMethod method;
-  bool uneven;
-  double bytes;
-};
-
-std::vector<Measurement> measurement_plan(bool quick) {
-  const std::vector<double> sizes = quick ? std::vector<double>{4096, 262144}
-                                          : std::vector<double>{4096, 65536, 1048576, 4194304};
-  std::vector<Measurement> plan;
-  for (double bytes : sizes)
-    for (bool uneven : {false, true}) {
-      plan.push_back({InstrKind::AllReduce, CollectiveMethod::Grouped, uneven, bytes});
-      for (InstrKind k : {InstrKind::AllGather, InstrKind::ReduceScatter, InstrKind::AllToAll})
-        for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped})
-          plan.push_back({k, m, uneven, bytes});
-    }
-  return plan;
-}
-
-// The lanes between nodes (synth::Cluster::lanes): the collectives the hierarchical forms run
-// across nodes, even shares, at the same tensor sizes.
-std::vector<Measurement> lanes_plan(bool quick) {
-  std::vector<Measurement> plan;
-  for (const Measurement& m : measurement_plan(quick))
-    if (!m.uneven && ((m.kind == InstrKind::AllReduce) ||
-                      ((m.kind == InstrKind::AllGather || m.kind == InstrKind::ReduceScatter) &&
-                       m.method == CollectiveMethod::Padded)))
-      plan.push_back(m);
-  return plan;
-}
-
 std::vector<CollectiveSample> profile_group(const Communicator& group,
                                             const std::vector<double>& rates,
-                                            const std::vector<Measurement>& plan, int reps,
-                                            double busy_s, const std::string& label,
+                                            const std::vector<CollectiveMeasurement>& plan,
+                                            int reps, double busy_s, const std::string& label,
                                             Progress& progress, Device device) {
   // Uneven shards follow the measured rates (what a plan would use); if the ranks are alike,
   // a fixed skew still exercises the uneven paths.
@@ -448,7 +415,7 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
   const std::vector<double> even(rates.size(), 1.0 / static_cast<double>(rates.size()));
 
   std::vector<CollectiveSample> samples;
-  for (const Measurement& m : plan) {
+  for (const CollectiveMeasurement& m : plan) {
     samples.push_back(hap::parallel::time_collective(
         group, m.kind, m.method, m.bytes, m.uneven ? uneven : even, reps, busy_s, device));
     progress.step(
@@ -505,13 +472,6 @@ struct LinkFits {
     return f;
   }
 };
-
-// A collective gets figures of its own only from this many samples; with fewer, the link's fit
-// over all its collectives prices it. Two parameters fitted to 4 noisy times swung by up to 10x
-// between profiles minutes apart: emu-2node's lanes (4 sizes each) fitted all_gather 3.0e8 B/s
-// and 2.8 ms, then 1.1e8 B/s and 0.5 ms, and reduce_scatter 6.6 ms, where their fits over all
-// 12 samples gave 1.20-1.28e8 B/s and 0.23-0.46 ms in all three.
-constexpr size_t kMinSamplesPerCollective = 8;
 
 LinkFits fit_all(const std::vector<CollectiveSample>& samples,
                  const std::vector<InstrKind>& kinds) {
@@ -656,6 +616,33 @@ std::string default_type(Device device) {
   return slug;
 }
 
+std::vector<CollectiveMeasurement> measurement_plan(bool quick) {
+  const std::vector<double> sizes = quick ? std::vector<double>{4096, 262144}
+                                          : std::vector<double>{4096, 65536, 1048576, 4194304};
+  std::vector<CollectiveMeasurement> plan;
+  for (double bytes : sizes)
+    for (bool uneven : {false, true}) {
+      plan.push_back({InstrKind::AllReduce, CollectiveMethod::Grouped, uneven, bytes});
+      for (InstrKind k : {InstrKind::AllGather, InstrKind::ReduceScatter, InstrKind::AllToAll})
+        for (CollectiveMethod m : {CollectiveMethod::Padded, CollectiveMethod::Grouped})
+          plan.push_back({k, m, uneven, bytes});
+    }
+  return plan;
+}
+
+std::vector<CollectiveMeasurement> lanes_plan(bool quick) {
+  const std::vector<double> sizes =
+      quick ? std::vector<double>{4096, 262144}
+            : std::vector<double>{4096, 16384, 65536, 262144, 1048576, 2097152, 4194304, 8388608};
+  std::vector<CollectiveMeasurement> plan;
+  for (double bytes : sizes) {
+    plan.push_back({InstrKind::AllReduce, CollectiveMethod::Grouped, false, bytes});
+    for (InstrKind k : {InstrKind::AllGather, InstrKind::ReduceScatter})
+      plan.push_back({k, CollectiveMethod::Padded, false, bytes});
+  }
+  return plan;
+}
+
 void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Communicator& world) {
   const int P = world.size(), me = world.rank();
   const bool lead = me == 0;
@@ -691,7 +678,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
           " comes after ranks of another node); a cluster file lists devices node by node in rank "
           "order: launch with mpirun --map-by slot (or node-contiguous ranks)");
   }
-  const std::vector<Measurement> plan = measurement_plan(opt.quick);
+  const std::vector<CollectiveMeasurement> plan = measurement_plan(opt.quick);
   std::vector<int> group_sizes;
   for (size_t n = 0; n < nodes.size(); ++n)
     group_sizes.push_back(
@@ -706,8 +693,8 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
   // The lanes between nodes matter where the hierarchical forms exist: a node of several ranks.
   const bool lanes_measured =
       world_measured && *std::max_element(group_sizes.begin(), group_sizes.end()) >= 2;
-  const std::vector<Measurement> lane_plan =
-      lanes_measured ? lanes_plan(opt.quick) : std::vector<Measurement>{};
+  const std::vector<CollectiveMeasurement> lane_plan =
+      lanes_measured ? lanes_plan(opt.quick) : std::vector<CollectiveMeasurement>{};
   // (Each group: the plan's collectives, then an all-reduce beside compute.)
   const int per_group = static_cast<int>(plan.size()) + 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? per_group : 0) +
@@ -864,7 +851,7 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     if (lanes_measured) {
       const auto groups = hap::parallel::group_by_node(all, node_index);
       const int N = static_cast<int>(nodes.size());
-      for (const Measurement& m : lane_plan) {
+      for (const CollectiveMeasurement& m : lane_plan) {
         world.barrier();
         if (groups->local_rank < groups->lanes) {
           CollectiveSample s = hap::parallel::time_collective(

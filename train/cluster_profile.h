@@ -13,7 +13,9 @@
 #include <vector>
 
 #include "models/model.h"
+#include "ops/sharding.h"
 #include "parallel/communicator.h"
+#include "synth/program.h"
 #include "train/config.h"
 
 namespace hap::train {
@@ -30,6 +32,34 @@ struct ProfileOptions {
   // 1 + pool_tolerance of their median (pooled_kinds); 0: every rank keeps its own figures.
   double pool_tolerance = 0.25;
 };
+
+// One timed collective of the profile: its kind and method, even or uneven shards, and the
+// whole tensor's bytes.
+struct CollectiveMeasurement {
+  synth::InstrKind kind;
+  ops::CollectiveMethod method;
+  bool uneven;
+  double bytes;
+};
+
+// A collective gets figures of its own only from this many samples; with fewer, the link's fit
+// over all its collectives prices it. Two parameters fitted to 4 noisy times swung by up to 10x
+// between profiles minutes apart: emu-2node's lanes (4 sizes each) fitted all_gather 3.0e8 B/s
+// and 2.8 ms, then 1.1e8 B/s and 0.5 ms, and reduce_scatter 6.6 ms, where their fits over all
+// 12 samples gave 1.20-1.28e8 B/s and 0.23-0.46 ms in all three.
+constexpr size_t kMinSamplesPerCollective = 8;
+
+// What each node's ranks, then all ranks, time: every collective in both methods (all-reduce in
+// one), even and uneven shards, at 4 sizes from 4 KiB to 4 MiB (2 with --quick).
+std::vector<CollectiveMeasurement> measurement_plan(bool quick);
+
+// The lanes between nodes (synth::Cluster::lanes): the collectives the hierarchical forms run
+// across nodes (all-reduce, padded all-gather and reduce-scatter), even shares. The groups'
+// plan measures each collective in several forms at 4 sizes; the lanes run one form each, so
+// they take twice the sizes, 4 KiB to 8 MiB: kMinSamplesPerCollective samples per collective,
+// which gives each its own fit. (With 4 sizes each, emu-2node's lanes were priced by one fit over
+// all 12 samples: 1.6e8 B/s in one profile, 1.1e8 in the next, where the link is 1.25e8.)
+std::vector<CollectiveMeasurement> lanes_plan(bool quick);
 
 // Collective over `world`. Throws ConfigError (on every rank alike) when the ranks of a node are
 // not contiguous.

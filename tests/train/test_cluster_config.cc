@@ -928,5 +928,44 @@ TEST(ProfileFit, TheSecondSizeIsTheOperatingPointElseTwiceElseHalfTheRows) {
   EXPECT_EQ(second_profile_rows(1, 0, 1), 0);  // nothing else to measure
 }
 
+// A link's collective gets figures of its own only from kMinSamplesPerCollective samples at 4
+// sizes or more (two parameters): a full profile measures each collective it fits that often,
+// in the groups and in the lanes between nodes (which run one form of each: all-reduce, padded
+// all-gather and reduce-scatter, even shares).
+TEST(ProfilePlan, AFullProfileTimesEveryCollectiveOftenEnoughForAFitOfItsOwn) {
+  using synth::InstrKind;
+  for (const bool lanes : {false, true}) {
+    const std::vector<CollectiveMeasurement> plan =
+        lanes ? lanes_plan(false) : measurement_plan(false);
+    std::vector<InstrKind> kinds = {InstrKind::AllReduce, InstrKind::AllGather,
+                                    InstrKind::ReduceScatter};
+    if (!lanes) kinds.push_back(InstrKind::AllToAll);
+    for (const InstrKind k : kinds) {
+      size_t n = 0;
+      std::set<double> sizes;
+      for (const CollectiveMeasurement& m : plan)
+        if (m.kind == k) {
+          ++n;
+          sizes.insert(m.bytes);
+          if (lanes) {
+            EXPECT_FALSE(m.uneven);
+            EXPECT_EQ(m.method, k == InstrKind::AllReduce ? ops::CollectiveMethod::Grouped
+                                                          : ops::CollectiveMethod::Padded);
+          }
+        }
+      EXPECT_GE(n, kMinSamplesPerCollective)
+          << (lanes ? "lanes: " : "groups: ") << synth::instr_name(k);
+      EXPECT_GE(sizes.size(), 4u) << synth::instr_name(k);
+      EXPECT_GE(*sizes.rbegin() / *sizes.begin(), 1000.0) << synth::instr_name(k);
+    }
+    for (const CollectiveMeasurement& m : plan)
+      EXPECT_TRUE(std::find(kinds.begin(), kinds.end(), m.kind) != kinds.end())
+          << synth::instr_name(m.kind);
+  }
+  // --quick is a smoke test: fewer sizes.
+  EXPECT_LT(lanes_plan(true).size(), lanes_plan(false).size());
+  EXPECT_LT(measurement_plan(true).size(), measurement_plan(false).size());
+}
+
 }  // namespace
 }  // namespace hap::train
