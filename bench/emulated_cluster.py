@@ -202,6 +202,28 @@ def prediction_errors(round_predicted, round_medians, median, each_round):
     return round_predicted[-1], (round_predicted[-1] - median) / median, round_errors
 
 
+def identical_programs(labels, programs, medians):
+    """Pairs of runs that executed the same program in the same round, and how far apart they
+    measured: programs[label] and medians[label] map a round to its plan (ratios and
+    instructions, as text) and its median ms/step. For each pair with at least one such round:
+    those rounds' medians, each round's gap (max / min - 1), and the median of the gaps. Rounds
+    in which a pair planned different programs are left out of that pair."""
+    same = []
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            rounds = sorted(r for r in programs.get(a, {})
+                            if r in programs.get(b, {}) and programs[a][r] == programs[b][r]
+                            and r in medians.get(a, {}) and r in medians.get(b, {}))
+            if not rounds:
+                continue
+            gaps = [max(medians[a][r], medians[b][r]) / min(medians[a][r], medians[b][r]) - 1
+                    for r in rounds]
+            same.append({"runs": [a, b], "rounds": [r + 1 for r in rounds],
+                         "round_medians_ms": [[medians[a][r], medians[b][r]] for r in rounds],
+                         "round_gaps": gaps, "apart": statistics.median(gaps)})
+    return same
+
+
 def steps_from_log(path, skip):
     ms = []
     with open(path) as f:
@@ -326,7 +348,8 @@ def main(argv):
             runs += [("hap-flat", profiled, "hap", flat), ("dp-cp-flat", profiled, "dp-cp", flat)]
         step_ms = {label: [] for label, _, _, _ in runs}
         round_medians = {label: [] for label, _, _, _ in runs}
-        programs = {label: [] for label, _, _, _ in runs}
+        programs = {label: {} for label, _, _, _ in runs}  # round -> plan
+        medians_by_round = {label: {} for label, _, _, _ in runs}
         predicted = {label: [] for label, _, _, _ in runs}
         round_profiles = [profiled]
         # A run that fails under the memory caps runs again, from then on, with every device given
@@ -386,8 +409,9 @@ def main(argv):
                 with open(plan) as f:
                     plan_json = json.load(f)
                 predicted[label].append(plan_json["predicted_step_s"] * 1e3)
-                programs[label].append(json.dumps([plan_json["ratios"], plan_json["instructions"]],
-                                                  sort_keys=True))
+                programs[label][rnd] = json.dumps([plan_json["ratios"], plan_json["instructions"]],
+                                                  sort_keys=True)
+                medians_by_round[label][rnd] = round_medians[label][-1]
                 print(f"{name} {label} round {rnd + 1}/{args.rounds}: median "
                       f"{round_medians[label][-1]:.1f} ms/step", flush=True)
             if not args.no_ddp:
@@ -425,7 +449,7 @@ def main(argv):
                           "round_prediction_errors": round_errors,
                           "round_medians_ms": round_medians[label],
                           "round_spread": spread(round_medians[label]), "step_ms": step_ms[label],
-                          "distinct_programs": len(set(programs[label])),
+                          "distinct_programs": len(set(programs[label].values())),
                           "memory_lifted": label in lifted}
                 print(f"{name} {label}: median {median:.1f} ms/step over {args.rounds} round(s) "
                       f"(round medians {spread(round_medians[label]) * 100:.1f}% apart), predicted "
@@ -451,18 +475,20 @@ def main(argv):
                   flush=True)
         if args.profile_each_round:
             entry["round_profiled_clusters"] = round_profiles
-        # The same program planned under two names (hap finding dp-cp's, say) must measure alike.
-        same = []
+        # The same program planned under two names (hap finding dp-cp's, or hap planned on the
+        # declared file finding the profiled plan) must measure alike: compared round by round,
+        # where both ran it. Runs with options that change how a program executes (no overlap)
+        # are not compared, nor a run with memory lifted beside one without.
         s = entry["strategies"]
-        labels = [label for label, _, _, _ in runs if label in strategies and "median_ms" in s[label]]
-        for i, a in enumerate(labels):
-            for b in labels[i + 1:]:
-                if programs[a] == programs[b] and s[a]["memory_lifted"] == s[b]["memory_lifted"]:
-                    ma, mb = s[a]["median_ms"], s[b]["median_ms"]
-                    same.append({"strategies": [a, b], "median_ms": [ma, mb],
-                                 "apart": max(ma, mb) / min(ma, mb) - 1})
-                    print(f"{name}: {a} and {b} are the same program; medians "
-                          f"{(max(ma, mb) / min(ma, mb) - 1) * 100:.1f}% apart", flush=True)
+        labels = [label for label, _, _, extra in runs if not extra and label not in failed]
+        same = [pair for pair in identical_programs(labels, programs, medians_by_round)
+                if (pair["runs"][0] in lifted) == (pair["runs"][1] in lifted)]
+        for pair in same:
+            a, b = pair["runs"]
+            print(f"{name}: {a} and {b} ran the same program in round(s) "
+                  f"{', '.join(map(str, pair['rounds']))}; round medians "
+                  + ", ".join(f"{g * 100:.1f}%" for g in pair["round_gaps"])
+                  + f" apart (median {pair['apart'] * 100:.1f}%)", flush=True)
         entry["identical_programs"] = same
         measured = {k: v["median_ms"] for k, v in s.items() if "median_ms" in v}
         if "hap" in measured:

@@ -2,7 +2,8 @@
 without PyYAML: its own reader of run configs gives what PyYAML gives on every config we ship,
 --set overrides land where hap-train puts them, a memory-lifted copy of a cluster file changes
 memory and nothing else, the ideal speed-up over dp-ev follows the SM counts or quotas, and
-prediction errors are each round's (their median with a profile per round).
+prediction errors are each round's (their median with a profile per round), and runs that
+planned the same program are compared round by round.
 
     python3 check_bench_helpers.py SOURCE_DIR HAP_PLAN
 """
@@ -65,6 +66,24 @@ check([round(e, 12) for e in rounds] == [0.1, 0.2, -0.2], f"round errors: {round
 pred, err, rounds = bench.prediction_errors([90.0, 90.0], [100.0, 80.0], 95.0, False)
 check(pred == 90.0 and abs(err - (90.0 - 95.0) / 95.0) < 1e-12, f"one profile: {pred}, {err}")
 check([round(e, 12) for e in rounds] == [-0.1, 0.125], f"round errors: {rounds}")
+
+# Identical programs: compared only in the rounds where both runs planned the same one.
+programs = {"hap": {0: "P", 1: "Q", 2: "P"}, "dp-cp": {0: "P", 1: "P", 2: "P"},
+            "tp": {0: "T", 1: "T", 2: "T"}, "hap-declared": {0: "P", 2: "P"}}
+medians = {"hap": {0: 100.0, 1: 90.0, 2: 104.0}, "dp-cp": {0: 102.0, 1: 95.0, 2: 100.0},
+           "tp": {0: 300.0, 1: 310.0, 2: 305.0}, "hap-declared": {0: 101.0, 2: 130.0}}
+same = bench.identical_programs(["hap", "dp-cp", "tp", "hap-declared"], programs, medians)
+pairs = {tuple(p["runs"]): p for p in same}
+check(set(pairs) == {("hap", "dp-cp"), ("hap", "hap-declared"), ("dp-cp", "hap-declared")},
+      f"pairs of identical programs: {sorted(pairs)}")
+hd = pairs.get(("hap", "dp-cp"), {})
+check(hd.get("rounds") == [1, 3], f"hap and dp-cp differ in round 2: {hd}")
+check([round(g, 12) for g in hd.get("round_gaps", [])] == [0.02, 0.04]
+      and abs(hd.get("apart", 0) - 0.03) < 1e-12, f"gaps of hap and dp-cp: {hd}")
+hh = pairs.get(("hap", "hap-declared"), {})
+check(hh.get("rounds") == [1, 3] and hh.get("round_medians_ms") == [[100.0, 101.0], [104.0, 130.0]],
+      f"a run missing a round (failed) is compared where it ran: {hh}")
+check(bench.identical_programs(["tp"], programs, medians) == [], "one run: no pair")
 
 build = os.path.dirname(hap_plan)  # describe() runs build/hap-plan from the source folder
 gpu_file = os.path.join("configs", "clusters", "emu-gpu-mixed4.yaml")
