@@ -149,10 +149,30 @@ def read_config(path, sets):
 
 
 def describe(build, cluster_file):
-    """The cluster file's devices as hap-plan validates them (one per rank)."""
+    """The cluster file's devices as hap-plan validates them (one per rank); a file hap-plan
+    refuses ends the benchmark with hap-plan's message."""
     r = subprocess.run([os.path.join(build, "hap-plan"), "--cluster", cluster_file, "--describe-cluster"],
-                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, check=True)
+                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"emulated_cluster: cluster '{cluster_file}': " +
+                         (r.stderr.strip() or f"hap-plan exited {r.returncode}"))
     return json.loads(r.stdout)["devices"]
+
+
+def cluster_file_of(name):
+    """A name under configs/clusters, or a cluster file's path; a name that is neither ends the
+    benchmark, listing the names there are."""
+    if name.endswith((".yaml", ".yml")):
+        if not os.path.isfile(os.path.join(ROOT, name)):
+            raise SystemExit(f"emulated_cluster: --clusters: no cluster file '{name}'")
+        return name
+    path = f"configs/clusters/{name}.yaml"
+    if not os.path.isfile(os.path.join(ROOT, path)):
+        names = sorted(os.path.splitext(f)[0] for f in os.listdir(os.path.join(ROOT, "configs", "clusters"))
+                       if f.endswith(".yaml"))
+        raise SystemExit(f"emulated_cluster: --clusters: no cluster '{name}' under configs/clusters "
+                         f"(there: {', '.join(names)}); or give a cluster file's path")
+    return path
 
 
 def ideal_speedup(devices, key):
@@ -318,11 +338,11 @@ def main(argv):
                "machine_cores": len(os.sched_getaffinity(0)),
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "clusters": {}}
 
-    for name in args.clusters.split(","):
-        # A name under configs/clusters, or a cluster file's path.
-        declared = name if name.endswith((".yaml", ".yml")) else f"configs/clusters/{name}.yaml"
+    # Every cluster checked before the first run (minutes each).
+    declared_files = [cluster_file_of(name) for name in args.clusters.split(",")]
+    described = [describe(args.build, declared) for declared in declared_files]
+    for declared, declared_devices in zip(declared_files, described):
         name = os.path.splitext(os.path.basename(declared))[0]
-        declared_devices = describe(args.build, declared)
         name_tag = tag if tag or model["name"] == "gpt" else f"-{model['name']}"
         profiled = os.path.join(args.profile_dir, f"profiled-{name}{name_tag}" +
                     ("" if gpu or args.throttle == "cfs" else f"-{args.throttle}") + ".yaml")

@@ -3,7 +3,8 @@ without PyYAML: its own reader of run configs gives what PyYAML gives on every c
 --set overrides land where hap-train puts them, a memory-lifted copy of a cluster file changes
 memory and nothing else, the ideal speed-up over dp-ev follows the SM counts or quotas, and
 prediction errors are each round's (their median with a profile per round), and runs that
-planned the same program are compared round by round.
+planned the same program are compared round by round; an unknown cluster or a file hap-plan
+refuses ends the benchmark with a message.
 
     python3 check_bench_helpers.py SOURCE_DIR HAP_PLAN
 """
@@ -86,6 +87,27 @@ check(hh.get("rounds") == [1, 3] and hh.get("round_medians_ms") == [[100.0, 101.
 check(bench.identical_programs(["tp"], programs, medians) == [], "one run: no pair")
 
 build = os.path.dirname(hap_plan)  # describe() runs build/hap-plan from the source folder
+
+# Clusters: a name under configs/clusters or a file; anything else ends the benchmark before its
+# first run, with a message that says what there is.
+check(bench.cluster_file_of("emu-mixed4") == "configs/clusters/emu-mixed4.yaml", "a cluster name")
+for bad, expected in (("nosuch", "no cluster 'nosuch' under configs/clusters (there: "),
+                      ("/nonexistent/c.yaml", "no cluster file '/nonexistent/c.yaml'")):
+    try:
+        bench.cluster_file_of(bad)
+        check(False, f"--clusters {bad}: accepted")
+    except SystemExit as e:
+        check(expected in str(e) and ("emu-2node" in str(e)) == (bad == "nosuch"),
+              f"--clusters {bad}: {e}")
+with tempfile.TemporaryDirectory() as tmp:
+    bad_file = os.path.join(tmp, "bad.yaml")
+    with open(bad_file, "w") as f:
+        f.write("name: bad\nnodes: []\n")
+    try:
+        bench.describe(build, bad_file)
+        check(False, "a cluster file hap-plan refuses: accepted")
+    except SystemExit as e:
+        check(f"cluster '{bad_file}'" in str(e) and "nodes" in str(e), f"bad cluster file: {e}")
 gpu_file = os.path.join("configs", "clusters", "emu-gpu-mixed4.yaml")
 devices = bench.describe(build, gpu_file)
 sms = [d["sm_count"] for d in devices]
