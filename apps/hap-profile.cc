@@ -38,24 +38,11 @@
 #include "parallel/communicator.h"
 #include "train/cluster_profile.h"
 #include "train/config.h"
+#include "train/output_path.h"
 
 namespace {
 
 using hap::parallel::Communicator;
-
-// Where an output file cannot be written: "" if it can. Checked before profiling (minutes of
-// measurements), not when writing at the end.
-std::string unwritable(const std::string& flag, const std::string& path) {
-  namespace fs = std::filesystem;
-  if (fs::is_directory(path)) return flag + " '" + path + "' is a directory; expected a file path";
-  fs::path folder = fs::path(path).parent_path();
-  if (folder.empty()) folder = ".";
-  if (!fs::is_directory(folder))
-    return flag + " '" + path + "': folder '" + folder.string() + "' does not exist";
-  if (::access(folder.c_str(), W_OK | X_OK) != 0)
-    return flag + " '" + path + "': folder '" + folder.string() + "' is not writable";
-  return "";
-}
 
 // An interrupted profile leaves no file behind.
 void remove_partial_output_and_exit(int sig) {
@@ -115,10 +102,12 @@ int main(int argc, char** argv) {
   try {
     // Rank 0 writes the files, on its own file system: it checks, and every rank stops alike.
     std::string bad;
-    if (world.rank() == 0) {
-      bad = unwritable("--out", opt.out_path);
-      if (bad.empty() && !opt.raw_path.empty()) bad = unwritable("--raw", opt.raw_path);
-    }
+    if (world.rank() == 0)
+      for (const auto& [flag, path] :
+           {std::pair<const char*, std::string>{"--out", opt.out_path}, {"--raw", opt.raw_path}})
+        if (bad.empty() && !path.empty())
+          if (const std::string reason = hap::train::unwritable_reason(path); !reason.empty())
+            bad = std::string(flag) + " '" + path + "': cannot write: " + reason;
     if (world.allreduce(static_cast<int64_t>(bad.empty() ? 0 : 1), hap::parallel::ReduceOp::Max) !=
         0)
       throw hap::train::ConfigError(world.rank() == 0 ? bad : "rank 0 cannot write its output");

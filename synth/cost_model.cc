@@ -740,10 +740,10 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
         // A collective's backward adjoint costs about what its forward does; a bucketed
         // parameter gather's (its gradient's reduce-scatter) goes to the buckets below. In a
         // recomputed segment its forward runs again in backward (CostModel::recompute_factor).
-        const bool grad = cm.requires_grad(in.tensor);
-        const bool again = cm.recompute_factor(in) > 1.0;
-        const double once = in.cost_s / (1.0 + (grad ? 1.0 : 0.0) + (again ? 1.0 : 0.0));
-        const double adjoint = grad ? once : 0.0;
+        const double factor = cm.recompute_factor(in);
+        const double priced = in.cost_s / factor;  // its forward (+ adjoint), once
+        const double adjoint = cm.requires_grad(in.tensor) ? 0.5 * priced : 0.0;
+        const double again = (factor - 1.0) * priced;  // its forward, run again in backward
         first_use[in.tensor] = std::min(first_use[in.tensor], i);
         if (bucketed_parameter_gather(graph, in)) {
           if (gathered[in.tensor]) {  // (read again from the whole copy)
@@ -765,7 +765,7 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
           gather_bucket[i] = static_cast<int>(gather_bucket_s.size()) - 1;
           continue;
         }
-        backward[i] = adjoint + (again ? once : 0.0);
+        backward[i] = adjoint + again;
         break;
       }
     }

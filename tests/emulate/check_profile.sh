@@ -133,7 +133,8 @@ run -np 2 "$PROFILE" --quick --config "$CFG" --out "$TMP/none/x.yaml" > "$TMP/no
   || fail "--out in a missing folder: exit $rc: $(cat "$TMP/nodir.log")"
 run -np 1 "$PROFILE" --quick --config "$CFG" --out "$TMP/y.yaml" --raw "$TMP/none/r.json" \
   > "$TMP/noraw.log" 2>&1; rc=$?
-[ $rc -eq 2 ] && grep -q "\-\-raw '$TMP/none/r.json': folder" "$TMP/noraw.log" && [ ! -e "$TMP/y.yaml" ] \
+[ $rc -eq 2 ] && grep -q "\-\-raw '$TMP/none/r.json': cannot write: the folder '$TMP/none' does not exist" \
+  "$TMP/noraw.log" && [ ! -e "$TMP/y.yaml" ] \
   || fail "--raw in a missing folder: exit $rc: $(cat "$TMP/noraw.log")"
 run -np 1 "$PROFILE" --quick --config "$CFG" --pool-tolerance -1 --out "$TMP/x.yaml" \
   > "$TMP/pool.log" 2>&1; rc=$?

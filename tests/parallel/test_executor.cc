@@ -412,31 +412,44 @@ void expect_same_step(const StepResult& a, const StepResult& b, const std::strin
   }
 }
 
+// A strategy's program for graph g on all of this world's ranks.
+synth::DistributedProgram plan_on_all(const synth::Graph& g, synth::Strategy strategy) {
+  synth::SynthesisOptions opt;
+  opt.strategy = strategy;
+  opt.select_devices = false;
+  return synth::synthesize(g, cluster_for(world().size()), opt);
+}
+
+// The tiny GPT (batch 7 x 6, dropout 0.2 unless given): its parameters, a batch, its graph and
+// its dp-cp program on this world's ranks.
+struct TinyDpCpGpt {
+  explicit TinyDpCpGpt(double dropout = 0.2) : cfg(tiny_gpt(dropout)) {}
+  nn::GPTConfig cfg;
+  nn::GPT ref{cfg};
+  std::vector<std::pair<std::string, Tensor>> named = ref.named_parameters();
+  std::map<std::string, Tensor> data = tiny_batch(cfg, 7, 6);
+  synth::Graph graph = gpt_graph(cfg, 7, 6);
+  synth::DistributedProgram plan = plan_on_all(graph, synth::Strategy::DpCp);
+};
+
 // Segments recomputed in backward (their activations dropped after the forward, the segment run
 // again under autograd::checkpoint when the backward pass reaches it) give the loss and every
 // gradient bit for bit what the recorded program gives, with dropout on (the same masks drawn
 // again), under every strategy's program (collectives inside the recomputed runs), recomputing
 // every segment or every other one.
 TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
-  const int64_t B = 7, T = 6;
-  const nn::GPTConfig cfg = tiny_gpt(0.2);
-  nn::GPT ref(cfg);
-  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-  const synth::Graph g = gpt_graph(cfg, B, T);
-  const auto named = ref.named_parameters();
+  const TinyDpCpGpt m;
+  const synth::Graph& g = m.graph;
   for (auto strategy : {synth::Strategy::Hap, synth::Strategy::DpCp, synth::Strategy::Tp}) {
     SCOPED_TRACE(synth::strategy_name(strategy));
-    synth::SynthesisOptions opt;
-    opt.strategy = strategy;
-    opt.select_devices = false;
-    synth::DistributedProgram plan = synth::synthesize(g, cluster_for(world().size()), opt);
+    synth::DistributedProgram plan = plan_on_all(g, strategy);
     const size_t segments = plan.ratios.size();
     ASSERT_GE(segments, 3u);  // the blocks and the rest
     StepResult step[3];
     for (int mode = 0; mode < 3; ++mode) {
       plan.recompute.assign(mode == 0 ? 0 : segments, false);
       for (size_t s = 0; s < plan.recompute.size(); ++s) plan.recompute[s] = mode == 1 || s % 2;
-      step[mode] = run_step(g, plan, named, data, 3);
+      step[mode] = run_step(g, plan, m.named, m.data, 3);
       if (mode > 0) {
         EXPECT_GT(step[mode].recomputed_runs, 0u);
       }
@@ -458,25 +471,17 @@ TEST(Executor, RecomputedSegmentsGiveTheRecordedGradientsBitForBit) {
 // collective kind is called once more per forward instruction the cost model marks as run
 // again (a reshard that moves its shards is an all-gather), and no other collective more often.
 TEST(Executor, RecomputationRunsAgainTheForwardCollectivesTheCostModelPricesAgain) {
-  const int64_t B = 7, T = 6;
-  const nn::GPTConfig cfg = tiny_gpt(0.0);
-  nn::GPT ref(cfg);
-  const std::map<std::string, Tensor> data = tiny_batch(cfg, B, T);
-  const synth::Graph g = gpt_graph(cfg, B, T);
-  const auto named = ref.named_parameters();
-  const synth::Cluster cluster = cluster_for(world().size());
+  const TinyDpCpGpt m(0.0);
+  const synth::Graph& g = m.graph;
   for (auto strategy : {synth::Strategy::Tp, synth::Strategy::Hap}) {
     SCOPED_TRACE(synth::strategy_name(strategy));
-    synth::SynthesisOptions opt;
-    opt.strategy = strategy;
-    opt.select_devices = false;
-    synth::DistributedProgram plan = synth::synthesize(g, cluster, opt);
+    synth::DistributedProgram plan = plan_on_all(g, strategy);
     plan.recompute.clear();
-    const StepResult plain = run_step(g, plan, named, data, 3);
+    const StepResult plain = run_step(g, plan, m.named, m.data, 3);
     plan.recompute.assign(plan.ratios.size(), true);
-    const StepResult again = run_step(g, plan, named, data, 3);
+    const StepResult again = run_step(g, plan, m.named, m.data, 3);
     ASSERT_GT(again.recomputed_runs, 0u);
-    synth::CostModel cm(g, cluster);
+    synth::CostModel cm(g, cluster_for(world().size()));
     cm.set_recompute(plan.node_segment, plan.recompute);
     std::array<uint64_t, kNumCollectiveStats> expected{};
     auto count = [&](CollectiveStat k) { ++expected[static_cast<size_t>(k)]; };
@@ -523,24 +528,6 @@ TEST(Executor, RecomputationRunsAgainTheForwardCollectivesTheCostModelPricesAgai
   }
 }
 
-// The tiny GPT (batch 7 x 6, dropout 0.2): its parameters, a batch, its graph and its dp-cp
-// program on this world's ranks.
-struct TinyDpCpGpt {
-  nn::GPTConfig cfg = tiny_gpt(0.2);
-  nn::GPT ref{cfg};
-  std::vector<std::pair<std::string, Tensor>> named = ref.named_parameters();
-  std::map<std::string, Tensor> data = tiny_batch(cfg, 7, 6);
-  synth::Graph graph = gpt_graph(cfg, 7, 6);
-  synth::DistributedProgram plan = dp_cp_plan(graph);
-
-  static synth::DistributedProgram dp_cp_plan(const synth::Graph& g) {
-    synth::SynthesisOptions opt;
-    opt.strategy = synth::Strategy::DpCp;
-    opt.select_devices = false;
-    return synth::synthesize(g, cluster_for(world().size()), opt);
-  }
-};
-
 // forward() drops each value from the executor's value map after its last forward reader
 // (autograd holds what backward needs): only the loss stays, under every strategy's program and
 // with recomputed segments, and the step is the one that kept them, bit for bit. (A bf16 GPT on
@@ -550,10 +537,7 @@ TEST(Executor, ForwardKeepsNoValueButTheLoss) {
   const TinyDpCpGpt m;
   for (auto strategy : {synth::Strategy::DpCp, synth::Strategy::Tp, synth::Strategy::Hap}) {
     SCOPED_TRACE(synth::strategy_name(strategy));
-    synth::SynthesisOptions opt;
-    opt.strategy = strategy;
-    opt.select_devices = false;
-    synth::DistributedProgram plan = synth::synthesize(m.graph, cluster_for(world().size()), opt);
+    synth::DistributedProgram plan = plan_on_all(m.graph, strategy);
     const StepResult kept = run_step(m.graph, plan, m.named, m.data, 2);
     EXPECT_EQ(kept.values_held, 1u);
     plan.recompute.assign(plan.ratios.size(), false);
