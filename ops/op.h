@@ -70,6 +70,24 @@ using KernelFn = std::vector<Tensor> (*)(const KernelContext& ctx);
 // Returns one tensor per input: the gradient, or an undefined Tensor for none.
 using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx);
 
+// A collective that an op's sharded run (its `local` function) makes itself, through
+// ShardContext::all_gather or sum_over_ranks, beside the program's own collectives: the cost model
+// prices it with the op (synth::CostModel::own_collectives_s).
+struct OwnCollective {
+  enum class Kind : uint8_t { AllReduce, AllGather, ReduceScatter };
+  Kind kind = Kind::AllReduce;
+  // Each rank's: the tensor it all-reduces, or the shard it adds to an all-gather or gets of a
+  // reduce-scatter (even shards: the whole tensor is P times as large).
+  double bytes = 0;
+  // Made by the forward (again where the node is recomputed); false: by the backward, which
+  // runs only where a gradient flows through the node.
+  bool forward = true;
+};
+// The collectives of one forward and backward of a node under a sharding signature (in: the
+// node's logical inputs).
+using OwnCollectivesFn = std::vector<OwnCollective> (*)(const ShardSignature& sig, const Metas& in,
+                                                        const Attrs& attrs);
+
 // What mixed precision (an AutocastGuard with bf16, train.precision: bf16) does to an op's float
 // inputs before it runs. Promote: when f32 and bf16 inputs meet, the bf16 ones become f32 (the
 // residual stream stays f32; single-dtype ops keep their dtype). Lower: f32 inputs become bf16
@@ -90,6 +108,8 @@ struct OpDef {
   // How the op runs on one rank's shards (ops/local.h); null: its kernel on the local shards with
   // the attributes unchanged.
   LocalFn local = nullptr;
+  // The collectives `local` makes itself under a signature (above); null: none.
+  OwnCollectivesFn own_collectives = nullptr;
   uint32_t optional_inputs = 0;  // bit i: input i may be an undefined Tensor
   // Bit i: input i holds f32 statistics of bf16 operands (attention's log-sum-exp and its
   // gradient): it goes beside bf16 inputs as it is, never cast by mixed precision or by the bf16

@@ -72,7 +72,8 @@ class Executor::NodeContext : public ops::ShardContext {
     return functional::all_gather(ex_.comm_, shard, dim, lengths, CollectiveMethod::Grouped);
   }
   // (An op's own all-reduce of an integer, e.g. the row-split cross-entropy's target count: in
-  // --trace timelines as "sum_over_ranks", which the cost model does not price.)
+  // --trace timelines as "sum_over_ranks"; the cost model prices it with the op,
+  // OpDef::own_collectives.)
   int64_t sum_over_ranks(int64_t value) override {
     std::optional<timeline::Scope> span;
     if (timeline::recording()) span.emplace("collective", "sum_over_ranks", "8 bytes");

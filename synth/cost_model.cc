@@ -90,6 +90,53 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
     step_bytes_[n.id] = n.bytes * (differentiable ? 3.0 : 1.0);
     kernel_calls_[n.id] = differentiable ? 2 : 1;
   }
+  // The ops' own collectives (executor: ShardContext::all_gather, a grouped all-gather whose
+  // backward is a grouped reduce-scatter; sum_over_ranks, the communicator's all-reduce).
+  own_s_.resize(graph.nodes.size());
+  const int P = num_devices();
+  for (const GraphNode& n : graph.nodes) {
+    const ops::OpDef& def = ops::op_def(n.kind);
+    if (def.own_collectives == nullptr || P <= 1) continue;
+    ops::Metas in;
+    for (int t : n.inputs) {
+      if (t < 0) {
+        in.push_back({Shape{}, DType::F32, false});
+        continue;
+      }
+      in.push_back({graph.tensors[t].shape, graph.tensors[t].dtype});
+    }
+    bool differentiable = false;  // (its backward, and the collectives there, run)
+    if (def.backward != nullptr)
+      for (int t : n.inputs) differentiable = differentiable || (t >= 0 && requires_grad_[t]);
+    for (const ops::ShardSignature& sig : sigs_[n.id]) {
+      std::pair<double, double> s{0.0, 0.0};
+      for (const ops::OwnCollective& c : def.own_collectives(sig, in, n.attrs)) {
+        if (!c.forward && !differentiable) continue;
+        InstrKind kind = InstrKind::AllReduce;
+        Collective over = Collective::AllReduce;
+        CollectiveMethod method = CollectiveMethod::Padded;
+        double bytes = c.bytes;
+        if (c.kind != ops::OwnCollective::Kind::AllReduce) {
+          const bool gather = c.kind == ops::OwnCollective::Kind::AllGather;
+          kind = gather ? InstrKind::AllGather : InstrKind::ReduceScatter;
+          over = gather ? Collective::AllGather : Collective::ReduceScatter;
+          method = CollectiveMethod::Grouped;
+          bytes *= P;
+        }
+        const Link link = link_.for_collective(over);
+        const CollectiveTerms t = collective_terms(kind, method, P, bytes, 1.0 / P);
+        (c.forward ? s.first : s.second) +=
+            t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s;
+      }
+      own_s_[n.id].push_back(s);
+    }
+  }
+}
+
+double CostModel::own_collectives_s(int node, int sig) const {
+  if (sig < 0 || own_s_[node].empty()) return 0.0;
+  const auto [forward, backward] = own_s_[node][sig];
+  return forward * (recomputed(node) ? 2.0 : 1.0) + backward;
 }
 
 int CostModel::step_kernel_calls() const {
@@ -121,11 +168,12 @@ LinearCost CostModel::compute(int node, int sig) const {
       overheads = overheads || c.fixed.back() > 0;
     }
     if (!overheads) c.fixed.clear();
+    c.constant_s = own_collectives_s(node, sig);
   } else {
     double worst = 0;
     for (int d = 0; d < num_devices(); ++d)
       worst = std::max(worst, device_compute_s(node, d) + fixed_compute_s(node, d));
-    c.constant_s = worst;
+    c.constant_s = worst + own_collectives_s(node, sig);
   }
   return c;
 }

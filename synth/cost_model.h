@@ -114,6 +114,12 @@ class CostModel {
   // unit of share plus, where kernel overheads are profiled, fixed_compute_s on every device with
   // a share (a node that splits nothing costs the slowest device's whole time and overhead).
   LinearCost compute(int node, int sig) const;
+  // The collectives the node's op makes itself under signature `sig` in one step (OpDef::
+  // own_collectives: the row-split cross-entropy's sums of target counts, the vocabulary split's
+  // gather of log-sum-exps and its adjoint), at the bottleneck link's figures: a time every
+  // device spends, which does not shrink with its share. compute() includes it; the per-device
+  // compute times (compute_device_s) do not, and recost() adds it to each device's.
+  double own_collectives_s(int node, int sig) const;
   // Each device's share of a node's work under ratios r: its whole-row shard of the split
   // dimension over that dimension's length (r itself where the signature splits nothing). With
   // fewer rows than devices some get none and others a row each, whatever the ratios.
@@ -237,6 +243,8 @@ class CostModel {
   const Cluster& cluster_;
   Link link_;  // bottleneck link over all devices
   std::vector<std::vector<ops::ShardSignature>> sigs_;
+  // Per node, per signature: own_collectives_s's forward and backward parts (empty: none).
+  std::vector<std::vector<std::pair<double, double>>> own_s_;
   std::vector<bool> requires_grad_;
   std::vector<double> bytes_;              // per tensor: its whole size (read per search state)
   std::vector<bool> recomputed_;           // per node (empty: none)

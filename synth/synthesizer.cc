@@ -173,7 +173,8 @@ double recost(const CostModel& cm, std::vector<Instruction>& instrs,
             tensor < 0 || cm.graph().tensors[tensor].shape[dim] <= 0
                 ? cm.compute_device_s(in.node, in.signature, r)
                 : cm.compute_device_s_at(in.node, shares(tensor, dim, in.segment));
-        for (size_t d = 0; d < t.size(); ++d) stretch[d] += t[d];
+        const double own = cm.own_collectives_s(in.node, in.signature);
+        for (size_t d = 0; d < t.size(); ++d) stretch[d] += t[d] += own;
         members.emplace_back(i, std::move(t));
         break;
       }
@@ -1556,6 +1557,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   // more synthesis time on 64 devices, bench_synthesis, and found no faster plan).
   const bool recomputes =
       std::find(best.recompute.begin(), best.recompute.end(), true) != best.recompute.end();
+  constexpr double kSubsetMargin = 1.05;
   SynthesisOptions proxy = options;
   proxy.strategy = Strategy::DpCp;
   proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
@@ -1581,23 +1583,73 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     for (int d : subset) m = std::min(m, cluster.devices[static_cast<size_t>(d)].memory_bytes);
     return m;
   };
+  // A subset that fits nothing without recomputation may fit with it (where the user lets the
+  // planner choose) and still be the fastest: fewer, faster devices with ample memory between
+  // them recompute a few segments where all devices need not. Such a subset is judged by dp-cp
+  // recomputing as it chooses, but only where its dp-cp program without memory limits, plus
+  // the least that recomputing one segment adds, could beat what is planned (a bound: limits and
+  // recomputation only add), so that small subsets of large clusters cost one quick plan each.
+  // Without this, more memory could make the plan slower: where the program on all devices
+  // begins to fit without recomputing, the subsets stopped recomputing too (seed 3 of
+  // Synthesizer.HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits: 8.3 ms per step on
+  // both devices against 3.2 ms on the faster one alone with a little less memory).
+  const bool may_recompute = options.recompute == Recompute::Auto && !recomputes;
+  SynthesisOptions recomputing_proxy = proxy;
+  recomputing_proxy.recompute = Recompute::Auto;
+  SynthesisOptions unlimited_proxy = proxy;
+  unlimited_proxy.recompute = Recompute::Off;
+  bool chosen_recomputes = false;
   for (size_t i = subsets.size(); i-- > 0;) {
     const std::vector<int>& subset = subsets[i];
     const auto sub_t0 = std::chrono::steady_clock::now();
     SynthesisStep& step = judged[i];
     step.what = "devices: the " + std::to_string(subset.size()) + " fastest, by dp-cp";
+    const Cluster sub = cluster.subset(subset);
+    // dp-cp recomputing on a subset that fits nothing without (when it could be the fastest).
+    auto with_recomputation = [&]() {
+      if (!may_recompute) return;
+      Cluster roomy = sub;
+      for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
+      double bound = std::numeric_limits<double>::infinity();
+      try {
+        bound = synthesize_on(graph, roomy, unlimited_proxy).predicted_step_s +
+                least_recompute_s(graph, sub, options);
+      } catch (const Error&) {
+        return;
+      }
+      if (!(bound < std::min(best_proxy, best.predicted_step_s) * kSubsetMargin)) return;
+      step.what += ", recomputing";
+      try {
+        const DistributedProgram p = synthesize_on(graph, sub, recomputing_proxy);
+        step.states = p.states_expanded;
+        step.cost_s = p.predicted_step_s;
+        step.outcome.clear();
+        if (p.predicted_step_s <= best_proxy) {
+          best_proxy = p.predicted_step_s;
+          chosen = subset;
+          chosen_recomputes =
+              std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end();
+        }
+      } catch (const Error& e) {
+        step.outcome = no_program_reason(e);
+      }
+    };
     if (ran_out > 0 && smallest_memory(subset) <= ran_out_memory) {
       step.outcome =
           "out of memory (as the " + std::to_string(ran_out) + " fastest are; not planned)";
+      with_recomputation();
+      step.seconds = since(sub_t0);
+      best.states_expanded += step.states;
       continue;
     }
     try {
-      const DistributedProgram p = synthesize_on(graph, cluster.subset(subset), proxy);
+      const DistributedProgram p = synthesize_on(graph, sub, proxy);
       step.states = p.states_expanded;
       step.cost_s = p.predicted_step_s;
       if (p.predicted_step_s <= best_proxy) {  // (ties: the fewest devices)
         best_proxy = p.predicted_step_s;
         chosen = subset;
+        chosen_recomputes = false;
       }
     } catch (const Error& e) {
       step.outcome = no_program_reason(e);
@@ -1605,19 +1657,19 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
         ran_out = subset.size();
         ran_out_memory = smallest_memory(subset);
       }
+      if (step.outcome == "out of memory") with_recomputation();
     }
     step.seconds = since(sub_t0);
     best.states_expanded += step.states;
   }
   for (SynthesisStep& step : judged) best.steps.push_back(std::move(step));
-  constexpr double kSubsetMargin = 1.05;
   if (!chosen.empty() && best_proxy < best.predicted_step_s * kSubsetMargin) {
     const auto sub_t0 = std::chrono::steady_clock::now();
     SynthesisStep step;
     step.what = "devices: the " + std::to_string(chosen.size()) + " fastest, by hap";
     SynthesisOptions o = options;
     o.select_devices = false;
-    o.recompute = proxy.recompute;
+    o.recompute = chosen_recomputes ? Recompute::Auto : proxy.recompute;
     try {
       DistributedProgram p = synthesize_on(graph, cluster.subset(chosen), o);
       step.states = p.states_expanded;

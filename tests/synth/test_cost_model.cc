@@ -127,6 +127,84 @@ TEST(CostModel, CollectivesArePricedByCollectiveTerms) {
       collective_terms(InstrKind::AllReduce, CollectiveMethod::None, 1, 100, 1).byte_terms, 0);
 }
 
+// The collectives the cross-entropy's sharded run makes itself (ops/defs/loss.cc): rows split
+// with a mean sum the target counts in the forward and again in the backward (8-byte
+// all-reduces); the vocabulary split gathers each row's log-sum-exp per rank (grouped, as
+// ShardContext::all_gather does) and reduce-scatters its gradient. They are priced into the
+// node's compute (constant: every device waits as long) and into each device's time in recost,
+// not into its own device compute times; a sum of the losses needs no count, one device nothing.
+TEST(CostModel, TheCrossEntropysOwnCollectivesArePricedWithIt) {
+  const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
+  auto graph = [](ops::Reduction reduction) {
+    Tensor x = Tensor::meta({12, 10}, DType::F32), w = Tensor::meta({7, 10}, DType::F32);
+    Tensor y = Tensor::meta({12}, DType::I64);
+    return trace(
+        [&] {
+          return cross_entropy(linear(x, w, Tensor()), y,
+                               ops::CrossEntropyAttrs{.reduction = reduction});
+        },
+        {{"w", w}}, {{"x", x}, {"y", y}});
+  };
+  auto price = [&](InstrKind kind, CollectiveMethod method, double bytes) {
+    const CollectiveTerms t = collective_terms(kind, method, 3, bytes, 1.0 / 3);
+    return t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s;
+  };
+  const Graph mean_graph = graph(ops::Reduction::Mean);
+  const Cluster c = cluster3(link);
+  const CostModel cm(mean_graph, c);
+  int node = -1;
+  for (const GraphNode& n : mean_graph.nodes)
+    if (n.kind == ops::OpKind::CrossEntropy) node = n.id;
+  ASSERT_GE(node, 0);
+  int rows = -1, vocab = -1;
+  for (int s = 0; s < static_cast<int>(cm.signatures(node).size()); ++s) {
+    const Prop p = cm.input_prop(node, s, 0);
+    if (p.kind == PropKind::Sharded) (p.dim == 0 ? rows : vocab) = s;
+  }
+  ASSERT_GE(rows, 0);
+  ASSERT_GE(vocab, 0);
+  const double sums = 2 * price(InstrKind::AllReduce, CollectiveMethod::None, 8);
+  EXPECT_NEAR(cm.own_collectives_s(node, rows), sums, 1e-15);
+  const double lse = 12 * 4 * 3;  // [12, 3] f32
+  EXPECT_NEAR(cm.own_collectives_s(node, vocab),
+              price(InstrKind::AllGather, CollectiveMethod::Grouped, lse) +
+                  price(InstrKind::ReduceScatter, CollectiveMethod::Grouped, lse),
+              1e-15);
+  EXPECT_EQ(cm.own_collectives_s(node, -1), 0.0);
+  const std::vector<double> r = {0.5, 0.3, 0.2};
+  const std::vector<double> share = cm.compute_shares(node, rows, r);
+  const std::vector<double> alone = cm.compute_device_s_at(node, share);
+  EXPECT_NEAR(cm.compute(node, rows).eval(share),
+              *std::max_element(alone.begin(), alone.end()) + sums, 1e-15);
+  // recost: the instruction costs its slowest device's compute plus the collectives.
+  std::vector<Instruction> instrs(1);
+  instrs[0].kind = InstrKind::Compute;
+  instrs[0].node = node;
+  instrs[0].signature = rows;
+  const double step = recost(cm, instrs, {r});
+  EXPECT_NEAR(instrs[0].cost_s, *std::max_element(alone.begin(), alone.end()) + sums, 1e-15);
+  EXPECT_NEAR(step, instrs[0].cost_s, 1e-15);
+
+  const Graph sum_graph = graph(ops::Reduction::Sum);
+  const CostModel sum_cm(sum_graph, c);
+  int checked = 0;
+  for (const GraphNode& n : sum_graph.nodes) {
+    if (n.kind != ops::OpKind::CrossEntropy) continue;
+    for (int s = 0; s < static_cast<int>(sum_cm.signatures(n.id).size()); ++s) {
+      if (sum_cm.input_prop(n.id, s, 0) != Prop::sharded(0)) continue;
+      EXPECT_EQ(sum_cm.own_collectives_s(n.id, s), 0.0);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 1);
+  Cluster one;
+  one.name = "one";
+  one.add_node("n", link, {c.devices[0]});
+  one.validate();
+  const CostModel one_cm(mean_graph, one);
+  EXPECT_EQ(one_cm.own_collectives_s(node, rows), 0.0);
+}
+
 TEST(CostModel, PerCollectiveLinkFiguresReplaceTheLinksOwnForThatCollectiveOnly) {
   Link plain{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
   Link profiled = plain;

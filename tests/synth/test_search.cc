@@ -1233,7 +1233,10 @@ TEST(Synthesizer, OnlyARecomputingProgramFitsAndAutoFindsIt) {
 // Where only recomputing programs fit, hap's plan is still never predicted slower than any
 // baseline's (each planned with recomputation auto, choosing its own number of segments to
 // recompute): a GPT whose activations dominate, on random clusters of 2-4 devices with memory
-// between what recomputing every segment needs and what recomputing none does.
+// between what recomputing every segment needs and what recomputing none does. More memory
+// never gives a slower plan there either: where the program on all devices starts to fit
+// without recomputing, a subset of devices that fits only by recomputing is still judged (seed
+// 3: 8.3 ms per step on both devices at 0.9, 3.2 ms on the faster one alone at 0.65).
 TEST(Synthesizer, HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits) {
   const Graph g = narrow_gpt_graph(64, 12);
   int compared = 0, recomputing = 0;
@@ -1248,6 +1251,7 @@ TEST(Synthesizer, HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits) {
     const double least =
         *std::max_element(again.device_memory_bytes.begin(), again.device_memory_bytes.end());
     ASSERT_LT(least, most) << "seed " << seed;
+    double with_less = std::numeric_limits<double>::infinity();
     for (double f : {0.4, 0.65, 0.9}) {
       const Cluster c = make_cluster(D, seed + 40, least + f * (most - least));
       double hap = std::numeric_limits<double>::infinity();
@@ -1257,6 +1261,10 @@ TEST(Synthesizer, HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits) {
         recomputing += std::count(p.recompute.begin(), p.recompute.end(), true) > 0;
       } catch (const Error&) {
       }
+      if (std::isfinite(with_less)) {
+        EXPECT_LE(hap, with_less * 1.01) << "seed " << seed << " memory fraction " << f;
+      }
+      with_less = hap;
       compared += expect_hap_no_slower_than_baselines(
           g, c, hap, "seed " + std::to_string(seed) + " memory fraction " + std::to_string(f));
     }
