@@ -197,6 +197,10 @@ class NcclBackend : public Backend {
     HAP_NCCL_CHECK(nccl().comm_init_rank(&comm_, host_->size(), id, host_->rank()));
   }
   ~NcclBackend() override {
+    try {
+      ::hap::cuda::set_device(device_);  // (its resources are the device's; errors ignored)
+    } catch (...) {
+    }
     if (comm_ != nullptr) nccl().comm_destroy(comm_);
     if (done_ != nullptr) cudaEventDestroy(done_);
     if (inputs_ready_ != nullptr) cudaEventDestroy(inputs_ready_);
@@ -371,11 +375,14 @@ class NcclBackend : public Backend {
     ~Pending() override {
       // Not completed: the compute stream still waits for it, so the tensors' blocks are reused
       // only after it (errors ignored: a destructor must not throw).
-      if (end_ != nullptr) {
+      if (end_ == nullptr) return;
+      try {
         ::hap::cuda::set_device(b_->device_);
-        cudaStreamWaitEvent(0, end_, 0);
-        cudaEventDestroy(end_);
+      } catch (...) {
+        return;  // (no device to order on: nothing can run after it either)
       }
+      cudaStreamWaitEvent(0, end_, 0);
+      cudaEventDestroy(end_);
     }
     bool test() override {
       if (end_ == nullptr) return true;
@@ -419,6 +426,9 @@ class NcclBackend : public Backend {
     const cudaError_t q = cudaEventQuery(event);
     if (q == cudaSuccess) return true;
     if (q != cudaErrorNotReady) HAP_CUDA_CHECK(q);
+    // The runtime also keeps "not ready" as this thread's last error, which the next kernel's
+    // launch check (cudaGetLastError) would then report as its own failure: cleared here.
+    (void)cudaGetLastError();
     HAP_CHECK(comm_ != nullptr, "NCCL ", what, " on rank ", rank(),
               ": the communicator was aborted after an earlier error");
     ncclResult_t async = ncclSuccess;

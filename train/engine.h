@@ -97,6 +97,11 @@ bool gpu_cluster_emulated();
 // more ranks than GPUs, not emulated, and parallel.share_gpus off. No GPU at all is left to the
 // device check, which names why.
 std::string gpu_sharing_error(int node_ranks, int visible, bool emulated, bool share_gpus);
+// Why NCCL may not carry the collectives of this run's GPU ranks ("" where it may): a cluster
+// emulated on one GPU (`emulated`: gpu_cluster_emulated) runs each rank in a green context of
+// some of the GPU's SMs, and NCCL launches its kernels in the GPU's primary context, on every SM,
+// unordered with the rank's own kernels. parallel.backend=auto then takes MPI; nccl is an error.
+std::string nccl_refusal(bool emulated);
 // What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
 // GPU ranks NCCL (one GPU per rank), MPI staged through the host, or auto. Collective over `comm`.
 // (spmd_engine.cc)

@@ -319,6 +319,14 @@ class SpmdEngine : public Engine {
 
 }  // namespace
 
+std::string nccl_refusal(bool emulated) {
+  if (!emulated) return "";
+  return "the ranks of a GPU cluster emulated on one GPU (HAP_EMULATE_SMS, scripts/hap-emulate) "
+         "each run in a green context of some of its SMs, and NCCL launches its kernels in the "
+         "GPU's primary context, on every SM and unordered with the rank's own kernels; use "
+         "parallel.backend=mpi (or auto, which takes it here)";
+}
+
 // What carries the collectives of ranks on `device` (parallel.backend): MPI for CPU ranks; for
 // GPU ranks NCCL (one GPU per rank), MPI staged through the host (ranks may share a GPU), or auto:
 // NCCL where every rank has a GPU of its own and NCCL loads, else staged MPI. Every rank decides
@@ -332,8 +340,13 @@ parallel::Communicator communicator_for(Device device, CommBackend backend,
           "use mpi");
     return comm;
   }
+  const std::string refusal = nccl_refusal(gpu_cluster_emulated());
+  if (backend == CommBackend::kNccl && !refusal.empty())
+    throw ConfigError("parallel.backend: nccl: " + refusal);
   bool nccl = backend == CommBackend::kNccl;
-  if (backend == CommBackend::kAuto) {
+  if (backend == CommBackend::kAuto && !refusal.empty()) {
+    nccl = false;
+  } else if (backend == CommBackend::kAuto) {
     // Every rank of every node on its own GPU (node-local rank < visible GPUs) and NCCL loads.
     const parallel::Communicator node = comm.split_by_node();
 #ifdef HAP_HAVE_CUDA

@@ -28,16 +28,21 @@ struct Driver {
   PFN_cuCtxSetCurrent_v4000 ctx_set_current = nullptr;
   PFN_cuCtxGetCurrent_v4000 ctx_get_current = nullptr;
   PFN_cuCtxGetDevResource_v12040 ctx_get_dev_resource = nullptr;
+  PFN_cuGreenCtxGetDevResource_v12040 green_ctx_get_dev_resource = nullptr;
   PFN_cuGetErrorName_v6000 error_name = nullptr;
   PFN_cuGetErrorString_v6000 error_string = nullptr;
 };
+
+// The driver API version the function types above are of (the newest of their _v suffixes):
+// asking for the toolkit's version instead could give a newer signature of one of them.
+constexpr int kDriverApiVersion = 12040;
 
 template <typename F>
 void entry(const char* name, F* fn) {
   void* p = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
   const cudaError_t e =
-      cudaGetDriverEntryPointByVersion(name, &p, CUDA_VERSION, cudaEnableDefault, &found);
+      cudaGetDriverEntryPointByVersion(name, &p, kDriverApiVersion, cudaEnableDefault, &found);
   if (e != cudaSuccess) cudaGetLastError();
   HAP_CHECK(e == cudaSuccess && found == cudaDriverEntryPointSuccess && p != nullptr,
             "CUDA driver: no ", name, " (",
@@ -62,6 +67,7 @@ const Driver& driver() {
     entry("cuCtxSetCurrent", &r.ctx_set_current);
     entry("cuCtxGetCurrent", &r.ctx_get_current);
     entry("cuCtxGetDevResource", &r.ctx_get_dev_resource);
+    entry("cuGreenCtxGetDevResource", &r.green_ctx_get_dev_resource);
     entry("cuGetErrorName", &r.error_name);
     entry("cuGetErrorString", &r.error_string);
     return r;
@@ -86,6 +92,8 @@ struct State {
   GreenContextInfo info;
   CUgreenCtx green = nullptr;
   CUcontext as_context = nullptr;  // the green context as a CUcontext (cuCtxFromGreenCtx)
+  // The green contexts holding the remainders split on the way to this process's group (below).
+  std::vector<CUgreenCtx> remainders;
 };
 
 State& state() {
@@ -137,9 +145,13 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
                            ", " + std::to_string(info.granularity.total) + " SMs)";
   info.granted = sm_groups(asked, info.granularity, name);
   // Every process splits the whole GPU the same way, group by group in rank order, and keeps its
-  // own: the groups of the processes sharing the GPU are disjoint.
+  // own: the groups of the processes sharing the GPU are disjoint. The driver splits only a
+  // device's, a context's or a green context's resource, not what a split returned: each
+  // remainder to split again becomes a green context first, whose resource is split (and kept
+  // for the life of the process).
   CUdevResource rest = whole;
   CUdevResource mine{};
+  std::vector<CUgreenCtx> remainders;
   for (int g = 0; g <= group; ++g) {
     CUdevResource part{};
     CUdevResource remaining{};
@@ -149,7 +161,13 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
     HAP_CHECK(groups == 1, name, ": the driver gave no group of ", info.granted[g],
               " SMs (SM group ", g, " of ", asked.size(), "; ", rest.sm.smCount, " SMs left)");
     mine = part;
-    rest = remaining;
+    if (g == group) break;
+    CUdevResourceDesc remaining_desc = nullptr;
+    HAP_CU_CHECK(d.resource_generate_desc(&remaining_desc, &remaining, 1));
+    CUgreenCtx holder = nullptr;
+    HAP_CU_CHECK(d.green_ctx_create(&holder, remaining_desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
+    remainders.push_back(holder);
+    HAP_CU_CHECK(d.green_ctx_get_dev_resource(holder, &rest, CU_DEV_RESOURCE_TYPE_SM));
   }
   CUdevResourceDesc desc = nullptr;
   HAP_CU_CHECK(d.resource_generate_desc(&desc, &mine, 1));
@@ -159,6 +177,7 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
   HAP_CU_CHECK(d.ctx_from_green_ctx(&ctx, green));
   HAP_CU_CHECK(d.ctx_set_current(ctx));
   info.sms = static_cast<int>(mine.sm.smCount);
+  s.remainders = std::move(remainders);
   s.green = green;
   s.as_context = ctx;
   s.info = std::move(info);
@@ -177,6 +196,8 @@ void leave_green_context() {
   s.as_context = nullptr;
   HAP_CU_CHECK(driver().ctx_set_current(nullptr));
   HAP_CU_CHECK(driver().green_ctx_destroy(green));
+  for (CUgreenCtx r : s.remainders) HAP_CU_CHECK(driver().green_ctx_destroy(r));
+  s.remainders.clear();
   HAP_CUDA_CHECK(cudaSetDevice(device));  // the primary context current again
 }
 

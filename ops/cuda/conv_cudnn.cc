@@ -1,6 +1,7 @@
 #include "ops/cuda/conv_cudnn.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <mutex>
@@ -96,6 +97,9 @@ struct Choice {
   bool usable = false;
   int algo = 0;
   size_t workspace = 0;
+  // The math type cuDNN ranked the algorithm with (its workspace is for that one): set on the
+  // convolution descriptor before the run.
+  cudnnMathType_t math = CUDNN_FMA_MATH;
 };
 
 std::mutex g_mu;
@@ -111,7 +115,8 @@ std::string key_of(char direction, const Tensor& x, const Shape& ws, const Shape
 
 // The first of cuDNN's ranked algorithms that HAP accepts (ops/cuda/conv_cudnn.h): succeeded,
 // deterministic, without tensor-op math (unless `tf32`), summing in order, with a bounded
-// workspace.
+// workspace. In the TF32 route it runs in the math type it was ranked with; otherwise in FMA
+// math, as the descriptor says (the default math type would let f32 use TF32 from the A100 on).
 template <typename Perf>
 Choice pick(const Perf* perf, int n, std::initializer_list<int> in_order, bool tf32) {
   for (int i = 0; i < n; ++i) {
@@ -122,7 +127,8 @@ Choice pick(const Perf* perf, int n, std::initializer_list<int> in_order, bool t
       continue;
     if (p.memory > kMaxWorkspace) continue;
     for (int allowed : in_order)
-      if (static_cast<int>(p.algo) == allowed) return {true, allowed, p.memory};
+      if (static_cast<int>(p.algo) == allowed)
+        return {true, allowed, p.memory, tf32 ? p.mathType : CUDNN_FMA_MATH};
   }
   return {};
 }
@@ -181,12 +187,28 @@ bool ran(cudnnStatus_t s, const std::string& key, const char* call) {
     hap::cuda::count_cudnn_convolution();
     return true;
   }
-  if (s == CUDNN_STATUS_NOT_SUPPORTED || s == CUDNN_STATUS_BAD_PARAM) {
+  // (cuDNN 9's codes are categories with details below them: NOT_SUPPORTED_SHAPE,
+  // BAD_PARAM_MISALIGNED_POINTER, ... are refusals too.)
+  const int category = CUDNN_STATUS_CATEGORY(static_cast<int>(s));
+  if (category == CUDNN_STATUS_NOT_SUPPORTED || category == CUDNN_STATUS_BAD_PARAM) {
     forget(key);
     return false;
   }
   HAP_CHECK(false, "cuDNN: ", call, " failed: ", hap::cuda::cudnn()->error_string(s));
   return false;
+}
+
+// The device's cuDNN handle; null, with cuDNN turned off for the process and a warning, where
+// the library loads but makes no handle (a cuDNN built for another CUDA, a GPU it does not
+// support): the convolutions then take the own kernels rather than fail.
+cudnnHandle_t handle_or_off(int index) {
+  try {
+    return hap::cuda::cudnn_handle(index);
+  } catch (const Error& e) {
+    hap::cuda::set_cudnn_enabled(false);
+    std::fprintf(stderr, "hap: warning: %s; convolutions take HAP's own kernels\n", e.what());
+    return nullptr;
+  }
 }
 
 }  // namespace
@@ -201,7 +223,8 @@ bool cudnn_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tenso
   if (!describe(d, t, x.shape(), w.shape(), y.shape(), a, b.defined(), tf32)) return false;
   const int index = y.device().index;
   hap::cuda::set_device(index);
-  cudnnHandle_t h = hap::cuda::cudnn_handle(index);
+  cudnnHandle_t h = handle_or_off(index);
+  if (h == nullptr) return false;
   const std::string key = key_of('f', x, w.shape(), y.shape(), a, tf32);
   const Choice ch = choice_for(key, [&] {
     cudnnConvolutionFwdAlgoPerf_t perf[kAlgorithms];
@@ -214,6 +237,7 @@ bool cudnn_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Tenso
         tf32);
   });
   if (!ch.usable) return false;
+  HAP_CUDNN_CHECK(c.set_conv_math(d.conv, ch.math));
   const Tensor ws = workspace(ch.workspace, y);
   const Scale one(y.dtype(), 1), zero(y.dtype(), 0);
   if (!ran(c.forward(h, one.ptr(), d.x, x.raw_data(), d.w, w.raw_data(), d.conv,
@@ -236,7 +260,8 @@ bool cudnn_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, c
   if (!describe(d, t, x.shape(), w.shape(), gy.shape(), a, false, tf32)) return false;
   const int index = dx.device().index;
   hap::cuda::set_device(index);
-  cudnnHandle_t h = hap::cuda::cudnn_handle(index);
+  cudnnHandle_t h = handle_or_off(index);
+  if (h == nullptr) return false;
   const std::string data_key = key_of('d', x, w.shape(), gy.shape(), a, tf32),
                     filter_key = key_of('w', x, w.shape(), gy.shape(), a, tf32);
   const Choice data = choice_for(data_key, [&] {
@@ -261,11 +286,13 @@ bool cudnn_conv2d_backward(const Tensor& gy, const Tensor& x, const Tensor& w, c
   const Tensor ws =
       workspace(data.workspace > filter.workspace ? data.workspace : filter.workspace, dx);
   const Scale one(dx.dtype(), 1), zero(dx.dtype(), 0);
+  HAP_CUDNN_CHECK(c.set_conv_math(d.conv, data.math));
   if (!ran(c.backward_data(h, one.ptr(), d.w, w.raw_data(), d.y, gy.raw_data(), d.conv,
                            static_cast<cudnnConvolutionBwdDataAlgo_t>(data.algo), data_of(ws),
                            data.workspace, zero.ptr(), d.x, dx.raw_data()),
            data_key, "cudnnConvolutionBackwardData"))
     return false;
+  HAP_CUDNN_CHECK(c.set_conv_math(d.conv, filter.math));
   if (!ran(c.backward_filter(h, one.ptr(), d.x, x.raw_data(), d.y, gy.raw_data(), d.conv,
                              static_cast<cudnnConvolutionBwdFilterAlgo_t>(filter.algo), data_of(ws),
                              filter.workspace, zero.ptr(), d.w, dw.raw_data()),

@@ -31,6 +31,7 @@
 #define HAP_FLASH_LAUNCH(kernel, grid, block, shared, ...) \
   ::hap::cuda_emulation::launch(kernel, grid, block, shared, __VA_ARGS__)
 #define HAP_FLASH_SHARED_LIMIT(kernel, bytes) static_cast<void>(bytes)
+#define HAP_FLASH_UNROLL
 #else
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -43,6 +44,9 @@
 #define HAP_FLASH_SHARED_LIMIT(kernel, bytes)                                              \
   HAP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, \
                                       static_cast<int>(bytes)))
+// Loops over the fragments of a tile row (compile-time counts): unrolled, so that the fragment
+// arrays they index stay in registers.
+#define HAP_FLASH_UNROLL _Pragma("unroll")
 #endif
 
 namespace hap::ops::cuda::flash {
@@ -214,9 +218,11 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 // out [16, 64] (ld 64) = a [16, DP] (ld DP) times b^T, b [64, DP] (ld DP): one warp.
 template <int DP>
 __device__ __forceinline__ void rows_times_tile_t(float* out, const bf16* a, const bf16* b) {
+  HAP_FLASH_UNROLL
   for (int n = 0; n < kTile / 16; ++n) {
     FragC acc;
     wmma::fill_fragment(acc, 0.0f);
+    HAP_FLASH_UNROLL
     for (int kk = 0; kk < DP / 16; ++kk) {
       FragA fa;
       FragBCol fb;
@@ -232,9 +238,11 @@ __device__ __forceinline__ void rows_times_tile_t(float* out, const bf16* a, con
 template <int DP>
 __device__ __forceinline__ void accumulate_rows_times_tile(FragC* acc, const bf16* a,
                                                            const bf16* b) {
+  HAP_FLASH_UNROLL
   for (int kk = 0; kk < kTile / 16; ++kk) {
     FragA fa;
     wmma::load_matrix_sync(fa, a + kk * 16, kTile);
+    HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c) {
       FragBRow fb;
       wmma::load_matrix_sync(fb, b + kk * 16 * DP + c * 16, DP);
@@ -321,9 +329,11 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     }
     __syncwarp();
     FragC acc[DP / 16];
+    HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c)
       wmma::load_matrix_sync(acc[c], so + warp * 16 * DP + c * 16, DP, wmma::mem_row_major);
     accumulate_rows_times_tile<DP>(acc, sp + warp * 16 * kTile, sv);
+    HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c)
       wmma::store_matrix_sync(so + warp * 16 * DP + c * 16, acc[c], DP, wmma::mem_row_major);
   }
@@ -377,6 +387,7 @@ template <int DP>
 __device__ __forceinline__ void write_rows(bf16* x, int64_t r0, int64_t t, int width, FragC* acc,
                                            float* stage, float scale) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  HAP_FLASH_UNROLL
   for (int c = 0; c < DP / 16; ++c)
     wmma::store_matrix_sync(stage + warp * 16 * DP + c * 16, acc[c], DP, wmma::mem_row_major);
   __syncwarp();
@@ -410,6 +421,7 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
 
   load_keys<DP>(sk, sv, p, pair, k0);
   FragC dk[DP / 16], dv[DP / 16];
+  HAP_FLASH_UNROLL
   for (int c = 0; c < DP / 16; ++c) {
     wmma::fill_fragment(dk[c], 0.0f);
     wmma::fill_fragment(dv[c], 0.0f);
@@ -460,6 +472,7 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
 
   load_queries<DP>(sq, sgo, slse, sdelta, p, pair, q0);
   FragC dq[DP / 16];
+  HAP_FLASH_UNROLL
   for (int c = 0; c < DP / 16; ++c) wmma::fill_fragment(dq[c], 0.0f);
   const int64_t end = p.causal && q0 + kTile < p.t ? q0 + kTile : p.t;
   for (int64_t k0 = 0; k0 < end; k0 += kTile) {
@@ -501,7 +514,9 @@ void backward_with(const Params& p) {
 
 // The forward: p.o and p.lse written. Requires tile_head(p.dh, p.dhv) != 0, p.bh >= 1,
 // 1 <= p.t <= kMaxTiles * kTile.
-inline void forward(const Params& p) {
+inline void forward(const Params& given) {
+  Params p = given;
+  p.vectors = aligned16(p.q) && aligned16(p.k) && aligned16(p.v);
   switch (tile_head(p.dh, p.dhv)) {
     case 16:
       forward_with<16>(p);

@@ -121,10 +121,12 @@ TEST(CudaConv, CudnnAndTheOwnKernelsEachMatchTheCpu) {
         const int64_t before = cuda::cudnn_convolutions();
         expect_conv_matches_cpu(c, d, false);
         ++cases;
-        // A forward and both backward convolutions, all by cuDNN or none.
+        // A forward and both backward convolutions at most: the forward and the backward each
+        // take cuDNN where it has an algorithm HAP accepts for them (a backward whose filter
+        // gradient cuDNN refuses after its data gradient ran counts that one call).
         const int64_t calls = cuda::cudnn_convolutions() - before;
         if (use_cudnn) {
-          EXPECT_TRUE(calls == 0 || calls == 3) << calls << " cuDNN calls";
+          EXPECT_LE(calls, 3) << calls << " cuDNN calls";
           by_cudnn += calls > 0;
         } else {
           EXPECT_EQ(calls, 0) << "cuDNN ran while turned off";

@@ -634,6 +634,15 @@ TEST(ParallelSection, RanksShareAGpuOnlyWhenAskedOrEmulated) {
   EXPECT_EQ(gpu_sharing_error(4, 0, false, false), "");  // no GPU: the device check says why
 }
 
+// NCCL never carries the collectives of a GPU cluster emulated on one GPU: its kernels would run
+// outside the ranks' green contexts (parallel.backend=nccl is an error there, auto takes MPI).
+TEST(ParallelSection, NcclIsRefusedForAGpuClusterEmulatedOnOneGpu) {
+  const std::string m = nccl_refusal(true);
+  EXPECT_NE(m.find("green context"), std::string::npos) << m;
+  EXPECT_NE(m.find("parallel.backend=mpi"), std::string::npos) << m;
+  EXPECT_EQ(nccl_refusal(false), "");
+}
+
 // parallel.recompute: auto by default, off and all reach the synthesizer, anything else is a
 // ConfigError naming the key.
 TEST(ParallelSection, RecomputationIsAutoByDefaultAndReachesTheSynthesizer) {
