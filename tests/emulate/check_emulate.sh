@@ -98,6 +98,36 @@ if ! command -v nvidia-cuda-mps-control > /dev/null; then
   [ $rc -eq 3 ] && echo "$out" | grep -qF "nvidia-cuda-mps-control is not on PATH" \
     || fail "--mps on without MPS: exit $rc: $out"
 fi
+# A stand-in MPS control program: one whose daemon keeps what it was given open (as a forked
+# daemon does) must not hold hap-emulate, and one that fails is a warning with what it said (auto),
+# naming its words; the ranks then run without MPS. HAP_EMULATE_MPS sets the mode; a bad one is a
+# usage error.
+mkdir -p "$TMP/mps-bin"
+cat > "$TMP/mps-bin/nvidia-cuda-mps-control" <<'EOF2'
+#!/bin/sh
+if [ "${1:-}" = "-d" ]; then
+  [ -n "${FAKE_MPS_FAIL:-}" ] && { echo "fake MPS: no GPU here"; exit 1; }
+  (sleep 60 &)  # a daemon holding the descriptors it inherited
+  exit 0
+fi
+cat > /dev/null  # 'quit'
+EOF2
+chmod +x "$TMP/mps-bin/nvidia-cuda-mps-control"
+t0=$SECONDS
+out=$(PATH="$TMP/mps-bin:$PATH" HAP_EMULATE_MPS=on "$EMU" --hap-plan "$PLAN" \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- "$TMP/gpu-env.sh" 2>&1) \
+  || fail "hap-emulate under a stand-in MPS daemon exited $?: $out"
+[ $((SECONDS - t0)) -lt 30 ] || fail "hap-emulate waited on the MPS daemon: $((SECONDS - t0)) s"
+echo "$out" | grep -qF "under a private MPS daemon" || fail "HAP_EMULATE_MPS=on: no MPS: $out"
+out=$(PATH="$TMP/mps-bin:$PATH" FAKE_MPS_FAIL=1 "$EMU" --hap-plan "$PLAN" \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- "$TMP/gpu-env.sh" 2>&1) \
+  || fail "hap-emulate with a failing MPS daemon (auto) exited $?: $out"
+echo "$out" | grep -qF "fake MPS: no GPU here" && echo "$out" | grep -qF "without MPS" \
+  || fail "a failing MPS daemon (auto) is not a warning naming its words: $out"
+out=$(HAP_EMULATE_MPS=sometimes "$EMU" --hap-plan "$PLAN" \
+  "$SRC/configs/clusters/emu-gpu-mixed4.yaml" -- true 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -qF "HAP_EMULATE_MPS=sometimes: expected auto, on or off" \
+  || fail "HAP_EMULATE_MPS=sometimes: exit $rc: $out"
 # Training on it without a GPU: every rank stops with the reason, promptly, never a hang.
 if ! command -v nvidia-smi > /dev/null; then
   t0=$SECONDS
