@@ -70,17 +70,19 @@ using KernelFn = std::vector<Tensor> (*)(const KernelContext& ctx);
 // Returns one tensor per input: the gradient, or an undefined Tensor for none.
 using BackwardFn = std::vector<Tensor> (*)(const BackwardContext& ctx);
 
-// A collective that an op's sharded run (its `local` function) makes itself, through
-// ShardContext::all_gather or sum_over_ranks, beside the program's own collectives: the cost model
-// prices it with the op (synth::CostModel::own_collectives_s).
+// A collective that an op's sharded run (its `local` function, which the executor calls for the
+// forward) makes itself, through ShardContext::all_gather or sum_over_ranks, beside the program's
+// own collectives: the cost model prices it with the op (synth::CostModel::own_collectives_s).
 struct OwnCollective {
-  enum class Kind : uint8_t { AllReduce, AllGather, ReduceScatter };
-  Kind kind = Kind::AllReduce;
-  // Each rank's: the tensor it all-reduces, or the shard it adds to an all-gather or gets of a
-  // reduce-scatter (even shards: the whole tensor is P times as large).
+  enum class Kind : uint8_t { AllGather, ReduceScatter };
+  Kind kind = Kind::AllGather;
+  // Padded: the regular collective on even shards; Grouped: one broadcast or reduce per rank.
+  CollectiveMethod method = CollectiveMethod::Padded;
+  // The shard each rank adds to the all-gather or gets of the reduce-scatter (even shards: the
+  // whole tensor is P times as large).
   double bytes = 0;
-  // Made by the forward (again where the node is recomputed); false: by the backward, which
-  // runs only where a gradient flows through the node.
+  // Made by the forward (again where the node is recomputed); false: by the backward (autograd's
+  // adjoint of a forward collective), which runs only where a gradient flows through the node.
   bool forward = true;
 };
 // The collectives of one forward and backward of a node under a sharding signature (in: the

@@ -71,13 +71,19 @@ class Executor::NodeContext : public ops::ShardContext {
                     const std::vector<int64_t>& lengths) override {
     return functional::all_gather(ex_.comm_, shard, dim, lengths, CollectiveMethod::Grouped);
   }
-  // (An op's own all-reduce of an integer, e.g. the row-split cross-entropy's target count: in
-  // --trace timelines as "sum_over_ranks"; the cost model prices it with the op,
-  // OpDef::own_collectives.)
+  // (An op's own sum of an integer over the ranks, e.g. the row-split cross-entropy's target
+  // count: an all-gather of one value per rank (Communicator::allreduce), counted as one in the
+  // collective statistics and shown in --trace timelines as "sum_over_ranks"; the cost model
+  // prices it with the op, OpDef::own_collectives.)
   int64_t sum_over_ranks(int64_t value) override {
     std::optional<timeline::Scope> span;
     if (timeline::recording()) span.emplace("collective", "sum_over_ranks", "8 bytes");
-    return ex_.comm_.allreduce(value);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t sum = ex_.comm_.allreduce(value);
+    add_collective_stat(
+        CollectiveStat::AllGather, 1, 8.0 * ex_.comm_.size(),
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    return sum;
   }
 
  private:

@@ -91,7 +91,8 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
     kernel_calls_[n.id] = differentiable ? 2 : 1;
   }
   // The ops' own collectives (executor: ShardContext::all_gather, a grouped all-gather whose
-  // backward is a grouped reduce-scatter; sum_over_ranks, the communicator's all-reduce).
+  // backward is a grouped reduce-scatter; sum_over_ranks, a regular all-gather of one value per
+  // rank, Communicator::allreduce).
   own_s_.resize(graph.nodes.size());
   const int P = num_devices();
   for (const GraphNode& n : graph.nodes) {
@@ -112,19 +113,12 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
       std::pair<double, double> s{0.0, 0.0};
       for (const ops::OwnCollective& c : def.own_collectives(sig, in, n.attrs)) {
         if (!c.forward && !differentiable) continue;
-        InstrKind kind = InstrKind::AllReduce;
-        Collective over = Collective::AllReduce;
-        CollectiveMethod method = CollectiveMethod::Padded;
-        double bytes = c.bytes;
-        if (c.kind != ops::OwnCollective::Kind::AllReduce) {
-          const bool gather = c.kind == ops::OwnCollective::Kind::AllGather;
-          kind = gather ? InstrKind::AllGather : InstrKind::ReduceScatter;
-          over = gather ? Collective::AllGather : Collective::ReduceScatter;
-          method = CollectiveMethod::Grouped;
-          bytes *= P;
-        }
-        const Link link = link_.for_collective(over);
-        const CollectiveTerms t = collective_terms(kind, method, P, bytes, 1.0 / P);
+        const bool gather = c.kind == ops::OwnCollective::Kind::AllGather;
+        const Link link =
+            link_.for_collective(gather ? Collective::AllGather : Collective::ReduceScatter);
+        const CollectiveTerms t =
+            collective_terms(gather ? InstrKind::AllGather : InstrKind::ReduceScatter, c.method, P,
+                             c.bytes * P, 1.0 / P);
         (c.forward ? s.first : s.second) +=
             t.latency_terms * link.latency_s + t.byte_terms / link.bandwidth_bytes_per_s;
       }

@@ -115,7 +115,7 @@ class CostModel {
   // a share (a node that splits nothing costs the slowest device's whole time and overhead).
   LinearCost compute(int node, int sig) const;
   // The collectives the node's op makes itself under signature `sig` in one step (OpDef::
-  // own_collectives: the row-split cross-entropy's sums of target counts, the vocabulary split's
+  // own_collectives: the row-split cross-entropy's sum of target counts, the vocabulary split's
   // gather of log-sum-exps and its adjoint), at the bottleneck link's figures: a time every
   // device spends, which does not shrink with its share. compute() includes it; the per-device
   // compute times (compute_device_s) do not, and recost() adds it to each device's.

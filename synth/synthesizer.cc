@@ -1552,9 +1552,10 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   // the user's option says: one that leaves out the device short of memory may need none (they
   // recomputed as all devices did, which made a little more memory on one device choose a slower
   // plan once the recomputed segments' collectives were priced again: Synthesizer.MoreMemory-
-  // NeverYieldsASlowerPlan, seed 42). Where it does not, neither do subsets: one that fits
-  // nothing without recomputing is left out (judging such subsets with recomputation cost 25%
-  // more synthesis time on 64 devices, bench_synthesis, and found no faster plan).
+  // NeverYieldsASlowerPlan, seed 42). Where it does not, subsets are judged without recomputing
+  // (judging every subset with recomputation cost 25% more synthesis time on 64 devices,
+  // bench_synthesis), except one that fits nothing without it and could still be the fastest
+  // (below).
   const bool recomputes =
       std::find(best.recompute.begin(), best.recompute.end(), true) != best.recompute.end();
   constexpr double kSubsetMargin = 1.05;

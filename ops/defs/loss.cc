@@ -275,22 +275,22 @@ void register_loss_ops(OpTable& t) {
   // cross_entropy_local for how the shards combine (the vocabulary split without label smoothing,
   // whose mean over a row's columns would need one more collective).
   ce.local = cross_entropy_local;
-  // Rows split with a mean: the forward and the backward (cross_entropy_backward_local) each sum
-  // the ranks' target counts (8 bytes). The vocabulary split: every rank's log-sum-exp of its
-  // columns, [N, 1], gathered into [N, P] (f32 statistics, or f64), and the reduce-scatter of
-  // its gradient in the backward.
+  // Rows split with a mean: the forward sums the ranks' target counts (sum_over_ranks: an
+  // all-gather of one 8-byte count per rank; the backward's scale comes from the forward's, through
+  // autograd). The vocabulary split: every rank's log-sum-exp of its columns, [N, 1], gathered
+  // into [N, P] (grouped; f32 statistics, or f64), and the reduce-scatter of its gradient in the
+  // backward.
   ce.own_collectives = [](const ShardSignature& sig, const Metas& in, const Attrs& attrs) {
     std::vector<OwnCollective> c;
     const Prop x = sig.inputs[0];
     if (x.kind == PropKind::Sharded && x.dim == 1) {
       const double column = static_cast<double>(in[0].shape[0]) *
                             static_cast<double>(std::max<size_t>(4, dtype_size(in[0].dtype)));
-      c.push_back({OwnCollective::Kind::AllGather, column, true});
-      c.push_back({OwnCollective::Kind::ReduceScatter, column, false});
+      c.push_back({OwnCollective::Kind::AllGather, CollectiveMethod::Grouped, column, true});
+      c.push_back({OwnCollective::Kind::ReduceScatter, CollectiveMethod::Grouped, column, false});
     } else if (sig.outputs[0].kind == PropKind::Partial &&
                attr<CrossEntropyAttrs>(attrs).reduction == Reduction::Mean) {
-      c.push_back({OwnCollective::Kind::AllReduce, 8.0, true});
-      c.push_back({OwnCollective::Kind::AllReduce, 8.0, false});
+      c.push_back({OwnCollective::Kind::AllGather, CollectiveMethod::Padded, 8.0, true});
     }
     return c;
   };

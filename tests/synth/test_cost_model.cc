@@ -128,11 +128,14 @@ TEST(CostModel, CollectivesArePricedByCollectiveTerms) {
 }
 
 // The collectives the cross-entropy's sharded run makes itself (ops/defs/loss.cc): rows split
-// with a mean sum the target counts in the forward and again in the backward (8-byte
-// all-reduces); the vocabulary split gathers each row's log-sum-exp per rank (grouped, as
-// ShardContext::all_gather does) and reduce-scatters its gradient. They are priced into the
-// node's compute (constant: every device waits as long) and into each device's time in recost,
-// not into its own device compute times; a sum of the losses needs no count, one device nothing.
+// with a mean sum the target counts in the forward (sum_over_ranks: a regular all-gather of one
+// 8-byte count per rank; the backward's scale comes through autograd, with no collective); the
+// vocabulary split gathers each row's log-sum-exp per rank (grouped, as ShardContext::all_gather
+// does) and reduce-scatters its gradient in the backward. They are priced into the node's compute
+// (constant: every device waits as long) and into each device's time in recost, not into its own
+// device compute times; a sum of the losses needs no count, one device nothing. (That the
+// executor runs these: Executor.RecomputationRunsAgainTheForwardCollectivesTheCostModelPrices-
+// Again, where a recomputed node's forward ones run twice.)
 TEST(CostModel, TheCrossEntropysOwnCollectivesArePricedWithIt) {
   const Link link{.bandwidth_bytes_per_s = 2e9, .latency_s = 3e-6};
   auto graph = [](ops::Reduction reduction) {
@@ -163,7 +166,7 @@ TEST(CostModel, TheCrossEntropysOwnCollectivesArePricedWithIt) {
   }
   ASSERT_GE(rows, 0);
   ASSERT_GE(vocab, 0);
-  const double sums = 2 * price(InstrKind::AllReduce, CollectiveMethod::None, 8);
+  const double sums = price(InstrKind::AllGather, CollectiveMethod::Padded, 3 * 8);
   EXPECT_NEAR(cm.own_collectives_s(node, rows), sums, 1e-15);
   const double lse = 12 * 4 * 3;  // [12, 3] f32
   EXPECT_NEAR(cm.own_collectives_s(node, vocab),
