@@ -70,6 +70,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
   step_flops_.resize(graph.nodes.size());
   step_bytes_.resize(graph.nodes.size());
   kernel_calls_.resize(graph.nodes.size());
+  own_s_.resize(graph.nodes.size());
   for (const GraphNode& n : graph.nodes) {
     const ops::OpDef& def = ops::op_def(n.kind);
     int grad_inputs = 0;
@@ -89,29 +90,14 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
     // input gradients, about twice the forward's bytes.
     step_bytes_[n.id] = n.bytes * (differentiable ? 3.0 : 1.0);
     kernel_calls_[n.id] = differentiable ? 2 : 1;
-  }
-  // The ops' own collectives (executor: ShardContext::all_gather, a grouped all-gather whose
-  // backward is a grouped reduce-scatter; sum_over_ranks, a regular all-gather of one value per
-  // rank, Communicator::allreduce).
-  own_s_.resize(graph.nodes.size());
-  const int P = num_devices();
-  for (const GraphNode& n : graph.nodes) {
-    const ops::OpDef& def = ops::op_def(n.kind);
+    // The op's own collectives (executor: ShardContext::all_gather, a grouped all-gather whose
+    // backward is a grouped reduce-scatter; sum_over_ranks, a regular all-gather of one value per
+    // rank, Communicator::allreduce); those of its backward only where that runs.
+    const int P = num_devices();
     if (def.own_collectives == nullptr || P <= 1) continue;
-    ops::Metas in;
-    for (int t : n.inputs) {
-      if (t < 0) {
-        in.push_back({Shape{}, DType::F32, false});
-        continue;
-      }
-      in.push_back({graph.tensors[t].shape, graph.tensors[t].dtype});
-    }
-    bool differentiable = false;  // (its backward, and the collectives there, run)
-    if (def.backward != nullptr)
-      for (int t : n.inputs) differentiable = differentiable || (t >= 0 && requires_grad_[t]);
     for (const ops::ShardSignature& sig : sigs_[n.id]) {
       std::pair<double, double> s{0.0, 0.0};
-      for (const ops::OwnCollective& c : def.own_collectives(sig, in, n.attrs)) {
+      for (const ops::OwnCollective& c : own_collectives_of(graph, n, sig)) {
         if (!c.forward && !differentiable) continue;
         const bool gather = c.kind == ops::OwnCollective::Kind::AllGather;
         const Link link =

@@ -136,15 +136,30 @@ std::string Graph::str() const {
   return os.str();
 }
 
-std::vector<ops::ShardSignature> signatures_of(const Graph& g, const GraphNode& n) {
-  const ops::OpDef& def = ops::op_def(n.kind);
-  if (!def.shard) return {};
-  ops::Metas in, out;
+namespace {
+// A node's inputs as the op registry's functions see them (an omitted optional input undefined).
+ops::Metas input_metas(const Graph& g, const GraphNode& n) {
+  ops::Metas in;
   for (int t : n.inputs)
     in.push_back(t < 0 ? ops::TensorMeta{{}, DType::F32, false}
                        : ops::TensorMeta{g.tensors[t].shape, g.tensors[t].dtype, true});
+  return in;
+}
+}  // namespace
+
+std::vector<ops::ShardSignature> signatures_of(const Graph& g, const GraphNode& n) {
+  const ops::OpDef& def = ops::op_def(n.kind);
+  if (!def.shard) return {};
+  ops::Metas out;
   for (int t : n.outputs) out.push_back({g.tensors[t].shape, g.tensors[t].dtype, true});
-  return def.shard(in, out, n.attrs);
+  return def.shard(input_metas(g, n), out, n.attrs);
+}
+
+std::vector<ops::OwnCollective> own_collectives_of(const Graph& g, const GraphNode& n,
+                                                   const ops::ShardSignature& sig) {
+  const ops::OpDef& def = ops::op_def(n.kind);
+  if (def.own_collectives == nullptr) return {};
+  return def.own_collectives(sig, input_metas(g, n), n.attrs);
 }
 
 namespace {

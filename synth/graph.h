@@ -74,6 +74,10 @@ std::vector<int> narrow_order(const Graph& graph);
 // The sharding signatures of a node, from its op's registry entry at the graph's shapes (the
 // all-Replicated one is implicit and not listed).
 std::vector<ops::ShardSignature> signatures_of(const Graph& graph, const GraphNode& node);
+// The collectives a node's op makes itself under one of its signatures (OpDef::own_collectives at
+// the graph's shapes; empty where the op declares none).
+std::vector<ops::OwnCollective> own_collectives_of(const Graph& graph, const GraphNode& node,
+                                                   const ops::ShardSignature& sig);
 
 // Runs `forward` with tracing on and returns its graph. `parameters`, `inputs` and `states` (a
 // model's buffers) name the leaf tensors forward reads (their data is never touched, so

@@ -489,26 +489,13 @@ TEST(Executor, RecomputationRunsAgainTheForwardCollectivesTheCostModelPricesAgai
       // The collectives an op makes itself (OpDef::own_collectives, which the cost model prices
       // with it: the cross-entropy's sum of target counts over split rows, its gather of each
       // rank's log-sum-exp over a split vocabulary): the forward's again where recomputed.
-      if (in.kind == synth::InstrKind::Compute && cm.recomputed(in.node) && in.signature >= 0) {
-        const synth::GraphNode& n = g.nodes[static_cast<size_t>(in.node)];
-        const ops::OpDef& def = ops::op_def(n.kind);
-        if (def.own_collectives != nullptr) {
-          ops::Metas metas;
-          for (int t : n.inputs) {
-            if (t < 0) {
-              metas.push_back({Shape{}, DType::F32, false});
-              continue;
-            }
-            metas.push_back(
-                {g.tensors[static_cast<size_t>(t)].shape, g.tensors[static_cast<size_t>(t)].dtype});
-          }
-          for (const ops::OwnCollective& c : def.own_collectives(
-                   cm.signatures(in.node)[static_cast<size_t>(in.signature)], metas, n.attrs))
-            if (c.forward)
-              count(c.kind == ops::OwnCollective::Kind::AllGather ? CollectiveStat::AllGather
-                                                                  : CollectiveStat::ReduceScatter);
-        }
-      }
+      if (in.kind == synth::InstrKind::Compute && cm.recomputed(in.node) && in.signature >= 0)
+        for (const ops::OwnCollective& c :
+             synth::own_collectives_of(g, g.nodes[static_cast<size_t>(in.node)],
+                                       cm.signatures(in.node)[static_cast<size_t>(in.signature)]))
+          if (c.forward)
+            count(c.kind == ops::OwnCollective::Kind::AllGather ? CollectiveStat::AllGather
+                                                                : CollectiveStat::ReduceScatter);
       if (cm.recompute_factor(in) == 1.0) continue;
       switch (in.kind) {
         case synth::InstrKind::AllGather:
