@@ -119,6 +119,12 @@ double CostModel::own_collectives_s(int node, int sig) const {
   return forward * (recomputed(node) ? 2.0 : 1.0) + backward;
 }
 
+double CostModel::own_collectives_backward_s(int node, int sig) const {
+  if (sig < 0 || own_s_[node].empty()) return 0.0;
+  const auto [forward, backward] = own_s_[node][sig];
+  return (recomputed(node) ? forward : 0.0) + backward;
+}
+
 int CostModel::step_kernel_calls() const {
   int calls = 0;
   for (const GraphNode& n : graph_.nodes) calls += kernel_calls(n.id);
@@ -759,11 +765,17 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
       case InstrKind::FactorBroadcast:  // all of it in the node's backward
         backward[i] = in.cost_s;
         break;
-      case InstrKind::Compute:
-        backward[i] = in.cost_s * cm.backward_fraction(in.node);
+      case InstrKind::Compute: {
+        // The op's own collectives by their own parts, the rest by the op's backward fraction.
+        const double own = cm.own_collectives_s(in.node, in.signature);
+        backward[i] = own > 0 && own <= in.cost_s
+                          ? (in.cost_s - own) * cm.backward_fraction(in.node) +
+                                cm.own_collectives_backward_s(in.node, in.signature)
+                          : in.cost_s * cm.backward_fraction(in.node);
         for (int t : graph.nodes[in.node].inputs)
           if (t >= 0) first_use[t] = std::min(first_use[t], i);
         break;
+      }
       default: {
         // A collective's backward adjoint costs about what its forward does; a bucketed
         // parameter gather's (its gradient's reduce-scatter) goes to the buckets below. In a

@@ -120,6 +120,9 @@ class CostModel {
   // device spends, which does not shrink with its share. compute() includes it; the per-device
   // compute times (compute_device_s) do not, and recost() adds it to each device's.
   double own_collectives_s(int node, int sig) const;
+  // The part of own_collectives_s in the backward pass: the backward's own, and the forward's
+  // again where the node is recomputed.
+  double own_collectives_backward_s(int node, int sig) const;
   // Each device's share of a node's work under ratios r: its whole-row shard of the split
   // dimension over that dimension's length (r itself where the signature splits nothing). With
   // fewer rows than devices some get none and others a row each, whatever the ratios.

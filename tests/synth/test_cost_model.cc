@@ -174,6 +174,11 @@ TEST(CostModel, TheCrossEntropysOwnCollectivesArePricedWithIt) {
                   price(InstrKind::ReduceScatter, CollectiveMethod::Grouped, lse),
               1e-15);
   EXPECT_EQ(cm.own_collectives_s(node, -1), 0.0);
+  // Their backward parts (step_time's split): the count's sum is the forward's alone, the
+  // log-sum-exps' reduce-scatter the backward's.
+  EXPECT_EQ(cm.own_collectives_backward_s(node, rows), 0.0);
+  EXPECT_NEAR(cm.own_collectives_backward_s(node, vocab),
+              price(InstrKind::ReduceScatter, CollectiveMethod::Grouped, lse), 1e-15);
   const std::vector<double> r = {0.5, 0.3, 0.2};
   const std::vector<double> share = cm.compute_shares(node, rows, r);
   const std::vector<double> alone = cm.compute_device_s_at(node, share);
