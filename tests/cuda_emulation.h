@@ -18,12 +18,14 @@
 #error "define HAP_CUDA_EMULATION before including tests/cuda_emulation.h"
 #endif
 
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -45,6 +47,8 @@ struct BlockState {
   std::unique_ptr<std::barrier<>> block;
   std::vector<std::unique_ptr<std::barrier<>>> warps;
   std::vector<unsigned char> shared;
+  std::atomic<bool> misuse{false};  // a WMMA access broke the rules below (launch throws)
+  std::string what;                 // the first one's description (set by the first only)
 };
 
 inline thread_local dim3 t_thread, t_block;
@@ -53,11 +57,45 @@ inline dim3 g_block_dim, g_grid_dim;
 
 inline unsigned lane() { return t_thread.x % 32; }
 
+// The most dynamic shared memory a block may ask for on the oldest GPU the kernels are built for
+// (sm_80: 163 KiB, with cudaFuncAttributeMaxDynamicSharedMemorySize).
+constexpr size_t kMaxSharedBytes = 163 * 1024;
+
+// A WMMA load or store of `rows` rows of 16 elements of `element` bytes, `ldm` elements apart,
+// at p: CUDA requires p 256-bit aligned and ldm a multiple of 16 bytes. Pointers into shared
+// memory are checked against its start (a block's dynamic shared memory is 128-byte aligned on a
+// GPU) and its end; the first violation is recorded and launch() throws it.
+inline void check_fragment(const void* p, unsigned ldm, size_t element, const char* op) {
+  BlockState* state = t_state;
+  const auto* base = state->shared.data();
+  const auto* at = static_cast<const unsigned char*>(p);
+  std::string problem;
+  if (ldm * element % 16 != 0) {
+    problem = "ldm " + std::to_string(ldm) + " is not a multiple of 16 bytes";
+  } else if (at >= base && at < base + state->shared.size()) {
+    const size_t offset = static_cast<size_t>(at - base);
+    const size_t last = offset + (15 * static_cast<size_t>(ldm) + 16) * element;
+    if (offset % 32 != 0)
+      problem = "shared-memory offset " + std::to_string(offset) + " is not 32-byte aligned";
+    else if (last > state->shared.size())
+      problem = "reaches byte " + std::to_string(last) + " of " +
+                std::to_string(state->shared.size()) + " of shared memory";
+  } else if (reinterpret_cast<uintptr_t>(p) % 32 != 0) {
+    problem = "global pointer not 32-byte aligned";
+  }
+  if (problem.empty() || state->misuse.exchange(true)) return;
+  state->what = std::string(op) + ": " + problem;
+}
+
 // Runs kernel(args...) over the grid, block after block, a block's threads concurrently.
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes, Args&&... args) {
   if (block.y != 1 || block.z != 1 || block.x == 0 || block.x % 32 != 0)
     throw std::invalid_argument("cuda emulation: blocks must be [32 k, 1, 1] threads");
+  if (shared_bytes > kMaxSharedBytes)
+    throw std::invalid_argument("cuda emulation: " + std::to_string(shared_bytes) +
+                                " bytes of shared memory per block; sm_80 allows " +
+                                std::to_string(kMaxSharedBytes));
   g_grid_dim = grid;
   g_block_dim = block;
   for (unsigned bz = 0; bz < grid.z; ++bz)
@@ -80,6 +118,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
             kernel(args...);
           });
         for (std::thread& th : threads) th.join();
+        if (state.misuse) throw std::logic_error("cuda emulation: WMMA " + state.what);
       }
 }
 
@@ -144,6 +183,7 @@ template <typename Use, int M, int N, int K, typename Layout>
 void load_matrix_sync(fragment<Use, M, N, K, __nv_bfloat16, Layout>& f, const __nv_bfloat16* p,
                       unsigned ldm) {
   if (::hap::cuda_emulation::lane() != 0) return;
+  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync");
   using F = fragment<Use, M, N, K, __nv_bfloat16, Layout>;
   for (int r = 0; r < F::kRows; ++r)
     for (int c = 0; c < F::kCols; ++c)
@@ -154,6 +194,7 @@ template <int M, int N, int K>
 void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
                       layout_t layout) {
   if (::hap::cuda_emulation::lane() != 0) return;
+  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync");
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -163,6 +204,7 @@ template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
                        layout_t layout) {
   if (::hap::cuda_emulation::lane() != 0) return;
+  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "store_matrix_sync");
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];

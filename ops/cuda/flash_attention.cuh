@@ -98,32 +98,51 @@ inline int tile_head(int dh, int dhv) {
   return 0;
 }
 
+// Leading dimensions (elements) of the tiles in shared memory, each row padded by 16 bytes so
+// that consecutive rows start 4 banks apart: a WMMA load of 8 rows of 16 bytes then touches 32
+// different banks, where unpadded rows of 128 or 256 bytes all start in the same bank and the
+// rows' accesses serialise. Every leading dimension is a multiple of 16 bytes and every row block
+// of 16 rows a multiple of 32 bytes, as WMMA requires.
+template <int DP>
+struct Ld {
+  static constexpr int tile = DP + 8;  // bf16 [64, DP]: Q, K, V, dO
+  static constexpr int acc = DP + 4;   // f32 [64, DP]: the forward's O, the backward's staging
+  static constexpr int s = kTile + 4;  // f32 [64, 64]: S, dP
+  static constexpr int p = kTile + 8;  // bf16 [64, 64]: P, dS
+};
+
 // Shared memory of each kernel, byte offsets (every region a multiple of 128 bytes).
 template <int DP>
 struct ForwardLayout {
-  static constexpr size_t q = 0, k = q + kTile * DP * 2, v = k + kTile * DP * 2,
-                          s = v + kTile * DP * 2, p = s + kTile * kTile * 4,
-                          o = p + kTile * kTile * 2, m = o + kTile * DP * 4, l = m + kTile * 4,
-                          alpha = l + kTile * 4, part = alpha + kTile * 4,
-                          bytes = part + kTile * 2 * 4;
+  static constexpr size_t tile = kTile * Ld<DP>::tile * 2;
+  static constexpr size_t q = 0, k = q + tile, v = k + tile, s = v + tile,
+                          p = s + kTile * Ld<DP>::s * 4, o = p + kTile * Ld<DP>::p * 2,
+                          m = o + kTile * Ld<DP>::acc * 4, l = m + kTile * 4, alpha = l + kTile * 4,
+                          part = alpha + kTile * 4, bytes = part + kTile * 2 * 4;
 };
 template <int DP>
 struct KeysLayout {  // dK and dV
-  static constexpr size_t k = 0, v = k + kTile * DP * 2, q = v + kTile * DP * 2,
-                          go = q + kTile * DP * 2, lse = go + kTile * DP * 2,
+  static constexpr size_t tile = kTile * Ld<DP>::tile * 2;
+  static constexpr size_t k = 0, v = k + tile, q = v + tile, go = q + tile, lse = go + tile,
                           delta = lse + kTile * 4, s = delta + kTile * 4,
-                          dp = s + kTile * kTile * 4, p = dp + kTile * kTile * 4,
-                          ds = p + kTile * kTile * 2, bytes = ds + kTile * kTile * 2;
-  static_assert(kTile * DP * 4 <= 2 * kTile * kTile * 4, "s and dp stage a [64, DP] f32 tile");
+                          dp = s + kTile * Ld<DP>::s * 4, p = dp + kTile * Ld<DP>::s * 4,
+                          ds = p + kTile * Ld<DP>::p * 2, bytes = ds + kTile * Ld<DP>::p * 2;
+  static_assert(Ld<DP>::acc <= 2 * Ld<DP>::s, "s and dp stage a [64, DP] f32 tile");
 };
 template <int DP>
 struct QueriesLayout {  // dQ
-  static constexpr size_t q = 0, go = q + kTile * DP * 2, k = go + kTile * DP * 2,
-                          v = k + kTile * DP * 2, lse = v + kTile * DP * 2, delta = lse + kTile * 4,
-                          s = delta + kTile * 4, dp = s + kTile * kTile * 4,
-                          ds = dp + kTile * kTile * 4, bytes = ds + kTile * kTile * 2;
-  static_assert(kTile * DP * 4 <= 2 * kTile * kTile * 4, "s and dp stage a [64, DP] f32 tile");
+  static constexpr size_t tile = kTile * Ld<DP>::tile * 2;
+  static constexpr size_t q = 0, go = q + tile, k = go + tile, v = k + tile, lse = v + tile,
+                          delta = lse + kTile * 4, s = delta + kTile * 4,
+                          dp = s + kTile * Ld<DP>::s * 4, ds = dp + kTile * Ld<DP>::s * 4,
+                          bytes = ds + kTile * Ld<DP>::p * 2;
+  static_assert(Ld<DP>::acc <= 2 * Ld<DP>::s, "s and dp stage a [64, DP] f32 tile");
 };
+// sm_80 gives a block at most 163 KiB of shared memory (sm_90: 227 KiB).
+static_assert(ForwardLayout<kMaxHead>::bytes <= 163 * 1024 &&
+                  KeysLayout<kMaxHead>::bytes <= 163 * 1024 &&
+                  QueriesLayout<kMaxHead>::bytes <= 163 * 1024,
+              "the widest tiles fit sm_80's shared memory");
 
 // The most shared memory a block of these kernels asks for, for a tile width.
 inline size_t shared_bytes(int dp) {
@@ -165,7 +184,8 @@ __device__ __forceinline__ float drop_factor(const Params& p, int64_t b, int64_t
   return static_cast<double>(philox_uniform(p.seed, p.stream, index)) < p.keep ? p.inv_keep : 0.0f;
 }
 
-// Rows r0 .. r0 + 63 of one pair's x [t, width] into s [64, DP], zeros past t and width.
+// Rows r0 .. r0 + 63 of one pair's x [t, width] into s [64, DP] (ld Ld<DP>::tile), zeros past t
+// and width.
 // Where the operands start 16-byte aligned (Params::vectors) and rows have a multiple of 8
 // elements, rows move as 16-byte vectors of 8 elements, else element by element.
 template <int DP>
@@ -175,7 +195,7 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* x, int64_t r0, in
     const uint4 zeros = {0u, 0u, 0u, 0u};
     for (int e = threadIdx.x; e < kTile * DP / 8; e += kBlock) {
       const int r = e / (DP / 8), c = (e % (DP / 8)) * 8;
-      reinterpret_cast<uint4*>(s)[e] =
+      *reinterpret_cast<uint4*>(s + r * Ld<DP>::tile + c) =
           r0 + r < t && c < width ? *reinterpret_cast<const uint4*>(x + (r0 + r) * width + c)
                                   : zeros;
     }
@@ -184,7 +204,7 @@ __device__ __forceinline__ void load_tile(bf16* s, const bf16* x, int64_t r0, in
   const bf16 zero = __float2bfloat16_rn(0.0f);
   for (int e = threadIdx.x; e < kTile * DP; e += kBlock) {
     const int r = e / DP, c = e % DP;
-    s[e] = r0 + r < t && c < width ? x[(r0 + r) * width + c] : zero;
+    s[r * Ld<DP>::tile + c] = r0 + r < t && c < width ? x[(r0 + r) * width + c] : zero;
   }
 }
 
@@ -215,7 +235,7 @@ using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_majo
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-// out [16, 64] (ld 64) = a [16, DP] (ld DP) times b^T, b [64, DP] (ld DP): one warp.
+// out [16, 64] (ld Ld::s) = a [16, DP] times b^T, b [64, DP] (both ld Ld::tile): one warp.
 template <int DP>
 __device__ __forceinline__ void rows_times_tile_t(float* out, const bf16* a, const bf16* b) {
   HAP_FLASH_UNROLL
@@ -226,26 +246,26 @@ __device__ __forceinline__ void rows_times_tile_t(float* out, const bf16* a, con
     for (int kk = 0; kk < DP / 16; ++kk) {
       FragA fa;
       FragBCol fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, DP);
-      wmma::load_matrix_sync(fb, b + n * 16 * DP + kk * 16, DP);
+      wmma::load_matrix_sync(fa, a + kk * 16, Ld<DP>::tile);
+      wmma::load_matrix_sync(fb, b + n * 16 * Ld<DP>::tile + kk * 16, Ld<DP>::tile);
       wmma::mma_sync(acc, fa, fb, acc);
     }
-    wmma::store_matrix_sync(out + n * 16, acc, kTile, wmma::mem_row_major);
+    wmma::store_matrix_sync(out + n * 16, acc, Ld<DP>::s, wmma::mem_row_major);
   }
 }
 
-// acc[c] += a [16, 64] (ld 64) times b [64, DP] (ld DP), column block c: one warp.
+// acc[c] += a [16, 64] (ld Ld::p) times b [64, DP] (ld Ld::tile), column block c: one warp.
 template <int DP>
 __device__ __forceinline__ void accumulate_rows_times_tile(FragC* acc, const bf16* a,
                                                            const bf16* b) {
   HAP_FLASH_UNROLL
   for (int kk = 0; kk < kTile / 16; ++kk) {
     FragA fa;
-    wmma::load_matrix_sync(fa, a + kk * 16, kTile);
+    wmma::load_matrix_sync(fa, a + kk * 16, Ld<DP>::p);
     HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c) {
       FragBRow fb;
-      wmma::load_matrix_sync(fb, b + kk * 16 * DP + c * 16, DP);
+      wmma::load_matrix_sync(fb, b + kk * 16 * Ld<DP>::tile + c * 16, Ld<DP>::tile);
       wmma::mma_sync(acc[c], fa, fb, acc[c]);
     }
   }
@@ -273,7 +293,7 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
 
   load_tile<DP>(sq, p.q + pair * p.t * p.dh, q0, p.t, p.dh, p.vectors);
-  for (int e = threadIdx.x; e < kTile * DP; e += kBlock) so[e] = 0.0f;
+  for (int e = threadIdx.x; e < kTile * Ld<DP>::acc; e += kBlock) so[e] = 0.0f;
   for (int e = threadIdx.x; e < kTile; e += kBlock) {
     sm[e] = -INFINITY;
     sl[e] = 0.0f;
@@ -283,15 +303,16 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     __syncthreads();  // the previous tile's K and V are no longer read
     load_keys<DP>(sk, sv, p, pair, k0);
     __syncthreads();
-    rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);
+    rows_times_tile_t<DP>(ss + warp * 16 * Ld<DP>::s, sq + warp * 16 * Ld<DP>::tile, sk);
     __syncwarp();
     {  // The online softmax, two lanes per row: lane l takes row l mod 16, half l / 16 of it.
       constexpr int kHalf = kTile / 2;
       const int r = warp * 16 + (lane & 15), half = lane >> 4;
       const int64_t i = q0 + r;
-      float* srow = ss + r * kTile;
-      bf16* prow = sp + r * kTile;
-      // Column half * 32 + (n + lane) mod 32 at step n: the 32 lanes read 32 different banks.
+      float* srow = ss + r * Ld<DP>::s;
+      bf16* prow = sp + r * Ld<DP>::p;
+      // Column half * 32 + (n + lane) mod 32 at step n: lane l's word is 5 l + n (mod 32) banks
+      // from the tile's start (rows Ld::s = 68 words apart), the 32 lanes read 32 different banks.
       float part = -INFINITY;
       for (int n = 0; n < kHalf; ++n) {
         const int j = half * kHalf + (n + lane) % kHalf;
@@ -325,17 +346,19 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     __syncwarp();
     for (int e = lane; e < 16 * DP; e += 32) {
       const int r = warp * 16 + e / DP;
-      so[r * DP + e % DP] *= salpha[r];
+      so[r * Ld<DP>::acc + e % DP] *= salpha[r];
     }
     __syncwarp();
     FragC acc[DP / 16];
     HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c)
-      wmma::load_matrix_sync(acc[c], so + warp * 16 * DP + c * 16, DP, wmma::mem_row_major);
-    accumulate_rows_times_tile<DP>(acc, sp + warp * 16 * kTile, sv);
+      wmma::load_matrix_sync(acc[c], so + warp * 16 * Ld<DP>::acc + c * 16, Ld<DP>::acc,
+                             wmma::mem_row_major);
+    accumulate_rows_times_tile<DP>(acc, sp + warp * 16 * Ld<DP>::p, sv);
     HAP_FLASH_UNROLL
     for (int c = 0; c < DP / 16; ++c)
-      wmma::store_matrix_sync(so + warp * 16 * DP + c * 16, acc[c], DP, wmma::mem_row_major);
+      wmma::store_matrix_sync(so + warp * 16 * Ld<DP>::acc + c * 16, acc[c], Ld<DP>::acc,
+                              wmma::mem_row_major);
   }
   __syncthreads();
   for (int e = threadIdx.x; e < kTile * p.dhv; e += kBlock) {
@@ -343,7 +366,7 @@ __global__ void __launch_bounds__(kBlock) forward_kernel(Params p) {
     const int64_t i = q0 + r;
     if (i >= p.t) continue;
     // No key to attend to: l is exactly 0 (a row with any key has l >= 1, or NaN).
-    const float value = sl[r] == 0.0f ? 0.0f : so[r * DP + c] / sl[r];
+    const float value = sl[r] == 0.0f ? 0.0f : so[r * Ld<DP>::acc + c] / sl[r];
     p.o[(pair * p.t + i) * p.dhv + c] = __float2bfloat16_rn(value);
   }
   for (int r = threadIdx.x; r < kTile; r += kBlock) {
@@ -389,11 +412,13 @@ __device__ __forceinline__ void write_rows(bf16* x, int64_t r0, int64_t t, int w
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   HAP_FLASH_UNROLL
   for (int c = 0; c < DP / 16; ++c)
-    wmma::store_matrix_sync(stage + warp * 16 * DP + c * 16, acc[c], DP, wmma::mem_row_major);
+    wmma::store_matrix_sync(stage + warp * 16 * Ld<DP>::acc + c * 16, acc[c], Ld<DP>::acc,
+                            wmma::mem_row_major);
   __syncwarp();
   for (int e = lane; e < 16 * width; e += 32) {
     const int r = warp * 16 + e / width, c = e % width;
-    if (r0 + r < t) x[(r0 + r) * width + c] = __float2bfloat16_rn(stage[r * DP + c] * scale);
+    if (r0 + r < t)
+      x[(r0 + r) * width + c] = __float2bfloat16_rn(stage[r * Ld<DP>::acc + c] * scale);
   }
   __syncwarp();
 }
@@ -432,17 +457,18 @@ __global__ void __launch_bounds__(kBlock) keys_kernel(Params p) {
     load_queries<DP>(sq, sgo, slse, sdelta, p, pair, q0);
     __syncthreads();
     // This warp's 16 keys against the 64 queries: S^T = K Q^T, dP^T = V dO^T.
-    rows_times_tile_t<DP>(ss + warp * 16 * kTile, sk + warp * 16 * DP, sq);
-    rows_times_tile_t<DP>(sdp + warp * 16 * kTile, sv + warp * 16 * DP, sgo);
+    rows_times_tile_t<DP>(ss + warp * 16 * Ld<DP>::s, sk + warp * 16 * Ld<DP>::tile, sq);
+    rows_times_tile_t<DP>(sdp + warp * 16 * Ld<DP>::s, sv + warp * 16 * Ld<DP>::tile, sgo);
     __syncwarp();
     for (int e = lane; e < 16 * kTile; e += 32) {
-      const int r = warp * 16 + e / kTile, c = e % kTile, at = r * kTile + c;
-      backward_element(p, b, h, q0 + c, k0 + r, ss[at], sdp[at], slse[c], sdelta[c], sp + at,
-                       sds + at);
+      const int r = warp * 16 + e / kTile, c = e % kTile;
+      const int at = r * Ld<DP>::s + c, to = r * Ld<DP>::p + c;
+      backward_element(p, b, h, q0 + c, k0 + r, ss[at], sdp[at], slse[c], sdelta[c], sp + to,
+                       sds + to);
     }
     __syncwarp();
-    accumulate_rows_times_tile<DP>(dv, sp + warp * 16 * kTile, sgo);  // dV += Pd^T dO
-    accumulate_rows_times_tile<DP>(dk, sds + warp * 16 * kTile, sq);  // dK += dS^T Q
+    accumulate_rows_times_tile<DP>(dv, sp + warp * 16 * Ld<DP>::p, sgo);  // dV += Pd^T dO
+    accumulate_rows_times_tile<DP>(dk, sds + warp * 16 * Ld<DP>::p, sq);  // dK += dS^T Q
   }
   __syncthreads();
   write_rows<DP>(p.gk + pair * p.t * p.dh, k0, p.t, p.dh, dk, ss, p.scale);
@@ -479,16 +505,18 @@ __global__ void __launch_bounds__(kBlock) queries_kernel(Params p) {
     __syncthreads();  // the previous tile's K and V are no longer read
     load_keys<DP>(sk, sv, p, pair, k0);
     __syncthreads();
-    rows_times_tile_t<DP>(ss + warp * 16 * kTile, sq + warp * 16 * DP, sk);    // S = Q K^T
-    rows_times_tile_t<DP>(sdp + warp * 16 * kTile, sgo + warp * 16 * DP, sv);  // dP = dO V^T
+    // S = Q K^T, dP = dO V^T
+    rows_times_tile_t<DP>(ss + warp * 16 * Ld<DP>::s, sq + warp * 16 * Ld<DP>::tile, sk);
+    rows_times_tile_t<DP>(sdp + warp * 16 * Ld<DP>::s, sgo + warp * 16 * Ld<DP>::tile, sv);
     __syncwarp();
     for (int e = lane; e < 16 * kTile; e += 32) {
-      const int r = warp * 16 + e / kTile, c = e % kTile, at = r * kTile + c;
+      const int r = warp * 16 + e / kTile, c = e % kTile;
+      const int at = r * Ld<DP>::s + c, to = r * Ld<DP>::p + c;
       backward_element(p, b, h, q0 + r, k0 + c, ss[at], sdp[at], slse[r], sdelta[r], nullptr,
-                       sds + at);
+                       sds + to);
     }
     __syncwarp();
-    accumulate_rows_times_tile<DP>(dq, sds + warp * 16 * kTile, sk);  // dQ += dS K
+    accumulate_rows_times_tile<DP>(dq, sds + warp * 16 * Ld<DP>::p, sk);  // dQ += dS K
   }
   __syncthreads();
   write_rows<DP>(p.gq + pair * p.t * p.dh, q0, p.t, p.dh, dq, ss, p.scale);

@@ -139,6 +139,12 @@ TEST(FlashAttentionEmulated, HeadSizesThatAreNotTileWidthsArePadded) {
   run_case({"causal, T=70, d=12 (rows loaded element by element)", 1, 2, 70, 12, 12});
 }
 
+// The two widest tiles (96 and 128 columns): their padded rows and the most shared memory.
+TEST(FlashAttentionEmulated, TheWidestTilesMatchTheCpu) {
+  run_case({"causal, T=70, d=128", 1, 1, 70, 128, 128});
+  run_case({"not causal, T=40, d=80, dv=96", 1, 1, 40, 80, 96, false});
+}
+
 // Operands that do not start 16-byte aligned (a view one element into its buffer) are loaded
 // element by element.
 TEST(FlashAttentionEmulated, UnalignedOperandsMatchTheCpu) {
@@ -167,6 +173,36 @@ TEST(FlashAttentionEmulated, NanScoresMakeTheirRowsNanAsOnTheCpu) {
 TEST(FlashAttentionEmulated, DropoutDrawsTheCpusMask) {
   run_case({"causal, dropout 0.2", 1, 2, 70, 16, 16, true, false, 0.2});
   run_case({"not causal, key mask, dropout 0.3", 2, 1, 40, 32, 32, false, true, 0.3});
+}
+
+// The emulation holds kernels to WMMA's rules, as a GPU would (there: undefined results): a
+// fragment 32-byte aligned, its leading dimension a multiple of 16 bytes, inside the block's
+// shared memory, which may not exceed sm_80's limit.
+__global__ void load_fragment_at(size_t offset, unsigned ldm) {
+  HAP_DYNAMIC_SHARED(smem);
+  flash::FragA a;
+  nvcuda::wmma::load_matrix_sync(a, reinterpret_cast<const flash::bf16*>(smem + offset), ldm);
+}
+
+TEST(FlashAttentionEmulated, TheEmulationRefusesWhatWmmaForbids) {
+  const size_t bytes = 16 * 24 * 2;  // 16 rows of 24 bf16
+  auto load = [&](size_t offset, unsigned ldm, size_t shared) {
+    cuda_emulation::launch(load_fragment_at, dim3(1), dim3(32), shared, offset, ldm);
+  };
+  EXPECT_NO_THROW(load(0, 24, bytes));
+  EXPECT_NO_THROW(load(32, 16, bytes));
+  auto refused = [&](size_t offset, unsigned ldm, size_t shared, const std::string& what) {
+    try {
+      load(offset, ldm, shared);
+      ADD_FAILURE() << "no error for offset " << offset << ", ldm " << ldm;
+    } catch (const std::logic_error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(16, 16, bytes, "not 32-byte aligned");
+  refused(0, 12, bytes, "not a multiple of 16 bytes");
+  refused(64, 24, bytes, "of shared memory");
+  EXPECT_THROW(load(0, 24, cuda_emulation::kMaxSharedBytes + 1), std::invalid_argument);
 }
 
 TEST(FlashAttentionEmulated, HeadSizesBeyondTheTilesAreNotTaken) {
