@@ -31,7 +31,7 @@ HAP_MULTIVERSION void unary_map_clones(const Tensor& out, const Tensor& a_in, F 
   const T* x = a.data<T>();
   T* y = out.data<T>();
   int64_t n = out.numel();
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (parallel : n > kParallelGrain)
   for (int64_t i = 0; i < n; ++i) y[i] = f(x[i]);
 }
 
@@ -52,19 +52,19 @@ HAP_MULTIVERSION void binary_map_clones(const Tensor& out, const Tensor& a, cons
   bool a_full = a.shape() == shape && a.is_contiguous();
   bool b_full = b.shape() == shape && b.is_contiguous();
   if (a_full && b_full) {
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (parallel : n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) y[i] = f(pa[i], pb[i]);
     return;
   }
   if (a_full && b.numel() == 1) {
     T s = pb[0];
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (parallel : n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) y[i] = f(pa[i], s);
     return;
   }
   if (b_full && a.numel() == 1) {
     T s = pa[0];
-#pragma omp parallel for simd if (n > kParallelGrain)
+#pragma omp parallel for simd if (parallel : n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) y[i] = f(s, pb[i]);
     return;
   }

@@ -393,7 +393,7 @@ void register_elementwise_ops(OpTable& t) {
       T* py = out.data<T>();
       T v = static_cast<T>(value);
       int64_t n = out.numel();
-#pragma omp parallel for simd if (n > cpu::kParallelGrain)
+#pragma omp parallel for simd if (parallel : n > cpu::kParallelGrain)
       for (int64_t i = 0; i < n; ++i) py[i] = pm[i] ? v : px[i];
     });
     return std::vector<Tensor>{out};
