@@ -246,9 +246,7 @@ HAP_MULTIVERSION void attention_kernel_clones(const KernelContext& c, const Tens
             std::fill(row, row + cols, T(0));
             continue;
           }
-          T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+          const T mx = cpu::max_skipping_nan(row, n);
           T sum = 0;
 #pragma omp simd reduction(+ : sum)
           for (int64_t j = 0; j < n; ++j) {

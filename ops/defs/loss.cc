@@ -41,11 +41,8 @@ int64_t counted_targets(const Tensor& targets, int64_t v, int64_t ignore_index) 
 }
 
 template <typename T>
-inline T row_max(const T* x, int64_t n) {
-  T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
-  return mx;
+[[gnu::always_inline]] inline T row_max(const T* x, int64_t n) {
+  return cpu::max_skipping_nan(x, n);
 }
 
 // Row i's loss: logsumexp(x_i) - (1 - e) x_i[target_i] - e mean_j x_i[j] (e the label

@@ -18,6 +18,7 @@ namespace hap::ops {
 namespace {
 
 using cpu::exp_fast;
+using cpu::max_skipping_nan;
 
 bool parallel_for(int64_t work) { return work > cpu::kParallelGrain; }
 
@@ -65,9 +66,7 @@ std::vector<ShardSignature> shard_softmax(const Metas& in, const Metas& out, con
 
 template <typename T, bool kLog>
 inline void softmax_row(const T* x, T* y, int64_t n) {
-  T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-  for (int64_t j = 0; j < n; ++j) mx = std::max(mx, x[j]);
+  const T mx = max_skipping_nan(x, n);
   T sum = 0;
   if constexpr (kLog) {
 #pragma omp simd reduction(+ : sum)
@@ -270,7 +269,8 @@ const T* param_data(const Tensor& p, Tensor& hold, int64_t c, double fill, DType
 // mean (0 for rms_norm) and rstd of one row, in one pass: sums of x and x^2 in double, whose
 // 53 bits keep E[x^2] - mean^2 exact enough unless |mean| / std exceeds about 1e6.
 template <typename T, bool kRms>
-inline void norm_stats(const T* x, int64_t n, double eps, T& mean_out, T& rstd_out) {
+[[gnu::always_inline]] inline void norm_stats(const T* x, int64_t n, double eps, T& mean_out,
+                                              T& rstd_out) {
   double s = 0, ss = 0;
   if constexpr (kRms) {
 #pragma omp simd reduction(+ : ss)
