@@ -370,13 +370,20 @@ HAP_MULTIVERSION void norm_backward_kernel_clones(const KernelContext& c,
       }
     }
   }
+  // The blocks' sums added in block order, each element's in double: block by block over
+  // contiguous rows of the partial sums (vectorised), not element by element across blocks.
+  std::vector<double> total(static_cast<size_t>(n));
   for (int64_t p = 0; p < nparams; ++p) {
-    T* dst = outs[1 + p].data<T>();
-    for (int64_t j = 0; j < n; ++j) {
-      double s = 0;
-      for (int64_t blk = 0; blk < blocks; ++blk) s += partial[(blk * nparams + p) * n + j];
-      dst[j] = static_cast<T>(s);
+    std::fill(total.begin(), total.end(), 0.0);
+    double* acc = total.data();
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const T* part = partial.data() + (blk * nparams + p) * n;
+#pragma omp simd
+      for (int64_t j = 0; j < n; ++j) acc[j] += static_cast<double>(part[j]);
     }
+    T* dst = outs[1 + p].data<T>();
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<T>(acc[j]);
   }
 }
 
