@@ -86,11 +86,13 @@ EOF
 "$PLAN" --config "$CFG" --cluster "$TMP/nodes.yaml" > "$TMP/nodes-plan.log" 2>&1 \
   || fail "hap-plan cannot plan on the 2-node profile: $(cat "$TMP/nodes-plan.log")"
 
-# Two ranks of different speeds (rank 1's kernels slowed to a quarter): each rank's rate is
+# Two ranks of different speeds (rank 1's kernels slowed to a tenth): each rank's rate is
 # measured again on the rows a split of the batch in proportion to the first rates gives it (the
-# operating point), and the file says how many each ran.
+# operating point), and the file says how many each ran. (Only the kernels are slowed, not what
+# the step does between them: a quarter left the steps under 1.7x apart when ctest ran other
+# tests beside this one, and an even split of the 4 rows.)
 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 1 -x HAP_EMULATE_SPEED=1 "$PROFILE" --quick \
-  --config "$CFG" --out "$TMP/mixed.yaml" : -np 1 -x HAP_EMULATE_SPEED=0.25 "$PROFILE" --quick \
+  --config "$CFG" --out "$TMP/mixed.yaml" : -np 1 -x HAP_EMULATE_SPEED=0.1 "$PROFILE" --quick \
   --config "$CFG" --out "$TMP/mixed.yaml" > "$TMP/mixed.log" 2>&1 \
   || fail "mixed-speed profile failed: $(cat "$TMP/mixed.log")"
 python3 - "$TMP/mixed.yaml" <<'EOF' || fail "mixed-speed profile: $(cat "$TMP/mixed.yaml")"
@@ -98,7 +100,7 @@ import re, sys
 text = open(sys.argv[1]).read()
 rows = [int(n) for n in re.findall(r"#   rank \d+: step [0-9.e+-]+ ms on (\d+) examples", text)]
 assert len(rows) == 2 and sum(rows) == 4 and rows[0] > rows[1] >= 1, rows
-# Of one kind by name (no type, no quota) but 4x apart: each keeps its own figures.
+# Of one kind by name (no type, no quota) but 10x apart: each keeps its own figures.
 assert "pooled with" not in text, text
 print("mixed-speed profile: rows per rank", rows)
 EOF

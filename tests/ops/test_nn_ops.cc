@@ -2,8 +2,10 @@
 // by finite differences (f64), dropout masks against Philox, sharding signatures and errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "core/error.h"
 #include "core/philox.h"
 #include "core/rng.h"
+#include "ops/cpu/vec_math.h"
 #include "ops/dispatch.h"
 #include "ops/functional.h"
 #include "ops/op.h"
@@ -200,6 +203,33 @@ TEST(NnSoftmax, IsStableForLargeLogitsAndZeroWhereMinusInfinity) {
   for (double& v : e) v /= s;
   expect_close(softmax(x, -1), e, 1e-6, 1e-7, "softmax");
   EXPECT_EQ(softmax(x, -1).item_at(2), 0.0);
+}
+
+// The row maximum of softmax, cross-entropy and attention (16 running maxima, then the tail):
+// the running std::max's value for every length around the lanes' multiples, with NaN skipped
+// (also a row of NaN alone: -inf), the largest in any lane or in the tail, f32 and f64.
+template <typename T>
+void check_row_maximum() {
+  std::vector<T> x(70);
+  for (size_t n = 0; n <= x.size(); ++n) {
+    for (size_t at = 0; at < std::max<size_t>(n, 1); ++at) {
+      for (size_t i = 0; i < n; ++i) x[i] = static_cast<T>(std::sin(0.7 * i) * 10 - 20);
+      if (n > 0) x[at] = static_cast<T>(5);  // the largest, at each place
+      if (n > 3) x[(at + 3) % n] = std::numeric_limits<T>::quiet_NaN();  // skipped
+      if (n > 5) x[(at + 5) % n] = -std::numeric_limits<T>::infinity();
+      T running = -std::numeric_limits<T>::infinity();
+      for (size_t i = 0; i < n; ++i) running = std::max(running, x[i]);
+      ASSERT_EQ(cpu::max_skipping_nan(x.data(), static_cast<int64_t>(n)), running)
+          << "n " << n << ", largest at " << at;
+    }
+  }
+  std::vector<T> nans(20, std::numeric_limits<T>::quiet_NaN());
+  EXPECT_EQ(cpu::max_skipping_nan(nans.data(), 20), -std::numeric_limits<T>::infinity());
+}
+
+TEST(NnSoftmax, RowMaximumIsTheRunningMaximumSkippingNan) {
+  check_row_maximum<float>();
+  check_row_maximum<double>();
 }
 
 TEST(NnSoftmax, GradientsMatchFiniteDifferences) {
