@@ -61,8 +61,8 @@ inline unsigned lane() { return t_thread.x % 32; }
 // (sm_80: 163 KiB, with cudaFuncAttributeMaxDynamicSharedMemorySize).
 constexpr size_t kMaxSharedBytes = 163 * 1024;
 
-// A WMMA load or store of `rows` rows of 16 elements of `element` bytes, `ldm` elements apart,
-// at p: CUDA requires p 256-bit aligned and ldm a multiple of 16 bytes. Pointers into shared
+// A WMMA load or store of 16 rows (or columns) of 16 elements of `element` bytes, `ldm` elements
+// apart, at p: CUDA requires p 256-bit aligned and ldm a multiple of 16 bytes. Pointers into shared
 // memory are checked against its start (a block's dynamic shared memory is 128-byte aligned on a
 // GPU) and its end; the first violation is recorded and launch() throws it.
 inline void check_fragment(const void* p, unsigned ldm, size_t element, const char* op) {
