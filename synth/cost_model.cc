@@ -71,6 +71,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
   step_bytes_.resize(graph.nodes.size());
   kernel_calls_.resize(graph.nodes.size());
   own_s_.resize(graph.nodes.size());
+  const int P = num_devices();
   for (const GraphNode& n : graph.nodes) {
     const ops::OpDef& def = ops::op_def(n.kind);
     int grad_inputs = 0;
@@ -93,7 +94,6 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
     // The op's own collectives (executor: ShardContext::all_gather, a grouped all-gather whose
     // backward is a grouped reduce-scatter; sum_over_ranks, a regular all-gather of one value per
     // rank, Communicator::allreduce); those of its backward only where that runs.
-    const int P = num_devices();
     if (def.own_collectives == nullptr || P <= 1) continue;
     for (const ops::ShardSignature& sig : sigs_[n.id]) {
       std::pair<double, double> s{0.0, 0.0};
@@ -115,8 +115,7 @@ CostModel::CostModel(const Graph& graph, const Cluster& cluster, int optimizer_s
 
 double CostModel::own_collectives_s(int node, int sig) const {
   if (sig < 0 || own_s_[node].empty()) return 0.0;
-  const auto [forward, backward] = own_s_[node][sig];
-  return forward * (recomputed(node) ? 2.0 : 1.0) + backward;
+  return own_s_[node][sig].first + own_collectives_backward_s(node, sig);
 }
 
 double CostModel::own_collectives_backward_s(int node, int sig) const {
@@ -768,10 +767,8 @@ StepTime step_time(const CostModel& cm, const std::vector<Instruction>& instrs) 
       case InstrKind::Compute: {
         // The op's own collectives by their own parts, the rest by the op's backward fraction.
         const double own = cm.own_collectives_s(in.node, in.signature);
-        backward[i] = own > 0 && own <= in.cost_s
-                          ? (in.cost_s - own) * cm.backward_fraction(in.node) +
-                                cm.own_collectives_backward_s(in.node, in.signature)
-                          : in.cost_s * cm.backward_fraction(in.node);
+        backward[i] = std::max(0.0, in.cost_s - own) * cm.backward_fraction(in.node) +
+                      cm.own_collectives_backward_s(in.node, in.signature);
         for (int t : graph.nodes[in.node].inputs)
           if (t >= 0) first_use[t] = std::min(first_use[t], i);
         break;

@@ -40,11 +40,6 @@ int64_t counted_targets(const Tensor& targets, int64_t v, int64_t ignore_index) 
   return count;
 }
 
-template <typename T>
-[[gnu::always_inline]] inline T row_max(const T* x, int64_t n) {
-  return cpu::max_skipping_nan(x, n);
-}
-
 // Row i's loss: logsumexp(x_i) - (1 - e) x_i[target_i] - e mean_j x_i[j] (e the label
 // smoothing), 0 for an ignored row. Reduced to the mean over counted rows (0 when none counts),
 // their sum, or left per row.
@@ -64,7 +59,7 @@ HAP_MULTIVERSION void cross_entropy_kernel_clones(const KernelContext& c, const 
   for (int64_t i = 0; i < n; ++i) {
     if (pt[i] == ignore) continue;
     const T* xr = px + i * v;
-    T mx = row_max(xr, v);
+    T mx = cpu::max_skipping_nan(xr, v);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < v; ++j) sum += exp_fast(xr[j] - mx);
@@ -123,7 +118,7 @@ HAP_MULTIVERSION void cross_entropy_backward_kernel_clones(const KernelContext& 
       continue;
     }
     const T* xr = px + i * v;
-    T mx = row_max(xr, v);
+    T mx = cpu::max_skipping_nan(xr, v);
     T sum = 0;
 #pragma omp simd reduction(+ : sum)
     for (int64_t j = 0; j < v; ++j) {
