@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <map>
@@ -1536,43 +1537,58 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
                      " devices pinned; left out: " + left_out_list(cluster, pinned);
     return p;
   }
-  DistributedProgram best = synthesize_on(graph, cluster, options);
+  // hap on all devices. Where nothing fits on all of them, device selection may still find
+  // devices that hold the model (one whose memory is too small for any program is left out, not
+  // a plan that fails); where no subset fits either, the error is the one on all devices.
+  DistributedProgram best;
+  std::exception_ptr on_all_error;
+  const bool selects = options.strategy == Strategy::Hap && options.select_devices && D > 1;
+  try {
+    best = synthesize_on(graph, cluster, options);
+  } catch (const Error& e) {
+    if (!selects || no_program_reason(e) != "out of memory") throw;
+    on_all_error = std::current_exception();
+    best.predicted_step_s = std::numeric_limits<double>::infinity();
+    best.steps.push_back({"devices: all " + std::to_string(D), 0, -1, 0, "out of memory"});
+  }
   // Not where hap fell back to a baseline over its budget: that is the plan to raise it for.
-  if (options.strategy != Strategy::Hap || !options.select_devices || D == 1 || !best.note.empty())
-    return best;
+  if (!selects || !best.note.empty()) return best;
   auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
-  // Each subset is judged by its dp-cp program (fast to find); the most promising one, if its
-  // dp-cp is within kSubsetMargin of hap on all devices, is planned with hap too (hap's program
-  // on a subset is often a few percent faster than dp-cp's there: with the gate at "dp-cp
-  // already faster", 12 layers on 16 V100/P100 kept hap on all 16 at 0.5485 s where the 8
-  // fastest, whose dp-cp was 0.26% slower, take 0.5366 s with hap; bench_synthesis).
+  // Each subset of the fastest is planned by hap itself, so that the plan is the fastest of hap's
+  // plans on all devices and on each subset (and more memory, which keeps each subset's plan or
+  // finds a faster one, keeps their minimum). Judging subsets by their dp-cp programs (fast to
+  // find) and planning hap on the most promising one only missed subsets where hap does far
+  // better than dp-cp: 48 layers on 64 devices chose 2.591 s per step where hap on the 32
+  // fastest, whose dp-cp was 5% slower than hap on all, takes 2.359 s (bench_synthesis); on seed
+  // 104 of Synthesizer.MoreMemoryNeverYieldsASlowerPlan a subset 2.3x faster was missed.
   // Where the program on all devices recomputes, subsets decide recomputation for themselves as
   // the user's option says: one that leaves out the device short of memory may need none (they
   // recomputed as all devices did, which made a little more memory on one device choose a slower
   // plan once the recomputed segments' collectives were priced again: Synthesizer.MoreMemory-
-  // NeverYieldsASlowerPlan, seed 42). Where it does not, subsets are judged without recomputing
-  // (judging every subset with recomputation cost 25% more synthesis time on 64 devices,
+  // NeverYieldsASlowerPlan, seed 42). Where it does not, subsets are planned without recomputing
+  // (planning every subset with recomputation cost 25% more synthesis time on 64 devices,
   // bench_synthesis), except one that fits nothing without it and could still be the fastest
   // (below).
   const bool recomputes =
       std::find(best.recompute.begin(), best.recompute.end(), true) != best.recompute.end();
-  constexpr double kSubsetMargin = 1.05;
-  SynthesisOptions proxy = options;
-  proxy.strategy = Strategy::DpCp;
-  proxy.max_states = std::max(options.max_states, SynthesisOptions{}.max_states);
-  if (!recomputes) proxy.recompute = Recompute::Off;
-  proxy.explain_out_of_memory = false;  // (a subset that fits nothing is only left out)
-  double best_proxy = std::numeric_limits<double>::infinity();
+  SynthesisOptions judge = options;
+  judge.select_devices = false;
+  if (!recomputes) judge.recompute = Recompute::Off;
+  judge.explain_out_of_memory = false;  // (a subset that fits nothing is only left out)
+  DistributedProgram found;             // the fastest program on a subset
+  found.predicted_step_s = std::numeric_limits<double>::infinity();
   std::vector<int> chosen;
-  // The subsets are nested (the k fastest are among the 2k fastest): judged from the largest
-  // down, and where one runs out of memory, so does a smaller one whose smallest memory is no
-  // larger, which is then not planned (a subset that fits nothing is the slowest to judge: the
-  // search under the limits finds nothing). Under dp-cp every device holds every parameter, and
-  // its share of the global batch only grows as devices are left out; the device that ran out
-  // is one of the subset's or slower than all of them (so had no larger share), and had no less
-  // memory than the smaller subset's smallest. The log lists them smallest first.
+  // The subsets are nested (the k fastest are among the 2k fastest): planned from the largest
+  // down, and where one runs out of memory, a smaller one whose smallest memory is no larger is
+  // not planned (a subset that fits nothing is the slowest to plan: the search under the limits
+  // finds nothing). Such a smaller subset holds a device with as little memory as the larger
+  // one's least, and any program of hap's space on it extends to the larger subset: the devices
+  // added (slower, with no less memory than that device) get the least share of what is split
+  // and hold what is replicated, no more than that device holds; shares of the others only
+  // shrink. So where the larger subset's search found nothing, the smaller one's would not
+  // either (up to the search being local). The log lists them smallest first.
   const std::vector<std::vector<int>> subsets = fastest_subsets(cluster);
   std::vector<SynthesisStep> judged(subsets.size());
   // Of the subsets that ran out of memory (all of them holding the ones still to judge): the
@@ -1586,51 +1602,49 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   };
   // A subset that fits nothing without recomputation may fit with it (where the user lets the
   // planner choose) and still be the fastest: fewer, faster devices with ample memory between
-  // them recompute a few segments where all devices need not. Such a subset is judged by dp-cp
-  // recomputing as it chooses, but only where its dp-cp program without memory limits, plus
-  // the least that recomputing one segment adds, could beat what is planned (a bound: limits and
-  // recomputation only add), so that small subsets of large clusters cost one quick plan each.
-  // Without this, more memory could make the plan slower: where the program on all devices
-  // begins to fit without recomputing, the subsets stopped recomputing too (seed 3 of
+  // them recompute a few segments where all devices need not. Such a subset is planned
+  // recomputing as it chooses, but only where its program without memory limits, plus the least
+  // that recomputing one segment adds, could beat what is planned (limits and recomputation only
+  // add, up to the search being local), so that small subsets of large clusters cost one quick
+  // plan each. Without this, more memory could make the plan slower: where the program on all
+  // devices begins to fit without recomputing, the subsets stopped recomputing too (seed 3 of
   // Synthesizer.HapIsNeverSlowerThanAnyBaselineWhereOnlyRecomputationFits: 8.3 ms per step on
   // both devices against 3.2 ms on the faster one alone with a little less memory).
   const bool may_recompute = options.recompute == Recompute::Auto && !recomputes;
-  SynthesisOptions recomputing_proxy = proxy;
-  recomputing_proxy.recompute = Recompute::Auto;
-  SynthesisOptions unlimited_proxy = proxy;
-  unlimited_proxy.recompute = Recompute::Off;
-  bool chosen_recomputes = false;
+  SynthesisOptions recomputing = judge;
+  recomputing.recompute = Recompute::Auto;
+  auto consider = [&](DistributedProgram p, const std::vector<int>& subset) {
+    if (p.predicted_step_s <= found.predicted_step_s) {  // (ties: the fewest devices)
+      found = std::move(p);
+      chosen = subset;
+    }
+  };
   for (size_t i = subsets.size(); i-- > 0;) {
     const std::vector<int>& subset = subsets[i];
     const auto sub_t0 = std::chrono::steady_clock::now();
     SynthesisStep& step = judged[i];
-    step.what = "devices: the " + std::to_string(subset.size()) + " fastest, by dp-cp";
+    step.what = "devices: the " + std::to_string(subset.size()) + " fastest";
     const Cluster sub = cluster.subset(subset);
-    // dp-cp recomputing on a subset that fits nothing without (when it could be the fastest).
+    // Recomputing on a subset that fits nothing without (when it could be the fastest).
     auto with_recomputation = [&]() {
       if (!may_recompute) return;
       Cluster roomy = sub;
       for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
       double bound = std::numeric_limits<double>::infinity();
       try {
-        bound = synthesize_on(graph, roomy, unlimited_proxy).predicted_step_s +
+        bound = synthesize_on(graph, roomy, judge).predicted_step_s +
                 least_recompute_s(graph, sub, options);
       } catch (const Error&) {
         return;
       }
-      if (!(bound < std::min(best_proxy, best.predicted_step_s) * kSubsetMargin)) return;
+      if (!(bound < std::min(found.predicted_step_s, best.predicted_step_s))) return;
       step.what += ", recomputing";
       try {
-        const DistributedProgram p = synthesize_on(graph, sub, recomputing_proxy);
+        DistributedProgram p = synthesize_on(graph, sub, recomputing);
         step.states = p.states_expanded;
         step.cost_s = p.predicted_step_s;
         step.outcome.clear();
-        if (p.predicted_step_s <= best_proxy) {
-          best_proxy = p.predicted_step_s;
-          chosen = subset;
-          chosen_recomputes =
-              std::find(p.recompute.begin(), p.recompute.end(), true) != p.recompute.end();
-        }
+        consider(std::move(p), subset);
       } catch (const Error& e) {
         step.outcome = no_program_reason(e);
       }
@@ -1644,14 +1658,10 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       continue;
     }
     try {
-      const DistributedProgram p = synthesize_on(graph, sub, proxy);
+      DistributedProgram p = synthesize_on(graph, sub, judge);
       step.states = p.states_expanded;
       step.cost_s = p.predicted_step_s;
-      if (p.predicted_step_s <= best_proxy) {  // (ties: the fewest devices)
-        best_proxy = p.predicted_step_s;
-        chosen = subset;
-        chosen_recomputes = false;
-      }
+      consider(std::move(p), subset);
     } catch (const Error& e) {
       step.outcome = no_program_reason(e);
       if (step.outcome == "out of memory" && smallest_memory(subset) >= ran_out_memory) {
@@ -1664,38 +1674,24 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     best.states_expanded += step.states;
   }
   for (SynthesisStep& step : judged) best.steps.push_back(std::move(step));
-  if (!chosen.empty() && best_proxy < best.predicted_step_s * kSubsetMargin) {
-    const auto sub_t0 = std::chrono::steady_clock::now();
-    SynthesisStep step;
-    step.what = "devices: the " + std::to_string(chosen.size()) + " fastest, by hap";
-    SynthesisOptions o = options;
-    o.select_devices = false;
-    o.recompute = chosen_recomputes ? Recompute::Auto : proxy.recompute;
-    try {
-      DistributedProgram p = synthesize_on(graph, cluster.subset(chosen), o);
-      step.states = p.states_expanded;
-      step.cost_s = p.predicted_step_s;
-      step.seconds = since(sub_t0);
-      if (p.predicted_step_s < best.predicted_step_s * (1 - 1e-9)) {
-        char why[160];
-        std::snprintf(why, sizeof why, "predicted %.4g s per step on them, %.4g s on all %d",
-                      p.predicted_step_s, best.predicted_step_s, D);
-        p.devices = chosen;
-        p.devices_note = "runs on the " + std::to_string(chosen.size()) + " fastest devices (" +
+  if (!chosen.empty() && found.predicted_step_s < best.predicted_step_s * (1 - 1e-9)) {
+    char why[160];
+    if (on_all_error)
+      std::snprintf(why, sizeof why, "predicted %.4g s per step on them; nothing fits on all %d",
+                    found.predicted_step_s, D);
+    else
+      std::snprintf(why, sizeof why, "predicted %.4g s per step on them, %.4g s on all %d",
+                    found.predicted_step_s, best.predicted_step_s, D);
+    found.devices = chosen;
+    found.devices_note = "runs on the " + std::to_string(chosen.size()) + " fastest devices (" +
                          why + "); left out: " + left_out_list(cluster, chosen);
-        // How the whole synthesis went: the steps on all devices and the subsets', then this
-        // one (its own rounds summed in one line).
-        p.steps = std::move(best.steps);
-        p.states_expanded += best.states_expanded;
-        best = std::move(p);
-      } else {
-        best.states_expanded += step.states;
-      }
-    } catch (const Error& e) {
-      step.outcome = no_program_reason(e);
-      step.seconds = since(sub_t0);
-    }
-    best.steps.push_back(step);
+    // How the whole synthesis went: the steps on all devices, then the subsets' (each one's
+    // own rounds summed in one line).
+    found.steps = std::move(best.steps);
+    found.states_expanded = best.states_expanded;
+    best = std::move(found);
+  } else if (on_all_error) {
+    std::rethrow_exception(on_all_error);
   }
   best.synthesis_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return best;

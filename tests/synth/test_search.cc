@@ -1058,7 +1058,7 @@ TEST(Synthesizer, HapLeavesOutDevicesWhereThatIsPredictedFaster) {
   bool judged = false;
   for (const SynthesisStep& st : p.steps) {
     states += st.states;
-    judged = judged || st.what == "devices: the 4 fastest, by dp-cp";
+    judged = judged || st.what == "devices: the 4 fastest";
   }
   EXPECT_TRUE(judged);
   EXPECT_EQ(states, p.states_expanded);
@@ -1082,51 +1082,112 @@ Cluster three_tier_cluster(double middle) {
   return c;
 }
 
-// Device selection judges the subsets of the fastest from the largest down, and leaves unplanned
-// a smaller one that must run out of memory as a larger one did (no larger smallest memory), but
-// plans one whose devices all have more memory than the larger one's smallest.
+// Whether hap, pinned to `devices` of `c` (all: empty) with every device's memory `memory`
+// bytes, finds a program that fits without recomputing.
+bool hap_fits(const Graph& g, const Cluster& c, const std::vector<int>& devices, double memory) {
+  Cluster m = c;
+  for (Device& d : m.devices) d.memory_bytes = static_cast<int64_t>(memory);
+  SynthesisOptions o;
+  o.devices = devices;
+  o.select_devices = false;
+  o.recompute = Recompute::Off;
+  try {
+    synthesize(g, m, o);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// The least memory per device (to 1%) with which hap pinned to `devices` fits.
+double least_memory_to_fit(const Graph& g, const Cluster& c, const std::vector<int>& devices) {
+  double lo = 1, hi = 1e12;
+  EXPECT_TRUE(hap_fits(g, c, devices, hi));
+  while (hi > lo * 1.01) {
+    const double mid = std::sqrt(lo * hi);
+    (hap_fits(g, c, devices, mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+// Device selection plans the subsets of the fastest from the largest down with hap, and leaves
+// unplanned a smaller one that must run out of memory as a larger one did (no larger smallest
+// memory); DeviceSelectionLeavesOutADeviceThatHoldsNothing: it plans one whose devices all have
+// more memory than the larger one's smallest.
 TEST(Synthesizer, DeviceSelectionSkipsOnlySubsetsThatMustRunOutOfMemory) {
   const Graph g = random_graph(11, 4, 4096);  // activations outweigh the parameters
-  // The middle tier's peak under dp-cp on the 4 fastest (a sixth of the batch each) and on all 8
-  // (an eighth): memory between the two fits all 8 but not the 4 fastest.
-  SynthesisOptions dp;
-  dp.strategy = Strategy::DpCp;
+  // Every device with the same memory, between what hap needs on all 8 and on the 4 fastest:
+  // all 8 fit, the 4 fastest do not, and the 2 and 1 fastest (no more memory) must not either.
   const Cluster roomy = three_tier_cluster(1e12);
-  const double on_4 = synthesize(g, roomy.subset({0, 1, 2, 3}), dp).device_memory_bytes[2];
-  const double on_8 = synthesize(g, roomy, dp).device_memory_bytes[2];
-  ASSERT_GT(on_4, on_8 * 1.1) << "the tiers' memory does not separate the subsets";
-  const Cluster c = three_tier_cluster(std::floor((on_4 + on_8) / 2));
-  EXPECT_THROW(synthesize(g, c.subset({0, 1, 2, 3}), dp), Error);
+  const double on_8 = least_memory_to_fit(g, roomy, {});
+  const double on_4 = least_memory_to_fit(g, roomy, {0, 1, 2, 3});
+  ASSERT_GT(on_4, on_8 * 1.2) << "the memory does not separate the subsets";
+  const double memory = std::sqrt(on_4 * on_8);
+  ASSERT_TRUE(hap_fits(g, roomy, {}, memory));
+  ASSERT_FALSE(hap_fits(g, roomy, {0, 1, 2, 3}, memory));
+  Cluster small = roomy;
+  for (Device& d : small.devices) d.memory_bytes = static_cast<int64_t>(memory);
+  const DistributedProgram q = synthesize(g, small, SynthesisOptions{});
+  std::map<std::string, SynthesisStep> step;
+  for (const SynthesisStep& st : q.steps) step[st.what] = st;
+  ASSERT_TRUE(step.count("devices: the 4 fastest"));
+  EXPECT_EQ(step["devices: the 4 fastest"].outcome, "out of memory");
+  for (const char* k : {"devices: the 2 fastest", "devices: the 1 fastest"}) {
+    ASSERT_TRUE(step.count(k)) << k;
+    EXPECT_EQ(step[k].outcome, "out of memory (as the 4 fastest are; not planned)") << k;
+    EXPECT_EQ(step[k].states, 0) << k;
+    EXPECT_FALSE(hap_fits(g, small,
+                          std::string(k).find(" 2 ") != std::string::npos ? std::vector<int>{0, 1}
+                                                                          : std::vector<int>{0},
+                          memory))
+        << k;
+  }
+  EXPECT_TRUE(q.devices.empty()) << q.devices_note;
+}
+
+// A device too small for any program is left out instead of failing the plan: nothing fits on
+// all devices, but hap on the fastest does, and the plan says so.
+TEST(Synthesizer, DeviceSelectionLeavesOutADeviceThatHoldsNothing) {
+  const Graph g = random_graph(11, 4, 4096);
+  const Cluster c = three_tier_cluster(1);  // the middle tier: 1 byte
+  SynthesisOptions all;
+  all.select_devices = false;
+  EXPECT_THROW(synthesize(g, c, all), Error);
   const DistributedProgram p = synthesize(g, c, SynthesisOptions{});
+  EXPECT_EQ(p.devices, (std::vector<int>{0, 1})) << p.devices_note;
+  EXPECT_HAS(p.devices_note, "nothing fits on all 8");
+  EXPECT_HAS(p.devices_note, "left out: d2, d3, d4, d5, d6, d7");
+  SynthesisOptions pinned;
+  pinned.devices = {0, 1};
+  EXPECT_EQ(program_hash(p), program_hash(synthesize(g, c, pinned)));
   std::map<std::string, SynthesisStep> step;
   for (const SynthesisStep& st : p.steps) step[st.what] = st;
-  ASSERT_TRUE(step.count("devices: the 4 fastest, by dp-cp"));
-  EXPECT_EQ(step["devices: the 4 fastest, by dp-cp"].outcome, "out of memory");
-  // The 2 and 1 fastest have plenty of memory: planned, and they fit.
-  for (const char* k : {"devices: the 2 fastest, by dp-cp", "devices: the 1 fastest, by dp-cp"}) {
+  ASSERT_TRUE(step.count("devices: all 8"));
+  EXPECT_EQ(step["devices: all 8"].outcome, "out of memory");
+  // The 4 fastest run out too (recomputing does not help them), the 2 and 1 fastest, whose
+  // every device has more memory than the 4's smallest, are planned.
+  ASSERT_TRUE(step.count("devices: the 4 fastest, recomputing"));
+  EXPECT_EQ(step["devices: the 4 fastest, recomputing"].outcome, "out of memory");
+  for (const char* k : {"devices: the 2 fastest", "devices: the 1 fastest"}) {
     ASSERT_TRUE(step.count(k)) << k;
     EXPECT_GT(step[k].cost_s, 0) << k << ": " << step[k].outcome;
   }
-  // With every device's memory that small, the 2 and 1 fastest must run out too: not planned.
-  Cluster small = c;
-  for (Device& d : small.devices) d.memory_bytes = c.devices[2].memory_bytes;
-  const DistributedProgram q = synthesize(g, small, SynthesisOptions{});
-  int skipped = 0;
-  for (const SynthesisStep& st : q.steps)
-    if (st.what == "devices: the 2 fastest, by dp-cp" ||
-        st.what == "devices: the 1 fastest, by dp-cp") {
-      ++skipped;
-      EXPECT_EQ(st.outcome, "out of memory (as the 4 fastest are; not planned)") << st.what;
-      EXPECT_EQ(st.states, 0);
-      EXPECT_THROW(
-          synthesize(g,
-                     small.subset(st.what.find(" 2 ") != std::string::npos ? std::vector<int>{0, 1}
-                                                                           : std::vector<int>{0}),
-                     dp),
-          Error)
-          << st.what;
-    }
-  EXPECT_EQ(skipped, 2);
+  // Where no subset fits either, the error is the one on all devices.
+  Cluster tiny = c;
+  for (Device& d : tiny.devices) d.memory_bytes = 1;
+  std::string on_all, selected;
+  try {
+    synthesize(g, tiny, all);
+  } catch (const Error& e) {
+    on_all = e.what();
+  }
+  try {
+    synthesize(g, tiny, SynthesisOptions{});
+  } catch (const Error& e) {
+    selected = e.what();
+  }
+  EXPECT_HAS(on_all, "fits in memory");
+  EXPECT_EQ(selected, on_all);
 }
 
 TEST(Synthesizer, APinnedSubsetOfDevicesIsPlannedOnThoseAlone) {
