@@ -50,6 +50,9 @@ struct State {
   // runs, and the most any has so far (already in mem).
   std::vector<double> again, again_peak;
   int again_segment = -1;
+  // The largest parameter copy gathered for use and not kept (gathered again in backward): held
+  // only while read, the largest such copy so far (already in mem; empty: none yet).
+  std::vector<double> transient_peak;
   int parent = -1;
   int signature = -1;  // of the step into this state; the path is replayed to rebuild the program
 };
@@ -235,6 +238,7 @@ class Expander {
     child.again = parent.again;
     child.again_peak = parent.again_peak;
     child.again_segment = parent.again_segment;
+    child.transient_peak = parent.transient_peak;
     instrs_.clear();
     stored_.clear();
 
@@ -811,7 +815,16 @@ class Expander {
     L.mask |= bit(q);
     const bool moves = best.kind != InstrKind::Reshard || best.cost_s > 0;  // else the same shard
     if (best.regather) {
-      // Held while read in forward, and again while a reader's backward runs: transient.
+      // Held while read in forward, and again while a reader's backward runs: the largest such
+      // copy is held on top of what is kept (program_memory's rule).
+      if (child.transient_peak.empty()) child.transient_peak.assign(child.mem.size(), 0.0);
+      for (size_t c = 0; c < child.mem.size(); ++c) {
+        const double b = cm_.held_bytes(t, q, r[rep_[c]]);
+        if (b > child.transient_peak[c]) {
+          child.mem[c] += b - child.transient_peak[c];
+          child.transient_peak[c] = b;
+        }
+      }
     } else if (moves && cm_.kept_for_backward(t)) {
       for (size_t c = 0; c < child.mem.size(); ++c)
         child.mem[c] += cm_.held_bytes(t, q, r[rep_[c]]);
@@ -1207,9 +1220,16 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
       }
     }
   };
+  // The largest parameter copy gathered for use and not kept (gathered again in backward): held
+  // while its readers run, forward and backward, on top of what is kept.
+  std::vector<double> transient(D, 0.0);
   std::vector<bool> seen(g.tensors.size(), false);
   for (const Instruction& in : instrs) {
-    if (in.kind == InstrKind::Compute) {
+    if (in.regather) {
+      for (int d = 0; d < D; ++d)
+        transient[d] =
+            std::max(transient[d], cm.held_bytes(in.tensor, in.to, ratios[in.segment][d]));
+    } else if (in.kind == InstrKind::Compute) {
       const GraphNode& n = g.nodes[in.node];
       for (int t : n.inputs) {
         if (t < 0 || seen[t] || g.tensors[t].producer >= 0) continue;
@@ -1221,12 +1241,11 @@ std::vector<double> program_memory(const CostModel& cm, const std::vector<Instru
         held(n.outputs[o], cm.output_prop(n.id, in.signature, o), in.segment);
     } else if (in.kind != InstrKind::GradAllReduce && in.kind != InstrKind::Update &&
                in.kind != InstrKind::FactorBroadcast &&
-               !in.regather &&  // a copy gathered again in backward is not kept
                !(in.kind == InstrKind::Reshard && in.cost_s == 0 && !every_reshard_moves)) {
       held(in.tensor, in.to, in.segment);
     }
   }
-  for (int d = 0; d < D; ++d) mem[d] += largest[d];
+  for (int d = 0; d < D; ++d) mem[d] += largest[d] + transient[d];
   return mem;
 }
 

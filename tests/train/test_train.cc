@@ -15,8 +15,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#ifdef HAP_HAVE_CUDA
 #include "core/cpu_features.h"
+#ifdef HAP_HAVE_CUDA
 #include "core/cuda/backend.h"
 #endif
 #include "models/serialize.h"
