@@ -152,6 +152,20 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
   CUdevResource rest = whole;
   CUdevResource mine{};
   std::vector<CUgreenCtx> remainders;
+  CUgreenCtx green = nullptr;
+  // Where a step below fails, the green contexts made so far are destroyed (errors ignored:
+  // the first error is the one reported), so that a failed entry holds no SMs.
+  struct Undo {
+    const Driver& d;
+    std::vector<CUgreenCtx>& remainders;
+    CUgreenCtx& green;
+    bool done = false;
+    ~Undo() {
+      if (done) return;
+      if (green) d.green_ctx_destroy(green);
+      for (CUgreenCtx r : remainders) d.green_ctx_destroy(r);
+    }
+  } undo{d, remainders, green};
   for (int g = 0; g <= group; ++g) {
     CUdevResource part{};
     CUdevResource remaining{};
@@ -171,12 +185,12 @@ const GreenContextInfo& enter_green_context(int device, const std::vector<int>& 
   }
   CUdevResourceDesc desc = nullptr;
   HAP_CU_CHECK(d.resource_generate_desc(&desc, &mine, 1));
-  CUgreenCtx green = nullptr;
   HAP_CU_CHECK(d.green_ctx_create(&green, desc, dev, CU_GREEN_CTX_DEFAULT_STREAM));
   CUcontext ctx = nullptr;
   HAP_CU_CHECK(d.ctx_from_green_ctx(&ctx, green));
   HAP_CU_CHECK(d.ctx_set_current(ctx));
   info.sms = static_cast<int>(mine.sm.smCount);
+  undo.done = true;
   s.remainders = std::move(remainders);
   s.green = green;
   s.as_context = ctx;

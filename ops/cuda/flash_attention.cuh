@@ -41,15 +41,34 @@
 #define HAP_DYNAMIC_SHARED(name) extern __shared__ __align__(128) unsigned char name[]
 #define HAP_FLASH_LAUNCH(kernel, grid, block, shared, ...) \
   kernel<<<grid, block, shared>>>(__VA_ARGS__)
-#define HAP_FLASH_SHARED_LIMIT(kernel, bytes)                                              \
-  HAP_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, \
-                                      static_cast<int>(bytes)))
+#include <mutex>
+// Raises a kernel's dynamic shared-memory limit once per device (cudaFuncSetAttribute costs a
+// few microseconds; before every launch it did): Kernel, a template argument, keys the flags.
+#define HAP_FLASH_SHARED_LIMIT(kernel, bytes) \
+  ::hap::ops::cuda::flash::raise_shared_limit_once<kernel>(bytes)
 // Loops over the fragments of a tile row (compile-time counts): unrolled, so that the fragment
 // arrays they index stay in registers.
 #define HAP_FLASH_UNROLL _Pragma("unroll")
 #endif
 
 namespace hap::ops::cuda::flash {
+
+#if !defined(HAP_CUDA_EMULATION)
+template <auto Kernel>
+void raise_shared_limit_once(size_t bytes) {
+  constexpr int kDevices = 64;
+  static std::once_flag raised[kDevices];
+  int device = 0;
+  HAP_CUDA_CHECK(cudaGetDevice(&device));
+  auto raise = [&] {
+    HAP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(bytes)));
+  };
+  if (device < 0 || device >= kDevices) return raise();
+  // (Where it throws, the flag stays unset and the next launch tries again.)
+  std::call_once(raised[device], raise);
+}
+#endif
 
 using bf16 = __nv_bfloat16;
 namespace wmma = nvcuda::wmma;
