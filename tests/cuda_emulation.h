@@ -64,8 +64,10 @@ constexpr size_t kMaxSharedBytes = 163 * 1024;
 // A WMMA load or store of 16 rows (or columns) of 16 elements of `element` bytes, `ldm` elements
 // apart, at p: CUDA requires p 256-bit aligned and ldm a multiple of 16 bytes. Pointers into shared
 // memory are checked against its start (a block's dynamic shared memory is 128-byte aligned on a
-// GPU) and its end; the first violation is recorded and launch() throws it.
-inline void check_fragment(const void* p, unsigned ldm, size_t element, const char* op) {
+// GPU) and its end; the first violation is recorded and launch() throws it. False where the
+// access is refused: the caller then touches no memory (a load or store beyond the block's
+// shared memory would read or write past its buffer).
+inline bool check_fragment(const void* p, unsigned ldm, size_t element, const char* op) {
   BlockState* state = t_state;
   const auto* base = state->shared.data();
   const auto* at = static_cast<const unsigned char*>(p);
@@ -83,8 +85,9 @@ inline void check_fragment(const void* p, unsigned ldm, size_t element, const ch
   } else if (reinterpret_cast<uintptr_t>(p) % 32 != 0) {
     problem = "global pointer not 32-byte aligned";
   }
-  if (problem.empty() || state->misuse.exchange(true)) return;
-  state->what = std::string(op) + ": " + problem;
+  if (problem.empty()) return true;
+  if (!state->misuse.exchange(true)) state->what = std::string(op) + ": " + problem;
+  return false;
 }
 
 // Runs kernel(args...) over the grid, block after block, a block's threads concurrently.
@@ -183,7 +186,7 @@ template <typename Use, int M, int N, int K, typename Layout>
 void load_matrix_sync(fragment<Use, M, N, K, __nv_bfloat16, Layout>& f, const __nv_bfloat16* p,
                       unsigned ldm) {
   if (::hap::cuda_emulation::lane() != 0) return;
-  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync");
+  if (!::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync")) return;
   using F = fragment<Use, M, N, K, __nv_bfloat16, Layout>;
   for (int r = 0; r < F::kRows; ++r)
     for (int c = 0; c < F::kCols; ++c)
@@ -194,7 +197,7 @@ template <int M, int N, int K>
 void load_matrix_sync(fragment<accumulator, M, N, K, float>& f, const float* p, unsigned ldm,
                       layout_t layout) {
   if (::hap::cuda_emulation::lane() != 0) return;
-  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync");
+  if (!::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "load_matrix_sync")) return;
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
@@ -204,7 +207,7 @@ template <int M, int N, int K>
 void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, float>& f, unsigned ldm,
                        layout_t layout) {
   if (::hap::cuda_emulation::lane() != 0) return;
-  ::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "store_matrix_sync");
+  if (!::hap::cuda_emulation::check_fragment(p, ldm, sizeof(*p), "store_matrix_sync")) return;
   for (int r = 0; r < M; ++r)
     for (int c = 0; c < N; ++c)
       (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];

@@ -106,6 +106,13 @@ Graph random_graph(uint64_t seed, int layers, int64_t batch = 0) {
       params, {{"x", x}});
 }
 
+// The memory of the cluster device that holds position d of program p's devices (p may run on a
+// subset: DistributedProgram::devices).
+double memory_of(const Cluster& c, const DistributedProgram& p, size_t d) {
+  const size_t device = p.devices.empty() ? d : static_cast<size_t>(p.devices.at(d));
+  return static_cast<double>(c.devices.at(device).memory_bytes);
+}
+
 // A random small model with branches: each op reads one or two earlier tensors (recent ones
 // more often), so tensors stay live across other branches; every tensor nobody read feeds the
 // loss (a sum of means). Shapes vary with the seed.
@@ -696,7 +703,7 @@ TEST(Synthesizer, HapIsNeverWorseThanTheBaselinesUnderTightMemory) {
       EXPECT_LE(hap.predicted_step_s, b.predicted_step_s * (1 + 1e-9))
           << strategy_name(base) << " seed " << seed;
       for (size_t d = 0; d < hap.device_memory_bytes.size(); ++d)
-        EXPECT_LE(hap.device_memory_bytes[d], static_cast<double>(tight.devices[d].memory_bytes));
+        EXPECT_LE(hap.device_memory_bytes[d], memory_of(tight, hap, d));
       ++compared;
     }
   }
@@ -784,7 +791,10 @@ TEST(Synthesizer, HapSplitsByMemoryWhenNoSpeedBasedSplitFits) {
   skewed.devices[0].memory_bytes = int64_t{1} << 40;
   skewed.devices[1].memory_bytes = static_cast<int64_t>(even_peak * 0.4);
   EXPECT_THROW(synthesize(g, skewed, dp), Error);
-  DistributedProgram hap = synthesize(g, skewed, SynthesisOptions{});
+  SynthesisOptions both;  // (not the one device with ample memory alone)
+  both.select_devices = false;
+  DistributedProgram hap = synthesize(g, skewed, both);
+  ASSERT_EQ(hap.device_memory_bytes.size(), 2u);
   for (size_t d = 0; d < 2; ++d)
     EXPECT_LE(hap.device_memory_bytes[d], static_cast<double>(skewed.devices[d].memory_bytes));
   EXPECT_GT(hap.ratios[0][0], hap.ratios[0][1]);
@@ -1444,7 +1454,7 @@ TEST(Synthesizer, ZeroStorageAutoIsNeverSlowerThanOffAndHelpsWhereMemoryIsTight)
       }
       if (!with) continue;
       for (size_t d = 0; d < with->device_memory_bytes.size(); ++d)
-        EXPECT_LE(with->device_memory_bytes[d], static_cast<double>(c.devices[d].memory_bytes));
+        EXPECT_LE(with->device_memory_bytes[d], memory_of(c, *with, d));
       const bool zero =
           !with->steps.empty() && with->steps[0].what.find("ZeRO storage") != std::string::npos;
       if (zero) {
