@@ -153,7 +153,9 @@ run -np 2 "$PROFILE" --quick --config "$CFG" --set parallel.backend=nccl --out "
 if ! command -v nvidia-smi > /dev/null; then
   timeout 60 "$MPIEXEC" --allow-run-as-root --oversubscribe -np 2 "$PROFILE" --quick \
     --config "$CFG" --set train.device=cuda --out "$TMP/g.yaml" > "$TMP/gpu.log" 2>&1; rc=$?
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "train.device: cuda:0: no CUDA device is visible" \
+  # (A build without the CUDA backend says so instead.)
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qE \
+    "train.device: (cuda:0: no CUDA device is visible|.*this build or process has no cuda backend)" \
     "$TMP/gpu.log" || fail "train.device=cuda without a GPU: exit $rc: $(cat "$TMP/gpu.log")"
   [ ! -e "$TMP/g.yaml" ] || fail "a failed GPU profile wrote $TMP/g.yaml"
 fi
