@@ -1625,15 +1625,31 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     SynthesisStep& step = judged[i];
     step.what = "devices: the " + std::to_string(subset.size()) + " fastest";
     const Cluster sub = cluster.subset(subset);
+    // No program on the subset is faster than its compute bound (every FLOP of the step on the
+    // subset's FLOP/s, nothing else; recomputation only adds): where that is slower than a plan
+    // in hand, the subset cannot be chosen and is not planned.
+    const double floor_s =
+        CostModel(graph, sub, options.optimizer_state_slots, options.overlap_grad_comm)
+            .compute_lower_bound_s();
+    const bool must_run_out = ran_out > 0 && smallest_memory(subset) <= ran_out_memory;
+    if (!must_run_out && floor_s > std::min(found.predicted_step_s, best.predicted_step_s)) {
+      char why[96];
+      std::snprintf(why, sizeof why, "not planned: %.4g s per step at best (compute alone)",
+                    floor_s);
+      step.outcome = why;
+      step.seconds = since(sub_t0);
+      continue;
+    }
     // Recomputing on a subset that fits nothing without (when it could be the fastest).
     auto with_recomputation = [&]() {
       if (!may_recompute) return;
+      const double least_s = least_recompute_s(graph, sub, options);
+      if (floor_s + least_s > std::min(found.predicted_step_s, best.predicted_step_s)) return;
       Cluster roomy = sub;
       for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
       double bound = std::numeric_limits<double>::infinity();
       try {
-        bound = synthesize_on(graph, roomy, judge).predicted_step_s +
-                least_recompute_s(graph, sub, options);
+        bound = synthesize_on(graph, roomy, judge).predicted_step_s + least_s;
       } catch (const Error&) {
         return;
       }
@@ -1649,7 +1665,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
         step.outcome = no_program_reason(e);
       }
     };
-    if (ran_out > 0 && smallest_memory(subset) <= ran_out_memory) {
+    if (must_run_out) {
       step.outcome =
           "out of memory (as the " + std::to_string(ran_out) + " fastest are; not planned)";
       with_recomputation();

@@ -1116,14 +1116,14 @@ TEST(Synthesizer, HapLeavesOutDevicesWhereThatIsPredictedFaster) {
   EXPECT_EQ(program_hash(p), program_hash(synthesize(g, c, SynthesisOptions{})));
 }
 
-// Three tiers on one node: 2 fast devices, 2 half as fast and 4 a quarter as fast, the middle
-// tier's memory `middle` bytes, the others' plenty.
-Cluster three_tier_cluster(double middle) {
+// Three tiers on one node: 2 fast devices (4 GFLOP/s), 2 half as fast and 4 of `slow` FLOP/s, the
+// middle tier's memory `middle` bytes, the others' plenty.
+Cluster three_tier_cluster(double middle, double slow = 1e9) {
   Cluster c;
   c.name = "three-tier";
   std::vector<Device> devs;
   for (int i = 0; i < 8; ++i) {
-    const double flops = i < 2 ? 4e9 : i < 4 ? 2e9 : 1e9;
+    const double flops = i < 2 ? 4e9 : i < 4 ? 2e9 : slow;
     const double memory = i >= 2 && i < 4 ? middle : 1e12;
     devs.push_back({"d" + std::to_string(i), "cpu", flops, static_cast<int64_t>(memory), -1});
   }
@@ -1168,7 +1168,9 @@ TEST(Synthesizer, DeviceSelectionSkipsOnlySubsetsThatMustRunOutOfMemory) {
   const Graph g = random_graph(11, 4, 4096);  // activations outweigh the parameters
   // Every device with the same memory, between what hap needs on all 8 and on the 4 fastest:
   // all 8 fit, the 4 fastest do not, and the 2 and 1 fastest (no more memory) must not either.
-  const Cluster roomy = three_tier_cluster(1e12);
+  // The slow tier is slow enough that the 4 fastest could be faster than all 8 (their compute
+  // bound is not slower than the plan on all 8: they are planned).
+  const Cluster roomy = three_tier_cluster(1e12, 1e7);
   const double on_8 = least_memory_to_fit(g, roomy, {});
   const double on_4 = least_memory_to_fit(g, roomy, {0, 1, 2, 3});
   ASSERT_GT(on_4, on_8 * 1.2) << "the memory does not separate the subsets";
@@ -1177,7 +1179,9 @@ TEST(Synthesizer, DeviceSelectionSkipsOnlySubsetsThatMustRunOutOfMemory) {
   ASSERT_FALSE(hap_fits(g, roomy, {0, 1, 2, 3}, memory));
   Cluster small = roomy;
   for (Device& d : small.devices) d.memory_bytes = static_cast<int64_t>(memory);
-  const DistributedProgram q = synthesize(g, small, SynthesisOptions{});
+  SynthesisOptions no_recomputation;  // (that a subset may fit by recomputing: other tests)
+  no_recomputation.recompute = Recompute::Off;
+  const DistributedProgram q = synthesize(g, small, no_recomputation);
   std::map<std::string, SynthesisStep> step;
   for (const SynthesisStep& st : q.steps) step[st.what] = st;
   ASSERT_TRUE(step.count("devices: the 4 fastest"));
@@ -1193,6 +1197,27 @@ TEST(Synthesizer, DeviceSelectionSkipsOnlySubsetsThatMustRunOutOfMemory) {
         << k;
   }
   EXPECT_TRUE(q.devices.empty()) << q.devices_note;
+}
+
+// A subset whose compute alone (every FLOP of the step on its FLOP/s) is slower than a plan in
+// hand is not planned; hap pinned to it is indeed slower than the plan chosen.
+TEST(Synthesizer, DeviceSelectionDoesNotPlanSubsetsSlowerAtBestThanAPlanInHand) {
+  const Graph g = random_graph(11, 4, 4096);  // compute outweighs communication
+  const Cluster c = three_tier_cluster(1e12);
+  const DistributedProgram p = synthesize(g, c, SynthesisOptions{});
+  int skipped = 0;
+  for (const SynthesisStep& st : p.steps) {
+    if (st.outcome.rfind("not planned: ", 0) != 0) continue;
+    ++skipped;
+    EXPECT_EQ(st.states, 0) << st.what;
+    const int k = std::stoi(st.what.substr(std::string("devices: the ").size()));
+    SynthesisOptions pinned;
+    for (int d = 0; d < k; ++d) pinned.devices.push_back(d);
+    EXPECT_GT(synthesize(g, c, pinned).predicted_step_s, p.predicted_step_s) << st.what;
+    EXPECT_GT(CostModel(g, c.subset(pinned.devices)).compute_lower_bound_s(), p.predicted_step_s)
+        << st.what;
+  }
+  EXPECT_GE(skipped, 1) << "no subset was left unplanned: the test exercises nothing";
 }
 
 // A device too small for any program is left out instead of failing the plan: nothing fits on
@@ -1214,14 +1239,17 @@ TEST(Synthesizer, DeviceSelectionLeavesOutADeviceThatHoldsNothing) {
   for (const SynthesisStep& st : p.steps) step[st.what] = st;
   ASSERT_TRUE(step.count("devices: all 8"));
   EXPECT_EQ(step["devices: all 8"].outcome, "out of memory");
-  // The 4 fastest run out too (recomputing does not help them), the 2 and 1 fastest, whose
-  // every device has more memory than the 4's smallest, are planned.
+  // The 4 fastest run out too (recomputing does not help them); the 2 fastest, whose every
+  // device has more memory than the 4's smallest, are planned (and the one fastest, unless its
+  // compute alone is slower than their plan).
   ASSERT_TRUE(step.count("devices: the 4 fastest, recomputing"));
   EXPECT_EQ(step["devices: the 4 fastest, recomputing"].outcome, "out of memory");
-  for (const char* k : {"devices: the 2 fastest", "devices: the 1 fastest"}) {
-    ASSERT_TRUE(step.count(k)) << k;
-    EXPECT_GT(step[k].cost_s, 0) << k << ": " << step[k].outcome;
-  }
+  ASSERT_TRUE(step.count("devices: the 2 fastest"));
+  EXPECT_GT(step["devices: the 2 fastest"].cost_s, 0) << step["devices: the 2 fastest"].outcome;
+  ASSERT_TRUE(step.count("devices: the 1 fastest"));
+  EXPECT_TRUE(step["devices: the 1 fastest"].cost_s > 0 ||
+              step["devices: the 1 fastest"].outcome.rfind("not planned: ", 0) == 0)
+      << step["devices: the 1 fastest"].outcome;
   // Where no subset fits either, the error is the one on all devices.
   Cluster tiny = c;
   for (Device& d : tiny.devices) d.memory_bytes = 1024;
