@@ -68,82 +68,138 @@ GemmRate profile_gemm(int64_t n, int reps, Device device, DType dtype) {
   return g;
 }
 
-CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
-                                 CollectiveMethod method, double bytes,
-                                 const std::vector<double>& ratios, int reps, double busy_s,
-                                 Device device) {
-  const int P = comm.size();
-  const int me = comm.rank();
-  HAP_CHECK(static_cast<int>(ratios.size()) == P, "time_collective: ", ratios.size(),
-            " ratios for a group of ", P, " ranks");
-  HAP_CHECK(reps >= 1, "time_collective: expected reps >= 1, got ", reps);
-  const int64_t rows =
-      std::max<int64_t>(P, static_cast<int64_t>(std::llround(bytes / (4.0 * kRowFloats))));
-  const std::vector<int64_t> lengths = shard_lengths(rows, ratios);
-  const std::vector<int64_t> col_lengths = shard_lengths(kRowFloats, ratios);
-  const int64_t max_len = *std::max_element(lengths.begin(), lengths.end());
+namespace {
 
-  CollectiveSample s;
-  s.kind = kind;
-  s.method = method;
-  s.group_size = P;
-  s.bytes = 4.0 * static_cast<double>(rows * kRowFloats);
-  s.max_share = static_cast<double>(max_len) / static_cast<double>(rows);
-  s.uneven =
-      std::adjacent_find(lengths.begin(), lengths.end(), std::not_equal_to<>()) != lengths.end();
+// One collective to time: its sample's description, and one call of it on fresh tensors.
+class TimedCollective {
+ public:
+  TimedCollective(const Communicator& comm, const CollectiveSpec& spec, Device device)
+      : comm_(comm), kind_(spec.kind), method_(spec.method), device_(device) {
+    const int P = comm.size();
+    HAP_CHECK(static_cast<int>(spec.ratios.size()) == P, "time_collective: ", spec.ratios.size(),
+              " ratios for a group of ", P, " ranks");
+    rows_ =
+        std::max<int64_t>(P, static_cast<int64_t>(std::llround(spec.bytes / (4.0 * kRowFloats))));
+    lengths_ = shard_lengths(rows_, spec.ratios);
+    col_lengths_ = shard_lengths(kRowFloats, spec.ratios);
+    const int64_t max_len = *std::max_element(lengths_.begin(), lengths_.end());
+    sample_.kind = spec.kind;
+    sample_.method = spec.method;
+    sample_.group_size = P;
+    sample_.bytes = 4.0 * static_cast<double>(rows_ * kRowFloats);
+    sample_.max_share = static_cast<double>(max_len) / static_cast<double>(rows_);
+    sample_.uneven = std::adjacent_find(lengths_.begin(), lengths_.end(), std::not_equal_to<>()) !=
+                     lengths_.end();
+  }
 
-  // The rank's input: x: [rows or its shard, 256] (all_to_all: its rows, all columns).
-  const TensorOptions on = TensorOptions{}.with_device(device);
-  Tensor full = Tensor::full({rows, kRowFloats}, 1.0, on);
-  Tensor shard = Tensor::full({lengths[me], kRowFloats}, 1.0, on);
-  auto run_once = [&]() {
-    switch (kind) {
+  // The rank's input, made before the call is timed: x: [rows or its shard, 256] (all_to_all:
+  // its rows, all columns).
+  void prepare() {
+    const TensorOptions on = TensorOptions{}.with_device(device_);
+    if (kind_ == synth::InstrKind::AllReduce || kind_ == synth::InstrKind::ReduceScatter)
+      input_ = Tensor::full({rows_, kRowFloats}, 1.0, on);
+    else
+      input_ = Tensor::full({lengths_[comm_.rank()], kRowFloats}, 1.0, on);
+    hap::synchronize(device_);
+  }
+
+  void run() {
+    switch (kind_) {
       case synth::InstrKind::AllReduce:
-        all_reduce(comm, full, method);
+        all_reduce(comm_, input_, method_);
         break;
       case synth::InstrKind::AllGather:
-        all_gather(comm, shard, 0, lengths, method);
+        all_gather(comm_, input_, 0, lengths_, method_);
         break;
       case synth::InstrKind::ReduceScatter:
-        reduce_scatter(comm, full, 0, lengths, method);
+        reduce_scatter(comm_, input_, 0, lengths_, method_);
         break;
       case synth::InstrKind::AllToAll:
         // Sharded(rows) -> Sharded(columns).
-        all_to_all(comm, shard, 1, 0, col_lengths, lengths, method);
+        all_to_all(comm_, input_, 1, 0, col_lengths_, lengths_, method_);
         break;
       default:
-        HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind));
+        HAP_CHECK(false, "time_collective: not a collective: ", synth::instr_name(kind_));
     }
-    hap::synchronize(device);  // (a GPU backend may return before the collective is done)
-  };
-  run_once();  // warm-up: connections, buffers
+    hap::synchronize(device_);  // (a GPU backend may return before the collective is done)
+  }
+
+  void release() { input_ = Tensor(); }
+  CollectiveSample& sample() { return sample_; }
+
+ private:
+  const Communicator& comm_;
+  synth::InstrKind kind_;
+  CollectiveMethod method_;
+  Device device_;
+  int64_t rows_ = 0;
+  std::vector<int64_t> lengths_, col_lengths_;
+  CollectiveSample sample_;
+  Tensor input_;
+};
+
+}  // namespace
+
+std::vector<CollectiveSample> time_collectives(const Communicator& comm,
+                                               const std::vector<CollectiveSpec>& specs, int reps,
+                                               double busy_s, Device device,
+                                               const std::function<void(int)>& after_round) {
+  HAP_CHECK(reps >= 1, "time_collective: expected reps >= 1, got ", reps);
+  std::vector<TimedCollective> timed;
+  timed.reserve(specs.size());
+  for (const CollectiveSpec& spec : specs) timed.emplace_back(comm, spec, device);
+  for (TimedCollective& t : timed) {  // warm-up: connections, buffers
+    t.prepare();
+    t.run();
+    t.release();
+  }
   // The compute before each call, on the rank's device. A rank that computed arrives at the call
   // with its CPU quota partly spent, or its GPU's caches and clocks as training leaves them, as
   // in training; the time counts from the last rank's arrival, though: how late a slower or
   // throttled rank arrives is its compute, which the cost model prices per device (a wall-clock
   // busy loop under a CPU quota ends anywhere in the quota's period, and counting from each rank's
   // own arrival added up to a period of waiting to every call, many times a small collective).
+  const TensorOptions on = TensorOptions{}.with_device(device);
   Tensor a = Tensor::full({64, 64}, 0.5, on), b = Tensor::full({64, 64}, 0.25, on);
-  std::vector<double> slowest;
-  for (int i = 0; i < reps; ++i) {
-    comm.barrier();
-    const auto start = Clock::now();
-    if (busy_s > 0) {
-      const auto until = start + std::chrono::duration<double>(busy_s);
-      while (Clock::now() < until) hap::matmul(a, b);
-      hap::synchronize(device);  // (a GPU's queued kernels done: the rank arrives)
+  std::vector<std::vector<double>> slowest(timed.size());
+  // Round by round, every collective once per round: a slow spell of a shared machine moves one
+  // repetition of many samples, not every repetition of one (which, at one size, tilted the
+  // latency and bandwidth fitted to them).
+  for (int r = 0; r < reps; ++r) {
+    for (size_t i = 0; i < timed.size(); ++i) {
+      timed[i].prepare();
+      comm.barrier();
+      const auto start = Clock::now();
+      if (busy_s > 0) {
+        const auto until = start + std::chrono::duration<double>(busy_s);
+        while (Clock::now() < until) hap::matmul(a, b);
+        hap::synchronize(device);  // (a GPU's queued kernels done: the rank arrives)
+      }
+      const double arrived = seconds_since(start);
+      timed[i].run();
+      const double done = seconds_since(start);
+      timed[i].release();
+      // Each rank's times count from its own exit from the barrier (no common clock is needed;
+      // the exits lie within a message latency of each other).
+      const double last_arrival = comm.allreduce(arrived, ReduceOp::Max);
+      const double last_done = comm.allreduce(done, ReduceOp::Max);
+      slowest[i].push_back(std::max(last_done - last_arrival, 1e-9));
     }
-    const double arrived = seconds_since(start);
-    run_once();
-    const double done = seconds_since(start);
-    // Each rank's times count from its own exit from the barrier (no common clock is needed;
-    // the exits lie within a message latency of each other).
-    const double last_arrival = comm.allreduce(arrived, ReduceOp::Max);
-    const double last_done = comm.allreduce(done, ReduceOp::Max);
-    slowest.push_back(std::max(last_done - last_arrival, 1e-9));
+    if (after_round) after_round(r);
   }
-  s.seconds = median(slowest);
-  return s;
+  std::vector<CollectiveSample> out;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    timed[i].sample().seconds = median(slowest[i]);
+    out.push_back(timed[i].sample());
+  }
+  return out;
+}
+
+CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind,
+                                 CollectiveMethod method, double bytes,
+                                 const std::vector<double>& ratios, int reps, double busy_s,
+                                 Device device) {
+  return time_collectives(comm, {{kind, method, bytes, ratios}}, reps, busy_s, device).at(0);
 }
 
 OverlapSample time_overlap(const Communicator& comm, double bytes, int reps, Device device) {

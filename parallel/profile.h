@@ -4,6 +4,7 @@
 // predicts what was measured.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,22 @@ CollectiveSample time_collective(const Communicator& comm, synth::InstrKind kind
                                  CollectiveMethod method, double bytes,
                                  const std::vector<double>& ratios, int reps, double busy_s = 0,
                                  Device device = Device::cpu());
+
+// One collective for time_collectives: as time_collective's arguments.
+struct CollectiveSpec {
+  synth::InstrKind kind = synth::InstrKind::AllReduce;
+  CollectiveMethod method = CollectiveMethod::Grouped;
+  double bytes = 0;
+  std::vector<double> ratios;
+};
+
+// time_collective for each of `specs`, interleaved: `reps` rounds, each timing every collective
+// once, so that a slow spell of a shared machine moves one repetition of many samples rather
+// than every repetition of one; after_round(r) after round r (progress). Collective over comm.
+std::vector<CollectiveSample> time_collectives(const Communicator& comm,
+                                               const std::vector<CollectiveSpec>& specs, int reps,
+                                               double busy_s = 0, Device device = Device::cpu(),
+                                               const std::function<void(int)>& after_round = {});
 
 // How much of a collective passes while its ranks compute (synth::Link::overlap): every rank
 // starts an all-reduce of `bytes` (f32, through the backend training uses for its gradient

@@ -414,16 +414,16 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
   for (double& u : uneven) u /= sum;
   const std::vector<double> even(rates.size(), 1.0 / static_cast<double>(rates.size()));
 
-  std::vector<CollectiveSample> samples;
-  for (const CollectiveMeasurement& m : plan) {
-    samples.push_back(hap::parallel::time_collective(
-        group, m.kind, m.method, m.bytes, m.uneven ? uneven : even, reps, busy_s, device));
-    progress.step(
-        label + ": " + hap::synth::instr_name(m.kind) +
-        (m.kind == InstrKind::AllReduce ? "" : std::string(" ") + hap::ops::method_name(m.method)) +
-        (m.uneven ? " uneven " : " even ") + format_bytes(m.bytes));
-  }
-  return samples;
+  std::vector<hap::parallel::CollectiveSpec> specs;
+  for (const CollectiveMeasurement& m : plan)
+    specs.push_back({m.kind, m.method, m.bytes, m.uneven ? uneven : even});
+  return hap::parallel::time_collectives(group, specs, reps, busy_s, device, [&](int r) {
+    progress.step(label + ": round " + std::to_string(r + 1) + " of " + std::to_string(reps) +
+                  " (" + std::to_string(plan.size()) +
+                  " collectives of 4 kinds, even and uneven, padded and grouped, " +
+                  format_bytes(plan.front().bytes) + " to " + format_bytes(plan.back().bytes) +
+                  ")");
+  });
 }
 
 nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
@@ -695,11 +695,11 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
       world_measured && *std::max_element(group_sizes.begin(), group_sizes.end()) >= 2;
   const std::vector<CollectiveMeasurement> lane_plan =
       lanes_measured ? lanes_plan(opt.quick) : std::vector<CollectiveMeasurement>{};
-  // (Each group: the plan's collectives, then an all-reduce beside compute.)
-  const int per_group = static_cast<int>(plan.size()) + 1;
+  // (Each group: the plan's collectives in rounds, then an all-reduce beside compute.)
+  const int reps = opt.quick ? 2 : 5;
+  const int per_group = reps + 1;
   Progress progress(lead, sizes_compute + (lead_node_measured ? per_group : 0) +
-                              (world_measured ? per_group : 0) +
-                              static_cast<int>(lane_plan.size()));
+                              (world_measured ? per_group : 0) + (lanes_measured ? reps : 0));
   if (lead) {
     std::fprintf(stderr, "hap-profile: %d rank(s) on %zu node(s)%s\n", P, nodes.size(),
                  P == 1 ? "; one rank: profiling compute only (no links to measure)" : "");
@@ -817,7 +817,6 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     if (node_index[r] == node_index[me] && device_of[r] == device_of[me]) ++sharing;
   const std::vector<int64_t> memory =
       world.allgather(hap::parallel::usable_memory_bytes(sharing, device));
-  const int reps = opt.quick ? 2 : 5;
   const double busy_s = opt.busy_ms / 1e3;
 
   // Links: each node's ranks together (at the same time on every node), then all ranks; GPU
@@ -851,18 +850,23 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
     if (lanes_measured) {
       const auto groups = hap::parallel::group_by_node(all, node_index);
       const int N = static_cast<int>(nodes.size());
-      for (const CollectiveMeasurement& m : lane_plan) {
-        world.barrier();
-        if (groups->local_rank < groups->lanes) {
-          CollectiveSample s = hap::parallel::time_collective(
-              groups->lane, m.kind, m.method, m.bytes / groups->lanes,
-              std::vector<double>(static_cast<size_t>(N), 1.0 / N), reps, busy_s, device);
-          s.bytes *= groups->lanes;
-          lane_samples.push_back(s);
-        }
-        progress.step("lanes between nodes (" + std::to_string(groups->lanes) +
-                      "): " + hap::synth::instr_name(m.kind) + " " + format_bytes(m.bytes));
+      world.barrier();
+      if (groups->local_rank < groups->lanes) {
+        std::vector<hap::parallel::CollectiveSpec> specs;
+        for (const CollectiveMeasurement& m : lane_plan)
+          specs.push_back({m.kind, m.method, m.bytes / groups->lanes,
+                           std::vector<double>(static_cast<size_t>(N), 1.0 / N)});
+        lane_samples =
+            hap::parallel::time_collectives(groups->lane, specs, reps, busy_s, device, [&](int r) {
+              progress.step("lanes between nodes (" + std::to_string(groups->lanes) + "): round " +
+                            std::to_string(r + 1) + " of " + std::to_string(reps) + " (" +
+                            std::to_string(lane_plan.size()) + " collectives, " +
+                            format_bytes(lane_plan.front().bytes) + " to " +
+                            format_bytes(lane_plan.back().bytes) + ")");
+            });
+        for (CollectiveSample& s : lane_samples) s.bytes *= groups->lanes;
       }
+      world.barrier();
     }
   }
 

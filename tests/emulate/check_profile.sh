@@ -19,7 +19,7 @@ run() { "$MPIEXEC" --allow-run-as-root --oversubscribe "$@"; }
 run -np 2 "$PROFILE" --quick --config "$CFG" --pool-tolerance 1000 --out "$TMP/two.yaml" \
   > "$TMP/two.log" 2>&1 \
   || fail "2-rank profile failed: $(cat "$TMP/two.log")"
-grep -q "\[ *[0-9]*/[0-9]*\] node .*all_to_all grouped uneven" "$TMP/two.log" \
+grep -q "\[ *[0-9]*/[0-9]*\] node .*: round 2 of 2 (28 collectives" "$TMP/two.log" \
   || fail "no progress lines for the collectives: $(cat "$TMP/two.log")"
 "$PLAN" --cluster "$TMP/two.yaml" --describe-cluster > "$TMP/two.json" \
   || fail "hap-plan rejects the profiled file: $(cat "$TMP/two.yaml")"
@@ -69,7 +69,7 @@ EOF
 run -np 2 "$PROFILE" --quick --config "$CFG" --node-name a --out "$TMP/nodes.yaml" : \
   -np 2 "$PROFILE" --quick --config "$CFG" --node-name b --out "$TMP/nodes.yaml" \
   > "$TMP/nodes.log" 2>&1 || fail "2-node profile failed: $(cat "$TMP/nodes.log")"
-grep -q "lanes between nodes (2): all_reduce" "$TMP/nodes.log" \
+grep -q "lanes between nodes (2): round 2 of 2" "$TMP/nodes.log" \
   || fail "no progress lines for the lanes: $(cat "$TMP/nodes.log")"
 "$PLAN" --cluster "$TMP/nodes.yaml" --describe-cluster > "$TMP/nodes.json" \
   || fail "hap-plan rejects the 2-node profile: $(cat "$TMP/nodes.yaml")"

@@ -92,6 +92,41 @@ TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
   }
 }
 
+// Several collectives timed in rounds: one sample per collective, in order, each as
+// time_collective describes it, the rounds reported as they end.
+TEST(Profile, InterleavedCollectivesGiveOneSampleEachInOrder) {
+  const int n = world().size();
+  std::vector<double> skewed(n, 1.0 / n);
+  if (n > 1) {
+    skewed.assign(n, 0.5 / (n - 1));
+    skewed[0] = 0.5;
+  }
+  const std::vector<double> even(n, 1.0 / n);
+  const std::vector<CollectiveSpec> specs = {
+      {synth::InstrKind::AllGather, CollectiveMethod::Grouped, 4096, skewed},
+      {synth::InstrKind::AllReduce, CollectiveMethod::Grouped, 65536, even},
+      {synth::InstrKind::AllToAll, CollectiveMethod::Padded, 65536, skewed}};
+  std::vector<int> rounds;
+  const std::vector<CollectiveSample> got = time_collectives(
+      world(), specs, 3, 0.001, Device::cpu(), [&](int r) { rounds.push_back(r); });
+  EXPECT_EQ(rounds, (std::vector<int>{0, 1, 2}));
+  ASSERT_EQ(got.size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const CollectiveSample one = time_collective(world(), specs[i].kind, specs[i].method,
+                                                 specs[i].bytes, specs[i].ratios, 1, 0.001);
+    EXPECT_EQ(got[i].kind, specs[i].kind) << i;
+    EXPECT_EQ(got[i].method, specs[i].method) << i;
+    EXPECT_EQ(got[i].bytes, one.bytes) << i;
+    EXPECT_EQ(got[i].max_share, one.max_share) << i;
+    EXPECT_EQ(got[i].uneven, one.uneven) << i;
+    EXPECT_EQ(got[i].group_size, n) << i;
+    EXPECT_GT(got[i].seconds, 0.0) << i;
+    EXPECT_EQ(world().allreduce(got[i].seconds, ReduceOp::Max),
+              world().allreduce(got[i].seconds, ReduceOp::Min));
+  }
+  EXPECT_THROW(time_collectives(world(), specs, 0), Error);
+}
+
 // A rank that computes longer before the call (here rank 0, 150 ms more) arrives late; the sample
 // counts from its arrival, so the others' wait for it is not priced as the collective's (it is
 // compute, which the cost model prices per device).
