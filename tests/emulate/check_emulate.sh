@@ -172,33 +172,6 @@ for want in "rank 0 group rank0 quota 8000 period 10000 threads 1" "rank 1 group
 done
 [ -z "$(leftovers)" ] || fail "left behind after a normal exit: $(leftovers)"
 
-# Each rank pinned to one core, no core carrying more than one core of quotas (emu-mixed4: 0.8,
-# 0.4, 0.2 and 0.2 on 2 cores: 0.8 on one, the rest on the other); --no-pin leaves the ranks on
-# every core this process may use.
-printf '#!/bin/sh\necho "rank $OMPI_COMM_WORLD_RANK on $(taskset -pc $$ | cut -d: -f2 | tr -d " ")"\n' > "$TMP/cores.sh"
-chmod +x "$TMP/cores.sh"
-out=$("$EMU" --hap-plan "$PLAN" "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/cores.sh" \
-      2> "$TMP/emu.err") || fail "pinned run failed: $out $(cat "$TMP/emu.err")"
-grep -q "ranks pinned to cores" "$TMP/emu.err" || fail "no note of the pinning: $(cat "$TMP/emu.err")"
-declare -A load=()
-tenths=(8 4 2 2)
-for r in 0 1 2 3; do
-  core=$(echo "$out" | sed -n "s/^rank $r on \([0-9]*\)$/\1/p")
-  [ -n "$core" ] || fail "rank $r is not pinned to one core: $out"
-  load[$core]=$(( ${load[$core]:-0} + ${tenths[$r]} ))
-done
-for core in "${!load[@]}"; do
-  [ "${load[$core]}" -le 10 ] || fail "core $core carries ${load[$core]} tenths of a core: $out"
-done
-echo "pinned: $(echo "$out" | tr '\n' ';')"
-all=$(taskset -pc $$ | cut -d: -f2 | tr -d ' ')
-out=$("$EMU" --hap-plan "$PLAN" --no-pin "$SRC/configs/clusters/emu-mixed4.yaml" -- "$TMP/cores.sh" \
-      2> "$TMP/emu.err") || fail "--no-pin run failed: $out $(cat "$TMP/emu.err")"
-for r in 0 1 2 3; do
-  echo "$out" | grep -qx "rank $r on $all" || fail "--no-pin: rank $r not on $all: $out"
-done
-[ -z "$(leftovers)" ] || fail "left behind after the pinning runs: $(leftovers)"
-
 # --throttle ops: every rank capped at one core, its kernels slowed to its cpu_quota of full
 # speed (HAP_EMULATE_SPEED, read by the op dispatcher); no speed without it. A bad mode is refused.
 printf '#!/bin/sh\ngroup=$(grep -E "^[0-9]+:([^:]*,)?cpu(,[^:]*)?:" /proc/self/cgroup | head -1 | cut -d: -f3)\necho "rank $OMPI_COMM_WORLD_RANK quota $(cat /sys/fs/cgroup/cpu$group/cpu.cfs_quota_us) speed ${HAP_EMULATE_SPEED:-none}"\n' > "$TMP/speed.sh"
