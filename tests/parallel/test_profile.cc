@@ -70,13 +70,19 @@ TEST(LinkFit, NeedsTwoSamples) {
   EXPECT_THROW(fit_link(one), Error);
 }
 
-TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
-  const int n = world().size();
+// Half of a tensor on rank 0, the rest shared evenly by the others (one rank: all of it).
+std::vector<double> half_on_rank_0(int n) {
   std::vector<double> ratios(n, 1.0 / n);
   if (n > 1) {
     ratios.assign(n, 0.5 / (n - 1));
     ratios[0] = 0.5;
   }
+  return ratios;
+}
+
+TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
+  const int n = world().size();
+  const std::vector<double> ratios = half_on_rank_0(n);
   for (synth::InstrKind k : {synth::InstrKind::AllReduce, synth::InstrKind::AllGather,
                              synth::InstrKind::ReduceScatter, synth::InstrKind::AllToAll}) {
     const CollectiveSample s =
@@ -96,11 +102,7 @@ TEST(Profile, TimedCollectivesAreSamplesOfTheGroup) {
 // time_collective describes it, the rounds reported as they end.
 TEST(Profile, InterleavedCollectivesGiveOneSampleEachInOrder) {
   const int n = world().size();
-  std::vector<double> skewed(n, 1.0 / n);
-  if (n > 1) {
-    skewed.assign(n, 0.5 / (n - 1));
-    skewed[0] = 0.5;
-  }
+  const std::vector<double> skewed = half_on_rank_0(n);
   const std::vector<double> even(n, 1.0 / n);
   const std::vector<CollectiveSpec> specs = {
       {synth::InstrKind::AllGather, CollectiveMethod::Grouped, 4096, skewed},
