@@ -337,9 +337,19 @@ TEST(PlanFile, ZeroStorageIsWrittenAndReadBack) {
   const synth::CostModel serial(s.graph, s.cluster, 2, false);
   EXPECT_GT(synth::recost(serial, p.instructions, p.ratios),
             synth::recost(serial, none.instructions, none.ratios));
+  // A copy gathered again is still held while it is read (the largest such copy on top of what
+  // is kept): one of them saves nothing at the peak, all of them keep only the largest.
   const std::vector<double> kept_mem =
       synth::program_memory(cm, none.instructions, none.storage, none.ratios);
-  for (size_t d = 0; d < kept_mem.size(); ++d) EXPECT_LT(p.device_memory_bytes[d], kept_mem[d]);
+  synth::DistributedProgram all = p;
+  for (synth::Instruction& in : all.instructions)
+    if (in.kind == synth::InstrKind::AllGather) in.regather = true;
+  const std::vector<double> again_mem =
+      synth::program_memory(cm, all.instructions, all.storage, all.ratios);
+  for (size_t d = 0; d < kept_mem.size(); ++d) {
+    EXPECT_LE(p.device_memory_bytes[d], kept_mem[d] * (1 + 1e-12));  // (sums in another order)
+    EXPECT_LT(again_mem[d], kept_mem[d]);
+  }
   const json good = plan_to_json(cm, p);
   int gather = -1, other = -1;
   for (size_t i = 0; i < good["instructions"].size(); ++i) {
