@@ -1613,6 +1613,13 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
   const bool may_recompute = options.recompute == Recompute::Auto && !recomputes;
   SynthesisOptions recomputing = judge;
   recomputing.recompute = Recompute::Auto;
+  // The fastest plan in hand: on all devices, or on a subset planned so far.
+  auto in_hand_s = [&] { return std::min(found.predicted_step_s, best.predicted_step_s); };
+  // The step's FLOPs, for each subset's compute bound (its FLOP/s alone).
+  const double step_flops =
+      CostModel(graph, cluster, options.optimizer_state_slots, options.overlap_grad_comm)
+          .compute_lower_bound_s() *
+      cluster.total_flops_per_s();
   auto consider = [&](DistributedProgram p, const std::vector<int>& subset) {
     if (p.predicted_step_s <= found.predicted_step_s) {  // (ties: the fewest devices)
       found = std::move(p);
@@ -1628,11 +1635,9 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     // No program on the subset is faster than its compute bound (every FLOP of the step on the
     // subset's FLOP/s, nothing else; recomputation only adds): where that is slower than a plan
     // in hand, the subset cannot be chosen and is not planned.
-    const double floor_s =
-        CostModel(graph, sub, options.optimizer_state_slots, options.overlap_grad_comm)
-            .compute_lower_bound_s();
+    const double floor_s = step_flops / sub.total_flops_per_s();
     const bool must_run_out = ran_out > 0 && smallest_memory(subset) <= ran_out_memory;
-    if (!must_run_out && floor_s > std::min(found.predicted_step_s, best.predicted_step_s)) {
+    if (!must_run_out && floor_s > in_hand_s()) {
       char why[96];
       std::snprintf(why, sizeof why, "not planned: %.4g s per step at best (compute alone)",
                     floor_s);
@@ -1644,7 +1649,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
     auto with_recomputation = [&]() {
       if (!may_recompute) return;
       const double least_s = least_recompute_s(graph, sub, options);
-      if (floor_s + least_s > std::min(found.predicted_step_s, best.predicted_step_s)) return;
+      if (floor_s + least_s > in_hand_s()) return;
       Cluster roomy = sub;
       for (Device& d : roomy.devices) d.memory_bytes = kNoMemoryLimit;
       double bound = std::numeric_limits<double>::infinity();
@@ -1653,7 +1658,7 @@ DistributedProgram synthesize(const Graph& graph, const Cluster& cluster,
       } catch (const Error&) {
         return;
       }
-      if (!(bound < std::min(found.predicted_step_s, best.predicted_step_s))) return;
+      if (!(bound < in_hand_s())) return;
       step.what += ", recomputing";
       try {
         DistributedProgram p = synthesize_on(graph, sub, recomputing);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -398,6 +399,15 @@ ComputeResult profile_compute(const RunConfig& base, int world, bool quick, Prog
   return r;
 }
 
+// Progress after each round of a group's collectives: "LABEL: round R of REPS (WHAT)".
+std::function<void(int)> round_progress(Progress& progress, const std::string& label, int reps,
+                                        const std::string& what) {
+  return [&progress, label, reps, what](int r) {
+    progress.step(label + ": round " + std::to_string(r + 1) + " of " + std::to_string(reps) +
+                  " (" + what + ")");
+  };
+}
+
 std::vector<CollectiveSample> profile_group(const Communicator& group,
                                             const std::vector<double>& rates,
                                             const std::vector<CollectiveMeasurement>& plan,
@@ -417,13 +427,13 @@ std::vector<CollectiveSample> profile_group(const Communicator& group,
   std::vector<hap::parallel::CollectiveSpec> specs;
   for (const CollectiveMeasurement& m : plan)
     specs.push_back({m.kind, m.method, m.bytes, m.uneven ? uneven : even});
-  return hap::parallel::time_collectives(group, specs, reps, busy_s, device, [&](int r) {
-    progress.step(label + ": round " + std::to_string(r + 1) + " of " + std::to_string(reps) +
-                  " (" + std::to_string(plan.size()) +
-                  " collectives of 4 kinds, even and uneven, padded and grouped, " +
-                  format_bytes(plan.front().bytes) + " to " + format_bytes(plan.back().bytes) +
-                  ")");
-  });
+  return hap::parallel::time_collectives(
+      group, specs, reps, busy_s, device,
+      round_progress(progress, label, reps,
+                     std::to_string(plan.size()) +
+                         " collectives of 4 kinds, even and uneven, padded and grouped, " +
+                         format_bytes(plan.front().bytes) + " to " +
+                         format_bytes(plan.back().bytes)));
 }
 
 nlohmann::json samples_json(const std::vector<CollectiveSample>& samples) {
@@ -856,14 +866,13 @@ void profile_cluster(const RunConfig& given, const ProfileOptions& opt, const Co
         for (const CollectiveMeasurement& m : lane_plan)
           specs.push_back({m.kind, m.method, m.bytes / groups->lanes,
                            std::vector<double>(static_cast<size_t>(N), 1.0 / N)});
-        lane_samples =
-            hap::parallel::time_collectives(groups->lane, specs, reps, busy_s, device, [&](int r) {
-              progress.step("lanes between nodes (" + std::to_string(groups->lanes) + "): round " +
-                            std::to_string(r + 1) + " of " + std::to_string(reps) + " (" +
-                            std::to_string(lane_plan.size()) + " collectives, " +
-                            format_bytes(lane_plan.front().bytes) + " to " +
-                            format_bytes(lane_plan.back().bytes) + ")");
-            });
+        lane_samples = hap::parallel::time_collectives(
+            groups->lane, specs, reps, busy_s, device,
+            round_progress(progress, "lanes between nodes (" + std::to_string(groups->lanes) + ")",
+                           reps,
+                           std::to_string(lane_plan.size()) + " collectives, " +
+                               format_bytes(lane_plan.front().bytes) + " to " +
+                               format_bytes(lane_plan.back().bytes)));
         for (CollectiveSample& s : lane_samples) s.bytes *= groups->lanes;
       }
       world.barrier();
